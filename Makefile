@@ -1,0 +1,41 @@
+GO ?= go
+PROTOC ?= protoc
+BIN := bin
+
+.PHONY: all build test test-short race proto bench run vet fmt
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+test:
+	$(GO) test ./...
+
+test-short:
+	$(GO) test -short ./...
+
+race:
+	$(GO) test -race ./...
+
+vet:
+	$(GO) vet ./...
+
+fmt:
+	gofmt -l -w .
+
+# proto regenerates the committed Go code. Needs protoc, protoc-gen-go and
+# protoc-gen-go-grpc on PATH:
+#   apt-get install protobuf-compiler
+#   go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+#   go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
+proto:
+	$(PROTOC) -I proto --go_out=proto --go_opt=paths=source_relative \
+		--go-grpc_out=proto --go-grpc_opt=paths=source_relative \
+		proto/ratelimit/v1/ratelimit.proto
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./regional/...
+
+run:
+	$(GO) run ./cmd/rlstack
