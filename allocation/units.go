@@ -1,0 +1,137 @@
+package allocation
+
+import (
+	"cmp"
+	"math"
+	"math/bits"
+	"slices"
+)
+
+// SplitUnits divides pool integer units (the ledger's unit of ownership)
+// among regions in proportion to f's shares of float64(pool), by the
+// largest-remainder (Hamilton) method: each region gets the integer part of
+// its quota, and the units left over go one each to the largest fractional
+// parts, ties to the lower index (fractional parts are compared on a 2^-32
+// grid, so that rounding noise does not break ties).
+//
+// The result sums to exactly pool and every entry is >= 0; pool <= 0 or no
+// regions yields all zeros. It is deterministic. Entries that f gets wrong
+// (missing, NaN, Inf, negative) count as 0; if nothing usable is left the
+// Static split is used. For pools above 2^53, where float64 cannot represent
+// every unit, the float rounding can leave more units over than there are
+// regions (or too many handed out); they are then given (or taken back) one
+// per region per pass in the same order.
+func SplitUnits(f Func, pool int64, regions []Region) []int64 {
+	n := len(regions)
+	out := make([]int64, n)
+	if pool <= 0 || n == 0 {
+		return out
+	}
+	fp := float64(pool)
+	v := usableShares(f(fp, regions), n)
+	if v == nil {
+		v = Static(fp, regions)
+	}
+	var sum float64
+	for _, x := range v {
+		sum += x
+	}
+
+	// rem holds each quota's fractional part in units of 2^-32: rounding it
+	// to that grid keeps float noise in f's result (a few ulps) from
+	// deciding what are really ties, which then go by index.
+	rem := make([]uint64, n)
+	var given uint64 // sum of out, about pool; saturating for safety
+	for i, x := range v {
+		quota := x / sum * fp
+		fl := math.Floor(quota)
+		switch {
+		case fl >= 0x1p63:
+			out[i] = pool
+		default:
+			out[i] = min(int64(fl), pool)
+		}
+		rem[i] = uint64(math.Round((quota - fl) * 0x1p32))
+		var carry uint64
+		given, carry = bits.Add64(given, uint64(out[i]), 0)
+		if carry != 0 {
+			given = math.MaxUint64
+		}
+	}
+
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	switch want := uint64(pool); {
+	case given < want:
+		// Hand out the deficit: largest remainder first, ties by index,
+		// only to regions with a positive quota.
+		slices.SortFunc(order, func(a, b int) int {
+			if c := cmp.Compare(rem[b], rem[a]); c != 0 {
+				return c
+			}
+			return cmp.Compare(a, b)
+		})
+		eligible := order[:0:0]
+		for _, i := range order {
+			if v[i] > 0 {
+				eligible = append(eligible, i)
+			}
+		}
+		deficit := want - given
+		base, extra := deficit/uint64(len(eligible)), deficit%uint64(len(eligible))
+		for k, i := range eligible {
+			out[i] += int64(base)
+			if uint64(k) < extra {
+				out[i]++
+			}
+		}
+	case given > want:
+		// Rounding handed out too much: take units back from the smallest
+		// remainders first, ties to the higher index (the mirror image).
+		slices.SortFunc(order, func(a, b int) int {
+			if c := cmp.Compare(rem[a], rem[b]); c != 0 {
+				return c
+			}
+			return cmp.Compare(b, a)
+		})
+		excess := given - want
+		for excess > 0 {
+			for _, i := range order {
+				if excess == 0 {
+					break
+				}
+				if out[i] > 0 {
+					out[i]--
+					excess--
+				}
+			}
+		}
+	}
+	return out
+}
+
+// usableShares returns shares[:n] with entries that are not finite and >= 0
+// replaced by 0, rescaled if their sum would overflow, or nil if nothing
+// positive is left.
+func usableShares(shares []float64, n int) []float64 {
+	v := make([]float64, n)
+	var sum, maxV float64
+	for i := range v {
+		if i < len(shares) {
+			v[i] = nonNegative(shares[i])
+		}
+		sum += v[i]
+		maxV = max(maxV, v[i])
+	}
+	if maxV == 0 {
+		return nil
+	}
+	if math.IsInf(sum, 1) {
+		for i := range v {
+			v[i] /= maxV
+		}
+	}
+	return v
+}
