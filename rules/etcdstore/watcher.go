@@ -1,0 +1,354 @@
+package etcdstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/apportion/apportion/rules"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Log keys shared by the watcher's messages.
+const (
+	logKeyErr      = "err"
+	logKeyKey      = "key"
+	logKeyRevision = "revision"
+	logKeyRules    = "rules"
+	logKeyRetryIn  = "retry_in"
+	logKeyPath     = "path"
+)
+
+// Watcher delivers the rule set stored under a prefix, live. It implements
+// rules.Source. Run may be called once at a time; the rule state belongs to
+// the goroutine that runs Run.
+type Watcher struct {
+	c   *clientv3.Client
+	cfg config
+
+	invalid  atomic.Uint64
+	revision atomic.Int64
+
+	// afterSnapshot, if set (tests only), runs after a snapshot is delivered
+	// and before the watch starts.
+	afterSnapshot func()
+}
+
+var _ rules.Source = (*Watcher)(nil)
+
+// NewWatcher returns a Watcher over an etcd client owned by the caller.
+func NewWatcher(c *clientv3.Client, opts ...Option) (*Watcher, error) {
+	if c == nil {
+		return nil, errors.New("etcdstore: nil etcd client")
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Watcher{c: c, cfg: cfg}, nil
+}
+
+// InvalidDocuments is the number of invalid rule documents met so far (each
+// stored version counted once).
+func (w *Watcher) InvalidDocuments() uint64 { return w.invalid.Load() }
+
+// Revision is the etcd revision of the last applied snapshot or watch
+// response (0 before the first).
+func (w *Watcher) Revision() int64 { return w.revision.Load() }
+
+// state is the watcher's view; it belongs to the goroutine running Run.
+type state struct {
+	rules map[string]rules.Rule // last good version of every rule
+	// badSeen remembers the ModRevision of the last invalid document seen per
+	// key, so a reload does not count the same bad version twice.
+	badSeen   map[string]int64
+	delivered bool
+}
+
+// Run delivers the rule set to update until ctx is done, then returns
+// ctx.Err(). It calls update from this goroutine only, with a fresh slice
+// sorted by id that the callee may keep. update is called with the first
+// snapshot (or, if etcd cannot be reached and a cache file is configured,
+// the cached set), then after every watch response that changes the set.
+func (w *Watcher) Run(ctx context.Context, update func([]rules.Rule)) error {
+	st := &state{rules: map[string]rules.Rule{}, badSeen: map[string]int64{}}
+	lim := &logLimiter{every: w.cfg.logEvery}
+	backoff := w.cfg.minBackoff
+	wait := func() error {
+		t := time.NewTimer(backoff)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, w.cfg.maxBackoff)
+		return nil
+	}
+	for {
+		rev, err := w.snapshot(ctx, st, update)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if lim.allow() {
+				w.cfg.log.Warn("etcdstore: cannot load rules from etcd; keeping the last rule set",
+					logKeyErr, err, logKeyRetryIn, backoff, "suppressed", lim.takeSuppressed())
+			}
+			if !st.delivered && w.cfg.cacheFile != "" {
+				w.deliverCache(st, update)
+			}
+			if err := wait(); err != nil {
+				return err
+			}
+			continue
+		}
+		backoff = w.cfg.minBackoff
+		if w.afterSnapshot != nil {
+			w.afterSnapshot()
+		}
+		// Watch until the watch fails; resume from where it got to, or reload
+		// the snapshot when the history we need is compacted.
+		for {
+			next, err := w.watch(ctx, st, rev, update)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if next > rev {
+				rev = next
+				backoff = w.cfg.minBackoff
+			}
+			if errors.Is(err, errCompacted) {
+				w.cfg.log.Info("etcdstore: watch history compacted; reloading rules", logKeyRevision, rev, logKeyErr, err)
+				break
+			}
+			if lim.allow() {
+				w.cfg.log.Warn("etcdstore: rule watch interrupted; keeping the last rule set",
+					logKeyErr, err, logKeyRevision, rev, logKeyRetryIn, backoff, "suppressed", lim.takeSuppressed())
+			}
+			if err := wait(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+var errCompacted = errors.New("etcdstore: watch revision compacted")
+
+// snapshot loads every document under the prefix and delivers the resulting
+// set. It returns the revision read at.
+func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.Rule)) (int64, error) {
+	rctx, cancel := context.WithTimeout(ctx, w.cfg.requestTimeout)
+	defer cancel()
+	resp, err := w.c.Get(rctx, w.cfg.prefix, clientv3.WithPrefix())
+	if err != nil {
+		return 0, err
+	}
+	next := make(map[string]rules.Rule, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		id := strings.TrimPrefix(string(kv.Key), w.cfg.prefix)
+		r, err := decode(id, kv.Value)
+		if err != nil {
+			w.badDocument(st, string(kv.Key), kv.ModRevision, err)
+			if old, ok := st.rules[id]; ok {
+				next[id] = old
+			}
+			continue
+		}
+		next[id] = r
+	}
+	st.rules = next
+	rev := resp.Header.Revision
+	w.deliver(st, rev, update)
+	return rev, nil
+}
+
+// watch applies watch responses from rev+1 until the watch ends. It returns
+// the revision it got to and why it ended.
+func (w *Watcher) watch(ctx context.Context, st *state, rev int64, update func([]rules.Rule)) (int64, error) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	ch := w.c.Watch(wctx, w.cfg.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	for resp := range ch {
+		if resp.CompactRevision != 0 {
+			return rev, fmt.Errorf("%w: need %d, compacted up to %d", errCompacted, rev+1, resp.CompactRevision)
+		}
+		if err := resp.Err(); err != nil {
+			return rev, err
+		}
+		changed := false
+		for _, ev := range resp.Events {
+			if w.apply(st, ev) {
+				changed = true
+			}
+			rev = max(rev, ev.Kv.ModRevision)
+		}
+		if changed {
+			w.deliver(st, rev, update)
+		} else if len(resp.Events) > 0 {
+			w.revision.Store(rev)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return rev, err
+	}
+	return rev, errors.New("etcdstore: watch channel closed")
+}
+
+// apply folds one event into the state and reports whether the set changed.
+func (w *Watcher) apply(st *state, ev *clientv3.Event) bool {
+	id := strings.TrimPrefix(string(ev.Kv.Key), w.cfg.prefix)
+	switch ev.Type {
+	case mvccpb.DELETE:
+		delete(st.badSeen, string(ev.Kv.Key))
+		if _, ok := st.rules[id]; !ok {
+			return false
+		}
+		delete(st.rules, id)
+		return true
+	default: // PUT
+		r, err := decode(id, ev.Kv.Value)
+		if err != nil {
+			w.badDocument(st, string(ev.Kv.Key), ev.Kv.ModRevision, err)
+			return false
+		}
+		st.rules[id] = r
+		return true
+	}
+}
+
+func (w *Watcher) badDocument(st *state, key string, modRev int64, err error) {
+	if st.badSeen[key] == modRev {
+		return
+	}
+	st.badSeen[key] = modRev
+	w.invalid.Add(1)
+	if w.cfg.invalidCounter != nil {
+		w.cfg.invalidCounter.Inc()
+	}
+	w.cfg.log.Error("etcdstore: skipping invalid rule document; the last good version stays",
+		logKeyKey, key, logKeyRevision, modRev, logKeyErr, err)
+}
+
+func (w *Watcher) deliver(st *state, rev int64, update func([]rules.Rule)) {
+	out := make([]rules.Rule, 0, len(st.rules))
+	for _, r := range st.rules {
+		out = append(out, r)
+	}
+	sortRules(out)
+	w.revision.Store(rev)
+	st.delivered = true
+	update(out)
+	if w.cfg.cacheFile != "" {
+		if err := writeCache(w.cfg.cacheFile, rev, out); err != nil {
+			w.cfg.log.Warn("etcdstore: cannot write rule cache", logKeyPath, w.cfg.cacheFile, logKeyErr, err)
+		}
+	}
+}
+
+// deliverCache delivers the cached set, if there is a valid one.
+func (w *Watcher) deliverCache(st *state, update func([]rules.Rule)) {
+	rs, rev, err := readCache(w.cfg.cacheFile)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			w.cfg.log.Warn("etcdstore: ignoring unreadable rule cache", logKeyPath, w.cfg.cacheFile, logKeyErr, err)
+		}
+		return
+	}
+	for _, r := range rs {
+		st.rules[r.ID] = r
+	}
+	st.delivered = true
+	w.cfg.log.Warn("etcdstore: etcd unreachable; serving rules from the cache file",
+		logKeyPath, w.cfg.cacheFile, logKeyRevision, rev, logKeyRules, len(rs))
+	update(rs)
+}
+
+// cacheDoc is the cache file format.
+type cacheDoc struct {
+	Revision int64        `json:"revision"`
+	Rules    []rules.Rule `json:"rules"`
+}
+
+func writeCache(path string, rev int64, rs []rules.Rule) error {
+	b, err := json.Marshal(cacheDoc{Revision: rev, Rules: rs})
+	if err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}
+
+// readCache reads and revalidates a cache file: a cache that holds an
+// invalid rule (corrupt, or written by another version) is refused whole.
+func readCache(path string) ([]rules.Rule, int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	var doc cacheDoc
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return nil, 0, fmt.Errorf("etcdstore: cache %s: %w", path, err)
+	}
+	seen := map[string]bool{}
+	for i := range doc.Rules {
+		r := &doc.Rules[i]
+		r.Normalize()
+		if err := r.Validate(); err != nil {
+			return nil, 0, fmt.Errorf("etcdstore: cache %s: %w", path, err)
+		}
+		if seen[r.ID] {
+			return nil, 0, fmt.Errorf("etcdstore: cache %s: duplicate rule %q", path, r.ID)
+		}
+		seen[r.ID] = true
+	}
+	sortRules(doc.Rules)
+	return doc.Rules, doc.Revision, nil
+}
+
+// logLimiter lets one message through per interval and counts the rest.
+type logLimiter struct {
+	every      time.Duration
+	last       time.Time
+	suppressed int
+}
+
+func (l *logLimiter) allow() bool {
+	now := time.Now()
+	if !l.last.IsZero() && now.Sub(l.last) < l.every {
+		l.suppressed++
+		return false
+	}
+	l.last = now
+	return true
+}
+
+func (l *logLimiter) takeSuppressed() int {
+	n := l.suppressed
+	l.suppressed = 0
+	return n
+}
