@@ -1,24 +1,203 @@
 package rules
 
+import (
+	"cmp"
+	"fmt"
+	"hash/maphash"
+	"maps"
+	"math/bits"
+	"slices"
+)
+
 // Index finds the rules that match a request. It is immutable once built, so
 // an enforcer swaps whole indexes atomically and a check never sees half a change.
-// STUB: replaced by the full implementation.
+//
+// Rules are grouped by shape: the sorted set of their match keys, each marked
+// exact or "*". For each shape the index hashes the rules' exact values; a
+// lookup reads the request's value of every match key once, then does one
+// hash lookup per shape. Its cost grows with the number of distinct shapes
+// and keys, not with the number of rules.
 type Index struct {
-	rules []Rule
+	rules  []Rule // sorted by id; Match returns pointers into it
+	byID   map[string]int32
+	keys   []string // the distinct match keys of all rules
+	shapes []shape
+	seed   maphash.Seed
 }
 
-// NewIndex builds an index over rs (normalized and validated rules).
+// shape is a group of rules with the same match keys and wildcards.
+type shape struct {
+	exact   []int // indexes into Index.keys, ascending
+	any     []int // indexes into Index.keys that must be present
+	buckets map[uint64][]entry
+}
+
+type entry struct {
+	rule int32    // index into Index.rules
+	vals []string // the exact values, aligned with shape.exact
+}
+
+// NewIndex builds an index over rs. It works on normalized copies of the
+// rules, so later changes to rs do not affect it, and refuses an invalid rule
+// or a duplicate id.
 func NewIndex(rs []Rule) (*Index, error) {
-	return &Index{rules: rs}, nil
+	ix := &Index{
+		rules: make([]Rule, len(rs)),
+		byID:  make(map[string]int32, len(rs)),
+		seed:  maphash.MakeSeed(),
+	}
+	for i := range rs {
+		r := rs[i].Clone()
+		r.Normalize()
+		if err := r.Validate(); err != nil {
+			return nil, err
+		}
+		ix.rules[i] = r
+	}
+	slices.SortFunc(ix.rules, func(a, b Rule) int { return cmp.Compare(a.ID, b.ID) })
+	keyIdx := map[string]int{}
+	shapeIdx := map[string]int{}
+	for i := range ix.rules {
+		r := &ix.rules[i]
+		if i > 0 && ix.rules[i-1].ID == r.ID {
+			return nil, &FieldError{RuleID: r.ID, Field: "id", Msg: "duplicate id"}
+		}
+		ix.byID[r.ID] = int32(i)
+
+		var sh shape
+		for _, k := range slices.Sorted(maps.Keys(r.Match)) {
+			ki, ok := keyIdx[k]
+			if !ok {
+				ki = len(ix.keys)
+				keyIdx[k] = ki
+				ix.keys = append(ix.keys, k)
+			}
+			if r.Match[k] == MatchAny {
+				sh.any = append(sh.any, ki)
+			} else {
+				sh.exact = append(sh.exact, ki)
+			}
+		}
+		sig := fmt.Sprint(sh.exact, sh.any)
+		si, ok := shapeIdx[sig]
+		if !ok {
+			si = len(ix.shapes)
+			shapeIdx[sig] = si
+			sh.buckets = map[uint64][]entry{}
+			ix.shapes = append(ix.shapes, sh)
+		}
+		s := &ix.shapes[si]
+		e := entry{rule: int32(i), vals: make([]string, len(s.exact))}
+		for j, ki := range s.exact {
+			e.vals[j] = r.Match[ix.keys[ki]]
+		}
+		h := ix.hash(e.vals)
+		s.buckets[h] = append(s.buckets[h], e)
+	}
+	return ix, nil
 }
 
-// Match returns the rules matching the request, in id order.
+func (ix *Index) hash(vals []string) uint64 {
+	h := uint64(len(vals))
+	for _, v := range vals {
+		h = bits.RotateLeft64((h^maphash.String(ix.seed, v))*0x9e3779b97f4a7c15, 31)
+	}
+	return h
+}
+
+// Match returns the rules matching the request, in id order. A rule matches
+// when every entry of its match does: the key "resource" is compared with
+// resource, any other key with attrs; "*" needs the value to be present (for
+// resource: not empty). The returned rules belong to the index: read them,
+// never modify them. Match is safe for concurrent use, and a nil *Index
+// matches nothing.
 func (ix *Index) Match(resource string, attrs map[string]string) []*Rule {
-	return nil
+	if ix == nil || len(ix.shapes) == 0 {
+		return nil
+	}
+	var valBuf [16]string
+	var presBuf [16]bool
+	vals, present := valBuf[:0], presBuf[:0]
+	for _, k := range ix.keys {
+		var v string
+		var ok bool
+		if k == PartResource {
+			v, ok = resource, resource != ""
+		} else {
+			v, ok = attrs[k]
+		}
+		vals = append(vals, v)
+		present = append(present, ok)
+	}
+
+	var hitBuf [8]int32
+	hits := hitBuf[:0]
+	var reqBuf [16]string
+shapes:
+	for si := range ix.shapes {
+		s := &ix.shapes[si]
+		for _, ki := range s.any {
+			if !present[ki] {
+				continue shapes
+			}
+		}
+		req := reqBuf[:0]
+		for _, ki := range s.exact {
+			if !present[ki] {
+				continue shapes
+			}
+			req = append(req, vals[ki])
+		}
+	entries:
+		for _, e := range s.buckets[ix.hash(req)] {
+			for j, v := range e.vals {
+				if req[j] != v {
+					continue entries
+				}
+			}
+			hits = append(hits, e.rule)
+		}
+	}
+	if len(hits) == 0 {
+		return nil
+	}
+	slices.Sort(hits)
+	out := make([]*Rule, len(hits))
+	for i, ri := range hits {
+		out[i] = &ix.rules[ri]
+	}
+	return out
 }
 
-// Rules returns all rules in id order.
-func (ix *Index) Rules() []Rule { return ix.rules }
+// Get returns the rule with the given id. The rule belongs to the index:
+// never modify it.
+func (ix *Index) Get(id string) (*Rule, bool) {
+	if ix == nil {
+		return nil, false
+	}
+	i, ok := ix.byID[id]
+	if !ok {
+		return nil, false
+	}
+	return &ix.rules[i], true
+}
+
+// Rules returns deep copies of all rules, in id order.
+func (ix *Index) Rules() []Rule {
+	if ix == nil {
+		return nil
+	}
+	out := make([]Rule, len(ix.rules))
+	for i := range ix.rules {
+		out[i] = ix.rules[i].Clone()
+	}
+	return out
+}
 
 // Len is the number of rules.
-func (ix *Index) Len() int { return len(ix.rules) }
+func (ix *Index) Len() int {
+	if ix == nil {
+		return 0
+	}
+	return len(ix.rules)
+}

@@ -1,9 +1,3 @@
-// Package rules holds the rate-limit rule model, its validation, the matching
-// index and the sources that deliver rule sets (a file, etcd).
-//
-// Invariant: a rule that fails validation is never applied. Every error names
-// the field that is wrong (see FieldError), and a source that meets a bad
-// document keeps serving the last good rule set.
 package rules
 
 import (
@@ -11,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
 	"time"
 )
 
@@ -94,21 +91,96 @@ var (
 // "1h", "24h") in JSON and YAML.
 type Duration time.Duration
 
-// MarshalJSON writes the duration as a string.
+// String writes the duration in its shortest exact form in the largest unit
+// that divides it: "1m" rather than "1m0s", "90m", "24h", "1500ms".
+func (d Duration) String() string {
+	v := time.Duration(d)
+	for _, u := range []struct {
+		unit time.Duration
+		name string
+	}{{time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}, {time.Millisecond, "ms"}} {
+		if v != 0 && v%u.unit == 0 {
+			return strconv.FormatInt(int64(v/u.unit), 10) + u.name
+		}
+	}
+	return v.String()
+}
+
+// MarshalJSON writes the duration as a string (see String).
 func (d Duration) MarshalJSON() ([]byte, error) {
-	return json.Marshal(time.Duration(d).String())
+	return json.Marshal(d.String())
 }
 
 // UnmarshalJSON reads a duration string such as "1m".
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("window must be a duration string such as \"1s\" or \"1m\"")
+		return &durationError{fmt.Sprintf("must be a duration string such as \"1s\" or \"1m\", got %s", b)}
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("window %q is not a duration such as \"1s\" or \"1m\"", s)
+		return &durationError{fmt.Sprintf("%q is not a duration such as \"1s\", \"1m\", \"1h\" or \"24h\"", s)}
 	}
 	*d = Duration(v)
 	return nil
+}
+
+// durationError is the error of Duration.UnmarshalJSON; the parser turns it
+// into a FieldError naming "window".
+type durationError struct{ msg string }
+
+func (e *durationError) Error() string { return "window " + e.msg }
+
+// Clone returns a deep copy of r.
+func (r Rule) Clone() Rule {
+	r.Match = maps.Clone(r.Match)
+	r.Key = slices.Clone(r.Key)
+	r.Regions = maps.Clone(r.Regions)
+	return r
+}
+
+// KeyValues returns the request's values of the parts in r.Key, in order:
+// the client key for "client_key", the resource for "resource" and the
+// attribute for any other name. ok is false when an attribute named in Key is
+// missing from attrs (the rule then has no bucket for the request).
+func (r *Rule) KeyValues(clientKey, resource string, attrs map[string]string) (parts []string, ok bool) {
+	return r.AppendKeyValues(make([]string, 0, len(r.Key)), clientKey, resource, attrs)
+}
+
+// AppendKeyValues is KeyValues appending to dst, for callers that reuse a buffer.
+func (r *Rule) AppendKeyValues(dst []string, clientKey, resource string, attrs map[string]string) ([]string, bool) {
+	for _, p := range r.Key {
+		switch p {
+		case PartClientKey:
+			dst = append(dst, clientKey)
+		case PartResource:
+			dst = append(dst, resource)
+		default:
+			v, ok := attrs[p]
+			if !ok {
+				return dst, false
+			}
+			dst = append(dst, v)
+		}
+	}
+	return dst, true
+}
+
+// StaticShare returns the fraction of the rule's limit that region enforces
+// when no dynamic share is set: for a global rule its weight divided by the
+// sum of the weights (ok false, 0 when the region is not listed: it has no
+// share); for a regional rule 1 (every region enforces the whole limit).
+func (r Rule) StaticShare(region string) (weightFraction float64, ok bool) {
+	if r.Scope != Global {
+		return 1, true
+	}
+	w, ok := r.Regions[region]
+	if !ok || w <= 0 {
+		return 0, false
+	}
+	var sum float64
+	for _, name := range slices.Sorted(maps.Keys(r.Regions)) { // fixed order: same float sum everywhere
+		sum += r.Regions[name]
+	}
+	return w / sum, true
 }

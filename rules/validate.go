@@ -1,29 +1,81 @@
 package rules
 
-import "fmt"
+import (
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Limits on the values of a rule. They keep every quantity exact in the
+// store's arithmetic (tokens in thousandths stay below 2^53, the exact-integer
+// range of a Lua number) and keep documents small.
+const (
+	MaxIDLen           = 128
+	MaxNameLen         = 128  // a key part, match key, or region name
+	MaxMatchValueLen   = 1024 // a match value
+	MaxCapacity        = 1_000_000_000_000
+	MaxLimit           = 1_000_000_000_000
+	MaxRefillPerSecond = 1e9
+	MinWindow          = time.Millisecond
+	MaxWindow          = 366 * 24 * time.Hour
+)
+
+// Request parts a rule can name besides attributes.
+const (
+	PartClientKey = "client_key" // the request's client key (Key only)
+	PartResource  = "resource"   // the request's resource (Key and Match)
+	MatchAny      = "*"          // match value: attribute present, any value
+)
 
 // FieldError is a validation error that names the offending field.
 type FieldError struct {
 	RuleID string
-	Field  string // JSON name, e.g. "capacity" or "match.tier"
+	Field  string // JSON name, e.g. "capacity" or "match.tier"; "" for the whole document
 	Msg    string
+	// Item is the 1-based position of the rule in a list parsed by
+	// ParseRules, or 0 when the rule did not come from a list.
+	Item int
 }
 
 func (e *FieldError) Error() string {
-	if e.RuleID != "" {
-		return fmt.Sprintf("rules: rule %q: %s: %s", e.RuleID, e.Field, e.Msg)
+	var b strings.Builder
+	b.WriteString("rules: ")
+	switch {
+	case e.RuleID != "" && e.Item > 0:
+		fmt.Fprintf(&b, "rule %q (item %d): ", e.RuleID, e.Item)
+	case e.RuleID != "":
+		fmt.Fprintf(&b, "rule %q: ", e.RuleID)
+	case e.Item > 0:
+		fmt.Fprintf(&b, "item %d: ", e.Item)
 	}
-	return fmt.Sprintf("rules: %s: %s", e.Field, e.Msg)
+	if e.Field != "" {
+		b.WriteString(e.Field)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
 }
 
 // Unwrap makes errors.Is(err, ErrInvalid) true.
 func (e *FieldError) Unwrap() error { return ErrInvalid }
 
-// Normalize fills defaults: key ["client_key"], scope regional, failure_mode open.
-// STUB: replaced by the full implementation.
+// algorithmError is the FieldError of an unknown algorithm; it also matches
+// ErrUnknownAlgorithm.
+type algorithmError struct{ FieldError }
+
+func (e *algorithmError) Unwrap() []error {
+	return []error{&e.FieldError, ErrUnknownAlgorithm}
+}
+
+// Normalize fills defaults: key ["client_key"], scope regional, failure_mode
+// open. It also writes empty maps as nil and split 1 (one bucket, that is,
+// off) as 0, so equal rules compare and marshal equal.
 func (r *Rule) Normalize() {
 	if len(r.Key) == 0 {
-		r.Key = []string{"client_key"}
+		r.Key = []string{PartClientKey}
 	}
 	if r.Scope == "" {
 		r.Scope = Regional
@@ -31,27 +83,203 @@ func (r *Rule) Normalize() {
 	if r.FailureMode == "" {
 		r.FailureMode = FailOpen
 	}
+	if len(r.Match) == 0 {
+		r.Match = nil
+	}
+	if len(r.Regions) == 0 {
+		r.Regions = nil
+	}
+	if r.Split == 1 {
+		r.Split = 0
+	}
 }
 
-// Validate checks a normalized rule; the error is a *FieldError.
-// STUB: replaced by the full implementation.
+// Validate checks a rule and returns the first problem as a *FieldError that
+// names the JSON field (an unknown algorithm also matches
+// ErrUnknownAlgorithm). Validate does not modify r; empty key, scope and
+// failure_mode are accepted as their defaults (see Normalize).
 func (r *Rule) Validate() error {
+	fe := func(field, format string, args ...any) error {
+		return &FieldError{RuleID: r.ID, Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
 	if r.ID == "" {
-		return &FieldError{Field: "id", Msg: "required"}
+		return fe("id", "required")
+	}
+	if msg := checkName(r.ID, MaxIDLen); msg != "" {
+		return &FieldError{Field: "id", Msg: msg}
+	}
+	if strings.Trim(r.ID, ".") == "" {
+		return &FieldError{Field: "id", Msg: fmt.Sprintf("%q is not allowed (it is a path element)", r.ID)}
+	}
+
+	for _, k := range slices.Sorted(maps.Keys(r.Match)) {
+		v := r.Match[k]
+		field := "match." + k
+		if k == "" {
+			field = "match"
+		}
+		switch {
+		case k == PartClientKey:
+			return fe(field, "rules cannot match on the client key; match on resource or attributes and use key [\"client_key\"] to get a bucket per client")
+		case checkName(k, MaxNameLen) != "":
+			return fe(field, "match key is not a valid attribute name: %s", checkName(k, MaxNameLen))
+		case v == "":
+			return fe(field, "value is empty; use an exact value, or \"*\" for any value")
+		case len(v) > MaxMatchValueLen:
+			return fe(field, "value is %d bytes, over the limit of %d", len(v), MaxMatchValueLen)
+		case v != MatchAny && strings.Contains(v, MatchAny):
+			return fe(field, "value %q: patterns are not supported; use an exact value, or \"*\" alone for any value", v)
+		}
+	}
+
+	for i, p := range r.Key {
+		field := fmt.Sprintf("key[%d]", i)
+		if msg := checkName(p, MaxNameLen); msg != "" {
+			return fe(field, "%s (use \"client_key\", \"resource\" or an attribute name)", msg)
+		}
+		if slices.Index(r.Key, p) != i {
+			return fe(field, "%q is listed twice", p)
+		}
+	}
+
+	switch r.Algorithm {
+	case "":
+		return fe("algorithm", "required; one of %s", algorithmList)
+	case TokenBucket, LeakyBucket:
+		if err := r.validateBucket(fe); err != nil {
+			return err
+		}
+	case SlidingWindow, FixedWindow, SlidingLog:
+		if err := r.validateWindow(fe); err != nil {
+			return err
+		}
+	default:
+		return &algorithmError{FieldError{RuleID: r.ID, Field: "algorithm",
+			Msg: fmt.Sprintf("unknown algorithm %q; use one of %s", r.Algorithm, algorithmList)}}
+	}
+
+	switch r.Scope {
+	case "", Regional:
+		if len(r.Regions) > 0 {
+			return fe("regions", "only a global rule has regions (set scope \"global\", or remove regions)")
+		}
+		if r.MinShare != 0 {
+			return fe("min_share", "only a global rule has min_share (set scope \"global\", or remove min_share)")
+		}
+	case Global:
+		if len(r.Regions) == 0 {
+			return fe("regions", "a global rule needs at least one region with a weight, e.g. {\"us-east\": 1}")
+		}
+		for _, name := range slices.Sorted(maps.Keys(r.Regions)) {
+			w := r.Regions[name]
+			field := "regions." + name
+			if name == "" {
+				field = "regions"
+			}
+			if msg := checkName(name, MaxNameLen); msg != "" {
+				return fe(field, "region name: %s", msg)
+			}
+			if math.IsNaN(w) || math.IsInf(w, 0) || w <= 0 {
+				return fe(field, "weight must be a finite number above 0, got %v", w)
+			}
+		}
+		if math.IsNaN(r.MinShare) || r.MinShare < 0 || r.MinShare > 1 {
+			return fe("min_share", "must be between 0 and 1, got %v", r.MinShare)
+		}
+	default:
+		return fe("scope", "unknown scope %q; use \"regional\" or \"global\"", r.Scope)
+	}
+
+	switch r.FailureMode {
+	case "", FailOpen, FailClosed, FailLocal:
+	default:
+		return fe("failure_mode", "unknown failure mode %q; use \"open\", \"closed\" or \"local\"", r.FailureMode)
+	}
+	if r.LocalBatch != 0 {
+		return fe("local_batch", "not supported yet (future work); remove the field or set 0")
+	}
+	if r.Split != 0 && r.Split != 1 {
+		return fe("split", "not supported yet (future work); remove the field or set 0")
 	}
 	return nil
 }
 
-// ParseRule decodes one JSON rule document strictly (unknown fields are
-// refused and named), normalizes and validates it.
-// STUB: replaced by the full implementation.
-func ParseRule(data []byte) (Rule, error) {
-	return Rule{}, fmt.Errorf("not implemented")
+var algorithmList = `"token_bucket", "sliding_window", "fixed_window", "sliding_log", "leaky_bucket"`
+
+func (r *Rule) validateBucket(fe func(string, string, ...any) error) error {
+	a := r.Algorithm
+	switch {
+	case r.Capacity == 0:
+		return fe("capacity", "required for %s (the burst size, at least 1)", a)
+	case r.Capacity < 0:
+		return fe("capacity", "must be at least 1, got %d (negative)", r.Capacity)
+	case r.Capacity > MaxCapacity:
+		return fe("capacity", "must be at most %d, got %d", int64(MaxCapacity), r.Capacity)
+	}
+	switch f := r.RefillPerSecond; {
+	case math.IsNaN(f) || math.IsInf(f, 0):
+		return fe("refill_per_second", "must be a finite number, got %v", f)
+	case f == 0:
+		return fe("refill_per_second", "required for %s and must be above 0 (a bucket that never refills would block for ever)", a)
+	case f < 0:
+		return fe("refill_per_second", "must be above 0, got %v", f)
+	case f > MaxRefillPerSecond:
+		return fe("refill_per_second", "must be at most %g, got %v", MaxRefillPerSecond, f)
+	}
+	if r.Limit != 0 {
+		return fe("limit", "not used by %s (it takes capacity and refill_per_second)", a)
+	}
+	if r.Window != 0 {
+		return fe("window", "not used by %s (it takes capacity and refill_per_second)", a)
+	}
+	return nil
 }
 
-// ParseRules decodes a JSON or YAML list of rule documents, normalizes and
-// validates every rule, and refuses duplicate ids.
-// STUB: replaced by the full implementation.
-func ParseRules(data []byte) ([]Rule, error) {
-	return nil, fmt.Errorf("not implemented")
+func (r *Rule) validateWindow(fe func(string, string, ...any) error) error {
+	a := r.Algorithm
+	switch {
+	case r.Limit == 0:
+		return fe("limit", "required for %s (requests per window, at least 1)", a)
+	case r.Limit < 0:
+		return fe("limit", "must be at least 1, got %d (negative)", r.Limit)
+	case r.Limit > MaxLimit:
+		return fe("limit", "must be at most %d, got %d", int64(MaxLimit), r.Limit)
+	}
+	w := time.Duration(r.Window)
+	switch {
+	case w == 0:
+		return fe("window", "required for %s, a duration such as \"1s\", \"1m\", \"1h\"", a)
+	case w < MinWindow:
+		return fe("window", "must be at least 1ms, got %s", w)
+	case w%time.Millisecond != 0:
+		return fe("window", "must be a whole number of milliseconds, got %s", w)
+	case w > MaxWindow:
+		return fe("window", "must be at most %s, got %s", MaxWindow, w)
+	}
+	if r.Capacity != 0 {
+		return fe("capacity", "not used by %s (it takes limit and window)", a)
+	}
+	if r.RefillPerSecond != 0 {
+		return fe("refill_per_second", "not used by %s (it takes limit and window)", a)
+	}
+	return nil
+}
+
+// checkName returns "" when s is 1..max characters of [A-Za-z0-9_.-], and
+// otherwise what is wrong with it.
+func checkName(s string, max int) string {
+	if s == "" {
+		return "empty"
+	}
+	if len(s) > max {
+		return fmt.Sprintf("%d characters, over the limit of %d", len(s), max)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-' {
+			continue
+		}
+		return fmt.Sprintf("%q has character %q at %d; use only letters, digits, '_', '.' and '-'", s, rune(c), i)
+	}
+	return ""
 }

@@ -1,0 +1,42 @@
+// Package rules holds the rate-limit rule model, its validation, the matching
+// index and the sources that deliver rule sets (a file, etcd).
+//
+// Invariant: a rule that fails validation is never applied. Every error names
+// the field that is wrong (see FieldError), and a source that meets a bad
+// document keeps serving the last good rule set.
+//
+// # Rule format decisions
+//
+// Documents are strict JSON (YAML files are converted to JSON first and then
+// meet the same checks): unknown fields, field names in the wrong case and
+// repeated fields are refused, as is data after the document and a document
+// over MaxRuleSize (64 KiB).
+//
+//   - id: 1..128 characters of [A-Za-z0-9_.-], not "." or "..": it is part of
+//     etcd keys, admin URLs and Redis keys.
+//   - token_bucket and leaky_bucket take capacity (1..1e12) and
+//     refill_per_second (above 0, at most 1e9); window algorithms take limit
+//     (1..1e12) and window (a whole number of milliseconds, 1ms..366 days).
+//     Setting the other algorithm family's fields is an error, not ignored.
+//   - match: keys are "resource" or attribute names ("client_key" is refused:
+//     rules select requests, key picks the bucket). A value is exact or "*"
+//     (present, any value; for resource: not empty). A value that contains
+//     "*" among other characters is refused rather than taken literally, so
+//     that nobody mistakes it for a pattern.
+//   - key: "client_key" (the default), "resource" or attribute names, no
+//     repeats.
+//   - scope regional (default) must not set regions or min_share (refused, so
+//     that a rule is never believed to be split when it is not); scope global
+//     needs regions (weights finite and above 0) and min_share in [0, 1].
+//     Global applies to every algorithm: a region's static share of the rate
+//     and capacity, or of the limit, is its weight over the sum of weights.
+//   - failure_mode open (default), closed or local.
+//   - local_batch and split are future work: any value other than 0 (for
+//     split, 0 or 1, both meaning off) is refused, naming the field.
+//
+// # Matching
+//
+// Index groups rules by shape (the sorted match keys, each exact or "*") and
+// hashes the exact values per shape, so that a lookup costs one hash lookup
+// per distinct shape, whatever the number of rules.
+package rules

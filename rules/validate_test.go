@@ -1,0 +1,219 @@
+package rules
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+func tokenRule() Rule {
+	return Rule{ID: "orders-free", Match: map[string]string{"resource": "POST /orders", "tier": "free"},
+		Algorithm: TokenBucket, Capacity: 20, RefillPerSecond: 10}
+}
+
+func windowRule() Rule {
+	return Rule{ID: "hourly", Algorithm: SlidingWindow, Limit: 1000, Window: Duration(time.Hour)}
+}
+
+func globalRule() Rule {
+	r := tokenRule()
+	r.Scope = Global
+	r.Regions = map[string]float64{"us-east": 2, "eu-west": 1, "ap-south": 1}
+	r.MinShare = 0.1
+	return r
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name  string
+		base  func() Rule
+		edit  func(*Rule)
+		field string // "" means valid
+		msg   string // substring of the message
+	}{
+		{name: "token bucket ok", base: tokenRule, edit: func(*Rule) {}},
+		{name: "leaky bucket ok", base: tokenRule, edit: func(r *Rule) { r.Algorithm = LeakyBucket }},
+		{name: "window ok", base: windowRule, edit: func(*Rule) {}},
+		{name: "fixed window ok", base: windowRule, edit: func(r *Rule) { r.Algorithm = FixedWindow }},
+		{name: "sliding log ok", base: windowRule, edit: func(r *Rule) { r.Algorithm = SlidingLog }},
+		{name: "global ok", base: globalRule, edit: func(*Rule) {}},
+		{name: "global min share 0 ok", base: globalRule, edit: func(r *Rule) { r.MinShare = 0 }},
+		{name: "global min share 1 ok", base: globalRule, edit: func(r *Rule) { r.MinShare = 1 }},
+		{name: "match any ok", base: tokenRule, edit: func(r *Rule) { r.Match["api_key"] = "*" }},
+		{name: "key parts ok", base: tokenRule, edit: func(r *Rule) { r.Key = []string{"client_key", "resource", "ip"} }},
+		{name: "closed ok", base: tokenRule, edit: func(r *Rule) { r.FailureMode = FailClosed }},
+		{name: "local ok", base: tokenRule, edit: func(r *Rule) { r.FailureMode = FailLocal }},
+		{name: "split one is off", base: tokenRule, edit: func(r *Rule) { r.Split = 1 }},
+		{name: "max capacity ok", base: tokenRule, edit: func(r *Rule) { r.Capacity = MaxCapacity }},
+		{name: "window 1ms ok", base: windowRule, edit: func(r *Rule) { r.Window = Duration(time.Millisecond) }},
+
+		{name: "id missing", base: tokenRule, edit: func(r *Rule) { r.ID = "" }, field: "id", msg: "required"},
+		{name: "id bad char", base: tokenRule, edit: func(r *Rule) { r.ID = "a/b" }, field: "id", msg: "'/'"},
+		{name: "id too long", base: tokenRule, edit: func(r *Rule) { r.ID = strings.Repeat("a", 129) }, field: "id", msg: "129"},
+		{name: "id dots", base: tokenRule, edit: func(r *Rule) { r.ID = ".." }, field: "id", msg: "path"},
+		{name: "algorithm missing", base: tokenRule, edit: func(r *Rule) { r.Algorithm = "" }, field: "algorithm", msg: "required"},
+		{name: "algorithm unknown", base: tokenRule, edit: func(r *Rule) { r.Algorithm = "gcra" }, field: "algorithm", msg: `"token_bucket", "sliding_window"`},
+		{name: "capacity missing", base: tokenRule, edit: func(r *Rule) { r.Capacity = 0 }, field: "capacity", msg: "required"},
+		{name: "capacity negative", base: tokenRule, edit: func(r *Rule) { r.Capacity = -5 }, field: "capacity", msg: "negative"},
+		{name: "capacity too big", base: tokenRule, edit: func(r *Rule) { r.Capacity = MaxCapacity + 1 }, field: "capacity", msg: "at most"},
+		{name: "refill zero", base: tokenRule, edit: func(r *Rule) { r.RefillPerSecond = 0 }, field: "refill_per_second", msg: "above 0"},
+		{name: "refill negative", base: tokenRule, edit: func(r *Rule) { r.RefillPerSecond = -1 }, field: "refill_per_second", msg: "above 0"},
+		{name: "refill NaN", base: tokenRule, edit: func(r *Rule) { r.RefillPerSecond = math.NaN() }, field: "refill_per_second", msg: "finite"},
+		{name: "refill Inf", base: tokenRule, edit: func(r *Rule) { r.RefillPerSecond = math.Inf(1) }, field: "refill_per_second", msg: "finite"},
+		{name: "refill too big", base: tokenRule, edit: func(r *Rule) { r.RefillPerSecond = 2e9 }, field: "refill_per_second", msg: "at most"},
+		{name: "bucket with limit", base: tokenRule, edit: func(r *Rule) { r.Limit = 5 }, field: "limit", msg: "not used"},
+		{name: "bucket with window", base: tokenRule, edit: func(r *Rule) { r.Window = Duration(time.Second) }, field: "window", msg: "not used"},
+		{name: "limit missing", base: windowRule, edit: func(r *Rule) { r.Limit = 0 }, field: "limit", msg: "required"},
+		{name: "limit negative", base: windowRule, edit: func(r *Rule) { r.Limit = -1 }, field: "limit", msg: "negative"},
+		{name: "window missing", base: windowRule, edit: func(r *Rule) { r.Window = 0 }, field: "window", msg: "required"},
+		{name: "window negative", base: windowRule, edit: func(r *Rule) { r.Window = Duration(-time.Second) }, field: "window", msg: "at least 1ms"},
+		{name: "window sub-ms", base: windowRule, edit: func(r *Rule) { r.Window = Duration(1500 * time.Microsecond) }, field: "window", msg: "whole number"},
+		{name: "window too long", base: windowRule, edit: func(r *Rule) { r.Window = Duration(400 * 24 * time.Hour) }, field: "window", msg: "at most"},
+		{name: "window with capacity", base: windowRule, edit: func(r *Rule) { r.Capacity = 3 }, field: "capacity", msg: "not used"},
+		{name: "window with refill", base: windowRule, edit: func(r *Rule) { r.RefillPerSecond = 3 }, field: "refill_per_second", msg: "not used"},
+		{name: "key empty part", base: tokenRule, edit: func(r *Rule) { r.Key = []string{"client_key", ""} }, field: "key[1]", msg: "empty"},
+		{name: "key bad part", base: tokenRule, edit: func(r *Rule) { r.Key = []string{"a b"} }, field: "key[0]", msg: "' '"},
+		{name: "key duplicate", base: tokenRule, edit: func(r *Rule) { r.Key = []string{"client_key", "client_key"} }, field: "key[1]", msg: "twice"},
+		{name: "match empty value", base: tokenRule, edit: func(r *Rule) { r.Match["tier"] = "" }, field: "match.tier", msg: "empty"},
+		{name: "match pattern", base: tokenRule, edit: func(r *Rule) { r.Match["resource"] = "GET /a*" }, field: "match.resource", msg: "patterns"},
+		{name: "match bad key", base: tokenRule, edit: func(r *Rule) { r.Match["a b"] = "x" }, field: "match.a b", msg: "attribute name"},
+		{name: "match client key", base: tokenRule, edit: func(r *Rule) { r.Match["client_key"] = "x" }, field: "match.client_key", msg: "cannot match"},
+		{name: "scope unknown", base: tokenRule, edit: func(r *Rule) { r.Scope = "planet" }, field: "scope", msg: "planet"},
+		{name: "global no regions", base: globalRule, edit: func(r *Rule) { r.Regions = nil }, field: "regions", msg: "at least one"},
+		{name: "global zero weight", base: globalRule, edit: func(r *Rule) { r.Regions["us-east"] = 0 }, field: "regions.us-east", msg: "above 0"},
+		{name: "global negative weight", base: globalRule, edit: func(r *Rule) { r.Regions["eu-west"] = -1 }, field: "regions.eu-west", msg: "above 0"},
+		{name: "global NaN weight", base: globalRule, edit: func(r *Rule) { r.Regions["eu-west"] = math.NaN() }, field: "regions.eu-west", msg: "finite"},
+		{name: "global Inf weight", base: globalRule, edit: func(r *Rule) { r.Regions["eu-west"] = math.Inf(1) }, field: "regions.eu-west", msg: "finite"},
+		{name: "global bad region name", base: globalRule, edit: func(r *Rule) { r.Regions["us east"] = 1 }, field: "regions.us east", msg: "region name"},
+		{name: "global min share above 1", base: globalRule, edit: func(r *Rule) { r.MinShare = 1.5 }, field: "min_share", msg: "between 0 and 1"},
+		{name: "global min share negative", base: globalRule, edit: func(r *Rule) { r.MinShare = -0.1 }, field: "min_share", msg: "between 0 and 1"},
+		{name: "regional with regions", base: tokenRule, edit: func(r *Rule) { r.Regions = map[string]float64{"us-east": 1} }, field: "regions", msg: "only a global rule"},
+		{name: "regional with min share", base: tokenRule, edit: func(r *Rule) { r.MinShare = 0.5 }, field: "min_share", msg: "only a global rule"},
+		{name: "failure mode unknown", base: tokenRule, edit: func(r *Rule) { r.FailureMode = "maybe" }, field: "failure_mode", msg: "maybe"},
+		{name: "local batch", base: tokenRule, edit: func(r *Rule) { r.LocalBatch = 10 }, field: "local_batch", msg: "not supported yet"},
+		{name: "split", base: tokenRule, edit: func(r *Rule) { r.Split = 4 }, field: "split", msg: "not supported yet"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := tt.base()
+			tt.edit(&r)
+			r.Normalize()
+			err := r.Validate()
+			if tt.field == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			var fe *FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("Validate = %v, want a *FieldError", err)
+			}
+			if fe.Field != tt.field || !strings.Contains(fe.Msg, tt.msg) {
+				t.Fatalf("Validate = %q (field %q), want field %q and message containing %q", err, fe.Field, tt.field, tt.msg)
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("errors.Is(%v, ErrInvalid) = false", err)
+			}
+		})
+	}
+}
+
+func TestValidateUnknownAlgorithmIsSentinel(t *testing.T) {
+	r := tokenRule()
+	r.Algorithm = "gcra"
+	err := r.Validate()
+	if !errors.Is(err, ErrUnknownAlgorithm) || !errors.Is(err, ErrInvalid) {
+		t.Fatalf("err = %v; want both ErrUnknownAlgorithm and ErrInvalid", err)
+	}
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "algorithm" {
+		t.Fatalf("err = %v; want a *FieldError naming algorithm", err)
+	}
+	if want := `rules: rule "orders-free": algorithm: unknown algorithm "gcra"`; !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("message %q, want prefix %q", err, want)
+	}
+}
+
+func TestValidateWithoutNormalize(t *testing.T) {
+	r := Rule{ID: "a", Algorithm: TokenBucket, Capacity: 1, RefillPerSecond: 1}
+	if err := r.Validate(); err != nil {
+		t.Fatalf("Validate of a rule with empty defaults: %v", err)
+	}
+	if r.Key != nil || r.Scope != "" {
+		t.Fatalf("Validate modified the rule: %+v", r)
+	}
+}
+
+func TestNormalize(t *testing.T) {
+	r := Rule{ID: "a", Match: map[string]string{}, Regions: map[string]float64{}, Split: 1}
+	r.Normalize()
+	if len(r.Key) != 1 || r.Key[0] != "client_key" || r.Scope != Regional || r.FailureMode != FailOpen ||
+		r.Match != nil || r.Regions != nil || r.Split != 0 {
+		t.Fatalf("Normalize gave %+v", r)
+	}
+}
+
+func TestStaticShare(t *testing.T) {
+	g := globalRule()
+	g.Normalize()
+	tests := []struct {
+		name   string
+		rule   Rule
+		region string
+		want   float64
+		ok     bool
+	}{
+		{"global heavy", g, "us-east", 0.5, true},
+		{"global light", g, "eu-west", 0.25, true},
+		{"global unlisted", g, "sa-east", 0, false},
+		{"regional", tokenRule(), "anywhere", 1, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := tt.rule.StaticShare(tt.region)
+			if got != tt.want || ok != tt.ok {
+				t.Fatalf("StaticShare(%q) = %v, %v; want %v, %v", tt.region, got, ok, tt.want, tt.ok)
+			}
+		})
+	}
+}
+
+func TestKeyValues(t *testing.T) {
+	attrs := map[string]string{"tier": "free", "ip": "10.0.0.1"}
+	tests := []struct {
+		name string
+		key  []string
+		want []string
+		ok   bool
+	}{
+		{"client key", []string{"client_key"}, []string{"user:42"}, true},
+		{"all kinds in order", []string{"ip", "resource", "client_key"}, []string{"10.0.0.1", "POST /orders", "user:42"}, true},
+		{"missing attribute", []string{"client_key", "api_key"}, nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := Rule{Key: tt.key}
+			got, ok := r.KeyValues("user:42", "POST /orders", attrs)
+			if ok != tt.ok {
+				t.Fatalf("ok = %v, want %v", ok, tt.ok)
+			}
+			if ok && strings.Join(got, "|") != strings.Join(tt.want, "|") {
+				t.Fatalf("KeyValues = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDurationString(t *testing.T) {
+	for in, want := range map[time.Duration]string{
+		time.Second: "1s", time.Minute: "1m", 90 * time.Minute: "90m", 24 * time.Hour: "24h",
+		1500 * time.Millisecond: "1500ms", 0: "0s", 1500 * time.Microsecond: "1.5ms",
+	} {
+		if got := Duration(in).String(); got != want {
+			t.Errorf("Duration(%v).String() = %q, want %q", in, got, want)
+		}
+	}
+}
