@@ -1,0 +1,27 @@
+// Command rlctl is the operator CLI for apportion rules and limits: it reads
+// and writes rules in etcd directly (--etcd-endpoints) or through the admin
+// API (--admin-url, --token), validates rule files offline, flips shadow
+// mode, sets global limits, and sends a CheckLimit to an enforcer.
+//
+// Every write is a compare-and-swap on the rule's revision when rlctl read
+// the rule first (shadow, limits set), so two operators never silently
+// overwrite each other: the loser gets exit code 4.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "rlctl:", err)
+		os.Exit(exitCode(err))
+	}
+}
