@@ -46,8 +46,10 @@ func commands() map[string]command {
 		"rules get":  {args: "ID", run: (*cli).rulesGet},
 		"rules list": {run: (*cli).rulesList},
 		"rules delete": {
-			args:  "ID",
-			flags: func(fs *flag.FlagSet) { fs.Int64Var(&ifMatch, "if-match", 0, "delete only if the rule is still at this revision") },
+			args: "ID",
+			flags: func(fs *flag.FlagSet) {
+				fs.Int64Var(&ifMatch, "if-match", 0, "delete only if the rule is still at this revision")
+			},
 			run: func(c *cli, ctx context.Context, args []string) error {
 				return c.rulesDelete(ctx, args, ifMatch)
 			},

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/apportion/apportion/internal/logsample"
 	"github.com/apportion/apportion/rules"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -79,7 +81,8 @@ type state struct {
 // the cached set), then after every watch response that changes the set.
 func (w *Watcher) Run(ctx context.Context, update func([]rules.Rule)) error {
 	st := &state{rules: map[string]rules.Rule{}, badSeen: map[string]int64{}}
-	lim := &logLimiter{every: w.cfg.logEvery}
+	// Connection errors repeat while etcd is down: one line per interval.
+	lim := logsample.New(w.cfg.log, w.cfg.logEvery)
 	backoff := w.cfg.minBackoff
 	wait := func() error {
 		t := time.NewTimer(backoff)
@@ -98,10 +101,8 @@ func (w *Watcher) Run(ctx context.Context, update func([]rules.Rule)) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if lim.allow() {
-				w.cfg.log.Warn("etcdstore: cannot load rules from etcd; keeping the last rule set",
-					logKeyErr, err, logKeyRetryIn, backoff, "suppressed", lim.takeSuppressed())
-			}
+			lim.Log(slog.LevelWarn, "snapshot", "etcdstore: cannot load rules from etcd; keeping the last rule set",
+				logKeyErr, err, logKeyRetryIn, backoff)
 			if !st.delivered && w.cfg.cacheFile != "" {
 				w.deliverCache(st, update)
 			}
@@ -129,10 +130,8 @@ func (w *Watcher) Run(ctx context.Context, update func([]rules.Rule)) error {
 				w.cfg.log.Info("etcdstore: watch history compacted; reloading rules", logKeyRevision, rev, logKeyErr, err)
 				break
 			}
-			if lim.allow() {
-				w.cfg.log.Warn("etcdstore: rule watch interrupted; keeping the last rule set",
-					logKeyErr, err, logKeyRevision, rev, logKeyRetryIn, backoff, "suppressed", lim.takeSuppressed())
-			}
+			lim.Log(slog.LevelWarn, "watch", "etcdstore: rule watch interrupted; keeping the last rule set",
+				logKeyErr, err, logKeyRevision, rev, logKeyRetryIn, backoff)
 			if err := wait(); err != nil {
 				return err
 			}
@@ -328,27 +327,4 @@ func readCache(path string) ([]rules.Rule, int64, error) {
 	}
 	sortRules(doc.Rules)
 	return doc.Rules, doc.Revision, nil
-}
-
-// logLimiter lets one message through per interval and counts the rest.
-type logLimiter struct {
-	every      time.Duration
-	last       time.Time
-	suppressed int
-}
-
-func (l *logLimiter) allow() bool {
-	now := time.Now()
-	if !l.last.IsZero() && now.Sub(l.last) < l.every {
-		l.suppressed++
-		return false
-	}
-	l.last = now
-	return true
-}
-
-func (l *logLimiter) takeSuppressed() int {
-	n := l.suppressed
-	l.suppressed = 0
-	return n
 }
