@@ -1,0 +1,233 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+)
+
+// Errors returned by the ledger. Inputs that return an error change nothing.
+var (
+	ErrConfig            = errors.New("ledger: invalid config")
+	ErrUnknownRegion     = errors.New("ledger: unknown region")
+	ErrMalformed         = errors.New("ledger: malformed report")
+	ErrStaleIncarnation  = errors.New("ledger: stale incarnation")
+	ErrFrozenIncarnation = errors.New("ledger: incarnation frozen for reclaim")
+	ErrBackwards         = errors.New("ledger: counter went backwards")
+	ErrFenced            = errors.New("ledger: fenced; restart under a new incarnation")
+)
+
+// Want is one region's input to an Allocator: its weight and its demand
+// above its floor, in units.
+type Want struct {
+	Weight float64
+	Demand int64
+}
+
+// Allocator splits pool units (the dynamic pool among the live regions) into
+// integer targets that sum exactly to pool. It must be pure. The agent injects
+// allocation.SplitUnits with the rule's strategy; WaterFill is the default.
+type Allocator func(pool int64, wants []Want) []int64
+
+// RegionSpec names a region and its static weight.
+type RegionSpec struct {
+	Name   string
+	Weight float64
+}
+
+// Config holds the ledger's settings. All durations are on the agent's own
+// monotonic clock, whose rate is within Rho of real time.
+type Config struct {
+	// Units is the integer count of the whole global limit (default 1,000,000).
+	Units int64
+	// MinShare is the fraction of the limit held as never-moved floors (default 0.1).
+	MinShare float64
+	// Interval is the sync interval: Tick is called once per Interval (default 250ms).
+	Interval time.Duration
+	// Lease is L: a region whose reports no peer has acknowledged within L fences
+	// itself (default 3s). Must exceed RTT + 2 Interval + StoreTimeout comfortably.
+	Lease time.Duration
+	// Rho bounds every clock's rate error: rates are within [1-Rho, 1+Rho] (default 0.01).
+	Rho float64
+	// Margin is added to the reclaim wait L(1+Rho)/(1-Rho) (default 500ms).
+	Margin time.Duration
+	// StoreTimeout bounds, in real time, how long a store write can take to take
+	// effect; a write not applied within it never is (default 100ms).
+	StoreTimeout time.Duration
+	// RetryWrite re-emits a write not confirmed within this time (default 1s).
+	RetryWrite time.Duration
+	// FullEvery makes every FullEvery-th report carry all active keys, which
+	// repairs lost reports within FullEvery intervals (default 8).
+	FullEvery int
+	// Alpha is the EWMA weight of the newest demand sample (default 0.5).
+	Alpha float64
+	// IdleAfter is how long without usage before a key may leave coordination (default 10s).
+	IdleAfter time.Duration
+	// Hysteresis is the smallest excess (units) worth a gift (default Units/10000).
+	Hysteresis int64
+	// Allocate computes targets (default WaterFill).
+	Allocate Allocator
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{
+		Units:        1_000_000,
+		MinShare:     0.1,
+		Interval:     250 * time.Millisecond,
+		Lease:        3 * time.Second,
+		Rho:          0.01,
+		Margin:       500 * time.Millisecond,
+		StoreTimeout: 100 * time.Millisecond,
+		RetryWrite:   time.Second,
+		FullEvery:    8,
+		Alpha:        0.5,
+		IdleAfter:    10 * time.Second,
+		Hysteresis:   100,
+		Allocate:     WaterFill,
+	}
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	switch {
+	case c.Units <= 0:
+		return fmt.Errorf("%w: Units must be positive", ErrConfig)
+	case !(c.MinShare >= 0 && c.MinShare <= 1):
+		return fmt.Errorf("%w: MinShare must be in [0,1]", ErrConfig)
+	case c.Interval <= 0:
+		return fmt.Errorf("%w: Interval must be positive", ErrConfig)
+	case !(c.Rho >= 0 && c.Rho < 0.5):
+		return fmt.Errorf("%w: Rho must be in [0,0.5)", ErrConfig)
+	case c.StoreTimeout < 0 || c.Margin < 0:
+		return fmt.Errorf("%w: StoreTimeout and Margin must not be negative", ErrConfig)
+	case float64(c.Lease)*(1-c.Rho)/(1+c.Rho) <= float64(c.StoreTimeout+c.Interval):
+		return fmt.Errorf("%w: Lease must exceed Interval+StoreTimeout with the clock margin", ErrConfig)
+	case c.RetryWrite <= 0:
+		return fmt.Errorf("%w: RetryWrite must be positive", ErrConfig)
+	case c.FullEvery <= 0:
+		return fmt.Errorf("%w: FullEvery must be positive", ErrConfig)
+	case !(c.Alpha > 0 && c.Alpha <= 1):
+		return fmt.Errorf("%w: Alpha must be in (0,1]", ErrConfig)
+	case c.IdleAfter <= 0:
+		return fmt.Errorf("%w: IdleAfter must be positive", ErrConfig)
+	case c.Hysteresis < 0:
+		return fmt.Errorf("%w: Hysteresis must not be negative", ErrConfig)
+	case c.Allocate == nil:
+		return fmt.Errorf("%w: Allocate is nil", ErrConfig)
+	}
+	return nil
+}
+
+// ReclaimAfter is how long, on a survivor's clock, a peer incarnation must be
+// silent before the survivor freezes it and contributes to its reclaim:
+// L(1+Rho)/(1-Rho) + Margin. By then the silent region's store lease has
+// lapsed in real time (see the package doc).
+func (c Config) ReclaimAfter() time.Duration {
+	return time.Duration(math.Ceil(float64(c.Lease)*(1+c.Rho)/(1-c.Rho))) + c.Margin
+}
+
+// splitByWeight splits total (>= 0) into integer parts proportional to w,
+// summing exactly to total (largest remainder, ties to the lower index).
+func splitByWeight(total int64, w []float64) []int64 {
+	out := make([]int64, len(w))
+	if len(w) == 0 || total <= 0 {
+		return out
+	}
+	var sum float64
+	for _, x := range w {
+		sum += x
+	}
+	if sum <= 0 {
+		out[0] = total
+		return out
+	}
+	type rem struct {
+		i int
+		r float64
+	}
+	rems := make([]rem, len(w))
+	var given int64
+	for i, x := range w {
+		exact := float64(total) * x / sum
+		out[i] = int64(math.Floor(exact))
+		given += out[i]
+		rems[i] = rem{i, exact - float64(out[i])}
+	}
+	sort.SliceStable(rems, func(a, b int) bool { return rems[a].r > rems[b].r })
+	for k := 0; given < total; k = (k + 1) % len(w) {
+		out[rems[k].i]++
+		given++
+	}
+	for given > total { // float error: take back from the largest
+		j := 0
+		for i := range out {
+			if out[i] > out[j] {
+				j = i
+			}
+		}
+		out[j]--
+		given--
+	}
+	return out
+}
+
+// WaterFill is the default Allocator: max-min fair water-filling of the demands,
+// with the spare handed out by weight. With no demand at all it returns the
+// static split by weight, so an idle key's shares flow back to their initial parts.
+func WaterFill(pool int64, wants []Want) []int64 {
+	n := len(wants)
+	out := make([]int64, n)
+	if n == 0 || pool <= 0 {
+		return out
+	}
+	w := make([]float64, n)
+	for i, x := range wants {
+		w[i] = x.Weight
+	}
+	left := pool
+	open := make([]bool, n)
+	for i := range wants {
+		open[i] = wants[i].Demand > 0
+	}
+	for {
+		var ws []float64
+		var idx []int
+		for i := range wants {
+			if open[i] {
+				ws = append(ws, w[i])
+				idx = append(idx, i)
+			}
+		}
+		if len(idx) == 0 || left == 0 {
+			break
+		}
+		parts := splitByWeight(left, ws)
+		capped := false
+		for k, i := range idx {
+			need := wants[i].Demand - out[i]
+			if parts[k] >= need {
+				out[i] += need
+				left -= need
+				open[i] = false
+				capped = true
+			}
+		}
+		if !capped {
+			for k, i := range idx {
+				out[i] += parts[k]
+				left -= parts[k]
+			}
+			break
+		}
+	}
+	if left > 0 {
+		parts := splitByWeight(left, w)
+		for i := range out {
+			out[i] += parts[i]
+		}
+	}
+	return out
+}
