@@ -1,0 +1,72 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/rules"
+)
+
+// BenchmarkCheck measures Check against a redis-server started by the
+// benchmark, with Redis TIME. Run: go test -run '^$' -bench Check -benchtime 2s ./regional/redisstore/
+func BenchmarkCheck(b *testing.B) {
+	e := newEnv(b, true)
+	ctx := context.Background()
+	bucketsFor := func(i int, n int) []Bucket {
+		tag := fmt.Sprintf("user:%d", i%1000)
+		bs := []Bucket{{Key: Key(tag, "tb"), Algorithm: rules.TokenBucket, Capacity: 1_000_000_000, Rate: 1_000_000_000}}
+		if n > 1 {
+			bs = append(bs, window(Key(tag, "sw"), rules.SlidingWindow, 1_000_000, time.Minute))
+		}
+		if n > 2 {
+			bs = append(bs, window(Key(tag, "fw"), rules.FixedWindow, 1_000_000, time.Hour))
+		}
+		return bs
+	}
+	report := func(b *testing.B, p0, c0 uint64) {
+		if p := e.store.pipelines.Load() - p0; p > 0 {
+			b.ReportMetric(float64(e.store.batched.Load()-c0)/float64(p), "checks/pipeline")
+		}
+	}
+	for _, n := range []int{1, 3} {
+		b.Run(fmt.Sprintf("serial/buckets=%d", n), func(b *testing.B) {
+			bs := bucketsFor(0, n)
+			p0, c0 := e.store.pipelines.Load(), e.store.batched.Load()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, _, err := e.store.Check(ctx, 1, bs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			report(b, p0, c0)
+		})
+		b.Run(fmt.Sprintf("parallel/buckets=%d", n), func(b *testing.B) {
+			b.SetParallelism(64) // 64 x GOMAXPROCS goroutines
+			var next atomic.Int64
+			p0, c0 := e.store.pipelines.Load(), e.store.batched.Load()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				bs := bucketsFor(int(next.Add(1)), n)
+				for pb.Next() {
+					if _, _, err := e.store.Check(ctx, 1, bs); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			report(b, p0, c0)
+		})
+	}
+}
+
+// BenchmarkModel is the pure Go reference, for comparison.
+func BenchmarkModel(b *testing.B) {
+	m := NewModel(0)
+	bs := []Bucket{{Key: Key("u", "tb"), Algorithm: rules.TokenBucket, Capacity: 1_000_000_000, Rate: 1_000_000_000}}
+	for i := 0; i < b.N; i++ {
+		m.Check(t0+int64(i), 1, bs)
+	}
+}

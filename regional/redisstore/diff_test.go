@@ -1,0 +1,222 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/rules"
+	"github.com/redis/go-redis/v9"
+)
+
+// randomBucket draws an algorithm and parameters. big draws values near the
+// limits, to exercise the exactness of the script's doubles.
+func randomBucket(r *rand.Rand, key string, big bool) Bucket {
+	algs := []rules.Algorithm{rules.TokenBucket, rules.TokenBucket, rules.SlidingWindow, rules.FixedWindow, rules.SlidingLog, rules.LeakyBucket}
+	if big {
+		algs = algs[:4] // the log stores one member per token
+		algs = append(algs, rules.LeakyBucket)
+	}
+	b := Bucket{Key: key, Algorithm: algs[r.IntN(len(algs))], Shadow: r.IntN(5) == 0}
+	switch b.Algorithm {
+	case rules.TokenBucket, rules.LeakyBucket:
+		if big {
+			b.Capacity = MaxCapacity - r.Int64N(1<<20)
+			b.Rate = 1 + r.Int64N(MaxRate)
+		} else {
+			b.Capacity = 1 + r.Int64N(8_000)
+			b.Rate = 1 + r.Int64N(5_000)
+			if r.IntN(3) == 0 {
+				b.Capacity = 1000 * (1 + r.Int64N(8))
+				b.Rate = 1000 * (1 + r.Int64N(4))
+			}
+		}
+	default:
+		b.Window = time.Duration(1+r.Int64N(2_000)) * time.Millisecond
+		b.Limit = 1 + r.Int64N(8)
+		if big && b.Algorithm != rules.SlidingLog {
+			b.Window = time.Duration(1+r.Int64N(86_400_000)) * time.Millisecond
+			b.Limit = MaxLimitWindow/b.Window.Milliseconds() - r.Int64N(100)
+		}
+	}
+	return b
+}
+
+// TestDifferential drives the script in a real Redis and the Go model with
+// the same random requests (algorithms, parameters, costs, time steps
+// including steps back, several buckets per request with shadow ones, share
+// changes) and requires identical verdicts, results, stored state and TTLs.
+func TestDifferential(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := testingSeed(); s != 0 {
+		seed = s
+	}
+	t.Logf("seed %d (rerun with REDISSTORE_SEED=%d)", seed, seed)
+	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	const slack = time.Hour // no key expires in real time during the test
+	e := newEnv(t, false, WithTTLSlack(slack))
+	m := NewModel(slack)
+	ctx := ctxT(t)
+
+	sequences, steps := 60, 120
+	if testing.Short() {
+		sequences = 10
+	}
+	var checks, allowed, shares int
+	for seq := 0; seq < sequences; seq++ {
+		big := r.IntN(6) == 0
+		nkeys := 1 + r.IntN(4)
+		buckets := make([]Bucket, nkeys)
+		for i := range buckets {
+			buckets[i] = randomBucket(r, Key(fmt.Sprintf("user:%d", seq), fmt.Sprintf("rule-%d", i)), big)
+		}
+		now := t0 + r.Int64N(1_000_000)
+		version := int64(0)
+		for st := 0; st < steps; st++ {
+			switch x := r.IntN(10); {
+			case x < 4:
+			case x < 8:
+				now += r.Int64N(1_500)
+			case x < 9:
+				now += r.Int64N(20_000)
+			default:
+				now -= r.Int64N(3_000) // a clock step back
+			}
+			if r.IntN(12) == 0 { // a share change on a token bucket
+				i := r.IntN(nkeys)
+				if buckets[i].Algorithm == rules.TokenBucket {
+					v := max(0, version+r.Int64N(3)-1)
+					version = max(version, v)
+					c, rt := r.Int64N(8_000), r.Int64N(5_000)
+					if big {
+						c, rt = r.Int64N(MaxCapacity+1), r.Int64N(MaxRate+1)
+					}
+					ttl := time.Duration(1+r.Int64N(5_000)) * time.Millisecond
+					e.clock.ms.Store(now)
+					if err := e.store.SetShare(ctx, buckets[i].Key, c, rt, v, ttl); err != nil {
+						t.Fatal(err)
+					}
+					if _, err := m.SetShare(now, buckets[i].Key, c, rt, v, ttl); err != nil {
+						t.Fatal(err)
+					}
+					shares++
+					compareState(t, ctx, e.client, m, now, buckets[i:i+1], true, nil)
+				}
+			}
+			// a random non-empty subset of the keys, in random order
+			perm := r.Perm(nkeys)[:1+r.IntN(nkeys)]
+			req := make([]Bucket, len(perm))
+			for j, p := range perm {
+				req[j] = buckets[p]
+			}
+			cost := int64(1 + r.IntN(3))
+			switch {
+			case r.IntN(15) == 0:
+				cost = 1 + r.Int64N(10)
+			case big && r.IntN(4) == 0:
+				cost = 1 + r.Int64N(MaxCost)
+			}
+			e.clock.ms.Store(now)
+			gotOK, got, err := e.store.Check(ctx, cost, req)
+			if err != nil {
+				t.Fatalf("seq %d step %d: %v", seq, st, err)
+			}
+			wantOK, want, err := m.Check(now, cost, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checks++
+			if wantOK {
+				allowed++
+			}
+			if gotOK != wantOK || !slices.Equal(got, want) {
+				t.Fatalf("seq %d step %d now %d cost %d buckets %+v:\nredis %v %+v\nmodel %v %+v", seq, st, now, cost, req, gotOK, got, wantOK, want)
+			}
+			compareState(t, ctx, e.client, m, now, req, wantOK, want)
+		}
+	}
+	t.Logf("%d checks (%d allowed), %d share changes: script and model agree", checks, allowed, shares)
+	if allowed == 0 || allowed == checks {
+		t.Fatalf("degenerate run: %d of %d allowed", allowed, checks)
+	}
+}
+
+// compareState requires Redis to hold exactly the model's state for the
+// buckets' keys, and a TTL on every key; written says the keys were written
+// now, so Redis's TTL must be the model's (less the real time since).
+// A sliding log is written only when it takes tokens (res[i].Allowed).
+func compareState(t *testing.T, ctx context.Context, c *redis.Client, m *Model, now int64, buckets []Bucket, written bool, res []Result) {
+	t.Helper()
+	for i, b := range buckets {
+		k := m.get(now, b.Key)
+		pttl, err := c.PTTL(ctx, b.Key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k == nil {
+			if n, _ := c.Exists(ctx, b.Key).Result(); n != 0 {
+				t.Fatalf("%s exists in Redis, not in the model", b.Key)
+			}
+			continue
+		}
+		if pttl <= 0 {
+			t.Fatalf("%s has no TTL (%v)", b.Key, pttl)
+		}
+		_, share := k.h["v"]
+		if written && !share && (b.Algorithm != rules.SlidingLog || res == nil || res[i].Allowed) {
+			want := time.Duration(m.PTTL(now, b.Key)) * time.Millisecond
+			if pttl > want || pttl < want-2*time.Second {
+				t.Fatalf("%s: TTL %v, model %v", b.Key, pttl, want)
+			}
+		}
+		if b.Algorithm == rules.SlidingLog {
+			zs, err := c.ZRangeWithScores(ctx, b.Key, 0, -1).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			scores := make([]int64, len(zs))
+			for i, z := range zs {
+				scores[i] = int64(z.Score)
+			}
+			if !slices.Equal(scores, k.log) {
+				t.Fatalf("%s: log %v, model %v", b.Key, scores, k.log)
+			}
+			continue
+		}
+		raw, err := c.Get(ctx, b.Key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h := decodeState(t, b.Algorithm, raw); !maps.Equal(h, k.h) {
+			t.Fatalf("%s: state %v, model %v", b.Key, h, k.h)
+		}
+	}
+}
+
+// decodeState reads a bucket's binary state (6-byte little-endian unsigned
+// integers) into the model's field names.
+func decodeState(tb testing.TB, alg rules.Algorithm, raw string) map[string]int64 {
+	tb.Helper()
+	names := map[rules.Algorithm][]string{
+		rules.TokenBucket:   {"t", "l", "c", "r", "v"},
+		rules.LeakyBucket:   {"t", "l"},
+		rules.FixedWindow:   {"w", "n"},
+		rules.SlidingWindow: {"w", "c", "p"},
+	}[alg]
+	if len(raw)%6 != 0 || len(raw)/6 > len(names) {
+		tb.Fatalf("state of %d bytes for %s", len(raw), alg)
+	}
+	h := map[string]int64{}
+	for i := 0; i < len(raw)/6; i++ {
+		var v int64
+		for j := 5; j >= 0; j-- {
+			v = v<<8 | int64(raw[6*i+j])
+		}
+		h[names[i]] = v
+	}
+	return h
+}

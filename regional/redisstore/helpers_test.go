@@ -1,0 +1,99 @@
+package redisstore
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/internal/testutil"
+	"github.com/redis/go-redis/v9"
+)
+
+// fakeClock is a settable clock in ms for WithClock.
+type fakeClock struct{ ms atomic.Int64 }
+
+func (c *fakeClock) now() time.Time { return time.UnixMilli(c.ms.Load()) }
+
+type env struct {
+	redis  *testutil.Redis
+	client *redis.Client
+	store  *Store
+	clock  *fakeClock
+}
+
+// newEnv starts a redis-server and a Store on it. With a fake clock unless
+// realTime is set.
+func newEnv(tb testing.TB, realTime bool, opts ...Option) *env {
+	tb.Helper()
+	r := testutil.StartRedis(tb)
+	client := redis.NewClient(&redis.Options{Addr: r.Addr, PoolSize: 64})
+	tb.Cleanup(func() { client.Close() })
+	e := &env{redis: r, client: client, clock: &fakeClock{}}
+	if !realTime {
+		opts = append([]Option{WithClock(e.clock.now)}, opts...)
+	}
+	s, err := New(client, opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	e.store = s
+	return e
+}
+
+func ctxT(tb testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	tb.Cleanup(cancel)
+	return ctx
+}
+
+// impl is one implementation under the contract suite.
+type impl interface {
+	check(tb testing.TB, nowMs, cost int64, buckets ...Bucket) (bool, []Result)
+	setShare(tb testing.TB, nowMs int64, key string, capacity, rate, version int64)
+}
+
+type modelImpl struct{ m *Model }
+
+func (mi modelImpl) check(tb testing.TB, nowMs, cost int64, buckets ...Bucket) (bool, []Result) {
+	tb.Helper()
+	ok, res, err := mi.m.Check(nowMs, cost, buckets)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ok, res
+}
+
+func (mi modelImpl) setShare(tb testing.TB, nowMs int64, key string, capacity, rate, version int64) {
+	tb.Helper()
+	if _, err := mi.m.SetShare(nowMs, key, capacity, rate, version, time.Minute); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+type redisImpl struct{ e *env }
+
+func (ri redisImpl) check(tb testing.TB, nowMs, cost int64, buckets ...Bucket) (bool, []Result) {
+	tb.Helper()
+	ri.e.clock.ms.Store(nowMs)
+	ok, res, err := ri.e.store.Check(ctxT(tb), cost, buckets)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ok, res
+}
+
+func (ri redisImpl) setShare(tb testing.TB, nowMs int64, key string, capacity, rate, version int64) {
+	tb.Helper()
+	ri.e.clock.ms.Store(nowMs)
+	if err := ri.e.store.SetShare(ctxT(tb), key, capacity, rate, version, time.Minute); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// forEachImpl runs f against the model and against the script in Redis.
+func forEachImpl(t *testing.T, f func(t *testing.T, im impl)) {
+	t.Run("model", func(t *testing.T) { f(t, modelImpl{NewModel(0)}) })
+	t.Run("redis", func(t *testing.T) { f(t, redisImpl{newEnv(t, false)}) })
+}

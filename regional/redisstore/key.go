@@ -1,0 +1,49 @@
+package redisstore
+
+import "strings"
+
+// Key builds "rl:{<tag escaped>}:<ruleID escaped>[:<extra escaped>...]".
+// The braces are a Redis Cluster hash tag, so every bucket of one client
+// lands in one slot and one script can touch them all.
+//
+// Escaping is percent-encoding of '%', '{' and '}' in the tag, and of '%',
+// '{', '}' and ':' in the rule id and the extras. The mapping is injective
+// (the parts can be read back unambiguously), and the hash tag of the
+// result is exactly the escaped tag, which holds no brace: no client key can
+// choose another client's slot or key ("{user:1}" and "user:1" give
+// different keys and tags). An empty tag is written "%00" (a literal "%00"
+// tag escapes to "%2500"), because Redis Cluster ignores an empty hash tag.
+func Key(tag, ruleID string, extra ...string) string {
+	var b strings.Builder
+	b.Grow(6 + len(tag) + len(ruleID) + 8*len(extra))
+	b.WriteString("rl:{")
+	if tag == "" {
+		b.WriteString("%00")
+	} else {
+		escape(&b, tag, false)
+	}
+	b.WriteString("}:")
+	escape(&b, ruleID, true)
+	for _, e := range extra {
+		b.WriteByte(':')
+		escape(&b, e, true)
+	}
+	return b.String()
+}
+
+func escape(b *strings.Builder, s string, colon bool) {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '%':
+			b.WriteString("%25")
+		case c == '{':
+			b.WriteString("%7B")
+		case c == '}':
+			b.WriteString("%7D")
+		case c == ':' && colon:
+			b.WriteString("%3A")
+		default:
+			b.WriteByte(c)
+		}
+	}
+}
