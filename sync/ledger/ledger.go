@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -601,6 +602,11 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 	}
 	if err := l.check(r); err != nil {
 		l.stats.Rejected++
+		if errors.Is(err, ErrFrozenIncarnation) && l.frozenBy(r) {
+			// We ignore the sender, but it tells us it froze us: both
+			// incarnations are over for each other; ours ends here.
+			return l.fence(), err
+		}
 		return Output{}, err
 	}
 	var out Output
@@ -654,6 +660,15 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 		}
 	}
 	return out, nil
+}
+
+func (l *Ledger) frozenBy(r Report) bool {
+	for _, a := range r.Acks {
+		if a.Region == l.names[l.self] && a.Inc == l.inc && a.Frozen {
+			return true
+		}
+	}
+	return false
 }
 
 func (l *Ledger) check(r Report) error {
@@ -787,8 +802,8 @@ func (l *Ledger) ReclaimRecorded(now time.Duration, rec Record) Output {
 		return Output{Fenced: true}
 	}
 	me := Incarnation{l.names[l.self], l.inc}
-	if rec.Of == me {
-		if rec.Complete {
+	if rec.Of.Region == me.Region {
+		if rec.Of == me && rec.Complete {
 			return l.fence()
 		}
 		return Output{}

@@ -113,7 +113,7 @@ func (r *Registry) Start(region string) (Start, error) {
 func (r *Registry) required(of *life) []Incarnation {
 	var out []Incarnation
 	for _, x := range r.lives {
-		if x.id.Region == of.id.Region {
+		if x.id.Region == of.id.Region || r.complete(x.id) {
 			continue
 		}
 		if (of.end == 0 || x.start < of.end) && (x.end == 0 || x.end > of.start) {
@@ -121,6 +121,11 @@ func (r *Registry) required(of *life) []Incarnation {
 		}
 	}
 	return out
+}
+
+func (r *Registry) complete(id Incarnation) bool {
+	s := r.recs[id]
+	return s != nil && s.complete
 }
 
 // Contribute records c (the first contribution of each contributor stands)
@@ -168,14 +173,34 @@ func (r *Registry) tryComplete(of Incarnation, s *recState) {
 	if of.Inc == 1 {
 		rec.Base = r.initial[r.index(of.Region)]
 	}
+	// Each pair (of, X) is counted once: if X's reclaim is already complete it
+	// took the pair's in-flight units and X's holding, and only of's own
+	// holding (the negated Q of of's contribution to X) is left; otherwise X's
+	// contribution Q is of's holding plus the in-flight units.
 	own := map[string]int64{}
-	for _, o := range r.recs {
-		if c, ok := o.contribs[of]; ok {
+	for id, o := range r.recs {
+		if !o.complete {
+			continue
+		}
+		if c, ok := o.contribs[of]; ok && id.Region != of.Region {
 			for _, q := range c.Q {
 				own[q.Key] -= q.Units
 			}
 		}
 	}
+	for id := range s.contribs {
+		if r.complete(id) {
+			delete(s.contribs, id)
+		}
+	}
+	n := 0
+	for _, id := range s.order {
+		if _, ok := s.contribs[id]; ok {
+			s.order[n] = id
+			n++
+		}
+	}
+	s.order = s.order[:n]
 	for k, v := range own {
 		if v != 0 {
 			rec.Own = append(rec.Own, KeyUnits{k, v})

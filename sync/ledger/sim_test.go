@@ -1,0 +1,700 @@
+package ledger
+
+import (
+	"container/heap"
+	"fmt"
+	"math"
+	"math/rand"
+	"sort"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// This file is the adversarial harness: real Ledgers, a modelled Redis per
+// region, a lossy reordering network, partitions, restarts, store resets,
+// skewed clocks, and the in-memory Registry as the linearizable register.
+
+type simOpts struct {
+	regions    int
+	keys       int
+	loss, dup  float64
+	maxDelay   time.Duration // network, per message
+	writeFail  float64
+	partitions bool
+	restarts   bool
+	resets     bool
+	chaos      time.Duration // length of the adversarial phase
+	calm       time.Duration // then the network heals for this long
+}
+
+type event struct {
+	at  int64
+	seq int64
+	fn  func()
+}
+
+type eventQ []*event
+
+func (q eventQ) Len() int { return len(q) }
+func (q eventQ) Less(i, j int) bool {
+	return q[i].at < q[j].at || q[i].at == q[j].at && q[i].seq < q[j].seq
+}
+func (q eventQ) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQ) Push(x any)   { *q = append(*q, x.(*event)) }
+func (q *eventQ) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+type rec struct {
+	units    int64
+	ver      Version
+	release  bool
+	expireAt int64 // store clock, release records only
+}
+
+type marker struct {
+	ver        Version
+	units      int64
+	leaseUntil int64 // store clock
+}
+
+type bucket struct {
+	tokens  float64
+	at      int64 // real
+	rate    float64
+	capcity float64
+}
+
+type store struct {
+	runID   int
+	marker  *marker
+	recs    map[string]*rec
+	buckets map[string]*bucket
+}
+
+type region struct {
+	idx        int
+	name       string
+	agentRate  float64
+	agentOff   int64
+	storeRate  float64
+	led        *Ledger
+	inc        uint64
+	st         *store
+	demand     []float64 // cost per second, per key
+	lastTick   int64     // real
+	startAfter bool
+}
+
+type simKey struct {
+	name string
+	rate float64 // R per second
+	cap  float64 // C
+}
+
+type sim struct {
+	tb        testing.TB
+	rng       *rand.Rand
+	cfg       Config
+	specs     []RegionSpec
+	floor     []int64
+	o         simOpts
+	now       int64
+	seq       int64
+	q         eventQ
+	regions   []*region
+	reg       *Registry
+	keys      []simKey
+	cut       [][]bool
+	calm      bool
+	steps     int
+	fences    int
+	reclaims  int
+	rejected  int
+	violation string
+	trace     func(format string, args ...any)
+	stepHook  func()
+}
+
+func (s *sim) logf(format string, args ...any) {
+	if s.trace != nil {
+		s.trace("%8.3fs "+format, append([]any{float64(s.now) / 1e9}, args...)...)
+	}
+}
+
+func simConfig() Config {
+	c := DefaultConfig()
+	c.Interval = 100 * time.Millisecond
+	c.Lease = time.Second
+	c.Margin = 200 * time.Millisecond
+	c.StoreTimeout = 50 * time.Millisecond
+	c.RetryWrite = 300 * time.Millisecond
+	c.IdleAfter = 2 * time.Second
+	c.FullEvery = 5
+	c.Hysteresis = 0
+	return c
+}
+
+func newSim(tb testing.TB, seed int64, o simOpts) *sim {
+	s := &sim{tb: tb, rng: rand.New(rand.NewSource(seed)), cfg: simConfig(), o: o}
+	for i := 0; i < o.regions; i++ {
+		s.specs = append(s.specs, RegionSpec{Name: "r" + strconv.Itoa(i), Weight: float64(1 + s.rng.Intn(3))})
+	}
+	s.floor, _ = Split(s.cfg, s.specs)
+	var err error
+	if s.reg, err = NewRegistry(s.cfg, s.specs); err != nil {
+		tb.Fatal(err)
+	}
+	for k := 0; k < o.keys; k++ {
+		s.keys = append(s.keys, simKey{name: "k" + strconv.Itoa(k), rate: float64(10 + s.rng.Intn(1000)), cap: float64(10 + s.rng.Intn(2000))})
+	}
+	s.cut = make([][]bool, o.regions)
+	for i := range s.cut {
+		s.cut[i] = make([]bool, o.regions)
+	}
+	rho := s.cfg.Rho
+	for i, sp := range s.specs {
+		r := &region{idx: i, name: sp.Name,
+			agentRate: 1 - rho + 2*rho*s.rng.Float64(), agentOff: s.rng.Int63n(int64(time.Hour)),
+			storeRate: 1 - rho + 2*rho*s.rng.Float64(),
+			st:        &store{runID: 1, recs: map[string]*rec{}, buckets: map[string]*bucket{}},
+			demand:    make([]float64, o.keys)}
+		s.regions = append(s.regions, r)
+		s.shiftDemand(r)
+		s.start(r)
+	}
+	return s
+}
+
+func (s *sim) at(d int64, fn func()) {
+	s.seq++
+	heap.Push(&s.q, &event{at: s.now + d, seq: s.seq, fn: fn})
+}
+
+func (s *sim) dur(max time.Duration) int64 {
+	if max <= 0 {
+		return 0
+	}
+	return s.rng.Int63n(int64(max) + 1)
+}
+
+func (s *sim) local(r *region) time.Duration {
+	return time.Duration(r.agentOff + int64(float64(s.now)*r.agentRate))
+}
+
+func (s *sim) storeNow(r *region) int64 { return int64(float64(s.now) * r.storeRate) }
+
+func (s *sim) shiftDemand(r *region) {
+	for k := range s.keys {
+		switch s.rng.Intn(4) {
+		case 0:
+			r.demand[k] = 0
+		default:
+			r.demand[k] = s.keys[k].rate * s.rng.Float64() * 1.2
+		}
+	}
+}
+
+func (s *sim) start(r *region) {
+	st, err := s.reg.Start(r.name)
+	if err != nil {
+		s.tb.Fatal(err)
+	}
+	st.RunID = strconv.Itoa(r.st.runID)
+	l, err := New(s.cfg, r.name, s.specs, st, s.local(r))
+	if err != nil {
+		s.tb.Fatal(err)
+	}
+	r.led, r.inc, r.lastTick = l, st.Inc, s.now
+	s.logf("%s starts inc %d known %v", r.name, st.Inc, st.Known)
+	s.scheduleTick(r, r.inc)
+}
+
+func (s *sim) scheduleTick(r *region, inc uint64) {
+	d := int64(float64(s.cfg.Interval) / r.agentRate)
+	s.at(d, func() {
+		if r.led == nil || r.inc != inc {
+			return
+		}
+		dt := float64(s.now-r.lastTick) / 1e9
+		r.lastTick = s.now
+		for k, sk := range s.keys {
+			cost := int64(r.demand[k] * dt)
+			if cost == 0 {
+				continue
+			}
+			allowed := int64(float64(s.enforced(r, sk.name)) * sk.rate / float64(s.cfg.Units) * dt)
+			adm := min(cost, allowed)
+			r.led.Usage(s.local(r), sk.name, sk.rate, adm, cost-adm)
+		}
+		s.handle(r, inc, r.led.Tick(s.local(r)))
+		s.scheduleTick(r, inc)
+	})
+}
+
+// handle carries out a ledger's Output.
+func (s *sim) handle(r *region, inc uint64, out Output) {
+	if r.led == nil || r.inc != inc {
+		return
+	}
+	for _, w := range out.Writes {
+		s.issueWrite(r, inc, w)
+	}
+	if out.Report != nil {
+		rep := *out.Report
+		for _, to := range s.regions {
+			if to == r {
+				continue
+			}
+			s.send(r, to, rep)
+		}
+	}
+	for _, c := range out.Contributions {
+		c := c
+		s.at(s.dur(200*time.Millisecond), func() {
+			rec, err := s.reg.Contribute(c)
+			if err != nil {
+				s.logf("contribution refused %v", err)
+				return
+			}
+			if rec.Complete {
+				s.logf("record complete %+v", rec)
+			}
+			for _, to := range s.regions {
+				to := to
+				s.at(s.dur(200*time.Millisecond), func() { s.deliverRecord(to, rec) })
+			}
+		})
+	}
+	if len(out.Contributions) > 0 {
+		s.logf("%s/%d contributes %+v", r.name, inc, out.Contributions)
+	}
+	if out.Fenced {
+		s.logf("%s/%d fenced", r.name, inc)
+		s.fences++
+		r.led = nil
+		s.at(int64(200*time.Millisecond)+s.dur(2*time.Second), func() {
+			if r.led == nil {
+				s.start(r)
+			}
+		})
+	}
+}
+
+func (s *sim) deliverRecord(r *region, rec Record) {
+	if r.led == nil {
+		return
+	}
+	if rec.Complete {
+		for _, q := range rec.Recipients {
+			if q == r.led.Incarnation() {
+				// Real-time order: the reclaimed incarnation's store is at its floor.
+				of := s.regions[s.index(rec.Of.Region)]
+				if u, ok := s.incEnforcing(of, rec.Of.Inc); ok {
+					s.fail("reclaim of %v applied by %v while its store enforces it (%d units)", rec.Of, q, u)
+				}
+				s.reclaims++
+			}
+		}
+	}
+	inc := r.inc
+	s.handle(r, inc, r.led.ReclaimRecorded(s.local(r), rec))
+}
+
+func (s *sim) index(name string) int {
+	for i, sp := range s.specs {
+		if sp.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func (s *sim) send(from, to *region, rep Report) {
+	if s.cut[from.idx][to.idx] || s.rng.Float64() < s.loss() {
+		return
+	}
+	copies := 1
+	if s.rng.Float64() < s.dupP() {
+		copies = 2
+	}
+	for c := 0; c < copies; c++ {
+		s.at(s.netDelay(), func() {
+			if to.led == nil {
+				return
+			}
+			inc := to.inc
+			out, err := to.led.Receive(s.local(to), rep)
+			if err != nil {
+				s.rejected++
+			}
+			s.handle(to, inc, out)
+		})
+	}
+}
+
+func (s *sim) loss() float64 {
+	if s.calm {
+		return 0
+	}
+	return s.o.loss
+}
+
+func (s *sim) dupP() float64 {
+	if s.calm {
+		return 0
+	}
+	return s.o.dup
+}
+
+func (s *sim) netDelay() int64 {
+	if s.calm {
+		return int64(5*time.Millisecond) + s.dur(20*time.Millisecond)
+	}
+	return s.dur(s.o.maxDelay)
+}
+
+func (s *sim) issueWrite(r *region, inc uint64, w Write) {
+	if !s.calm && s.rng.Float64() < s.o.writeFail {
+		return
+	}
+	st := r.st
+	s.at(s.dur(s.cfg.StoreTimeout), func() {
+		if r.st != st { // the store was reset: the write reaches the new one
+			st = r.st
+		}
+		if s.applyWrite(r, w) {
+			s.at(s.dur(5*time.Millisecond), func() {
+				if r.led != nil && r.inc == inc {
+					s.handle(r, inc, r.led.ShareApplied(s.local(r), w.Key, w.Version))
+				}
+			})
+		}
+	})
+}
+
+// enforcedAt returns the units the store enforces for a key and the
+// incarnation whose record or marker grants more than the floor (0: floor).
+func (s *sim) enforcedAt(r *region, key string) (int64, uint64) {
+	st, now, f := r.st, s.storeNow(r), s.floor[r.idx]
+	m := st.marker
+	if m == nil || now >= m.leaseUntil {
+		return f, 0
+	}
+	if x := st.recs[key]; x != nil {
+		if x.release && now >= x.expireAt {
+			delete(st.recs, key)
+		} else if x.ver.Inc != m.ver.Inc {
+			return f, 0
+		} else {
+			return x.units, x.ver.Inc
+		}
+	}
+	return m.units, m.ver.Inc
+}
+
+func (s *sim) enforced(r *region, key string) int64 {
+	u, _ := s.enforcedAt(r, key)
+	return u
+}
+
+// incEnforcing reports whether incarnation inc of r still has its store
+// granting more than the floor for some key.
+func (s *sim) incEnforcing(r *region, inc uint64) (int64, bool) {
+	for _, k := range s.keys {
+		if u, i := s.enforcedAt(r, k.name); i == inc && u > s.floor[r.idx] {
+			return u, true
+		}
+	}
+	if m := r.st.marker; m != nil && m.ver.Inc == inc && s.storeNow(r) < m.leaseUntil && m.units > s.floor[r.idx] {
+		return m.units, true
+	}
+	return 0, false
+}
+
+// applyWrite is the store script. It reports whether the store now holds a
+// version >= w.Version for the key (the confirmation condition).
+func (s *sim) applyWrite(r *region, w Write) bool {
+	st, now := r.st, s.storeNow(r)
+	s.settle(r) // settle every bucket at the old share before anything changes
+	defer s.settle(r)
+	if w.Key == MarkerKey {
+		m := st.marker
+		if w.Create {
+			if w.RunID != strconv.Itoa(st.runID) {
+				return false
+			}
+			if m != nil && !m.ver.Less(w.Version) {
+				return true
+			}
+			st.marker = &marker{ver: w.Version, units: w.Units, leaseUntil: now + int64(w.Lease)}
+			return true
+		}
+		if m == nil || m.ver.Inc != w.Version.Inc || !m.ver.Less(w.Version) {
+			return false
+		}
+		m.ver, m.units, m.leaseUntil = w.Version, w.Units, now+int64(w.Lease)
+		return true
+	}
+	if x := st.recs[w.Key]; x != nil && !(x.release && now >= x.expireAt) && !x.ver.Less(w.Version) {
+		return true
+	}
+	x := &rec{units: w.Units, ver: w.Version, release: w.Release}
+	if w.Release {
+		x.expireAt = now + int64(3*time.Second)
+	}
+	st.recs[w.Key] = x
+	return true
+}
+
+// settle brings every bucket of r to now at the rate it had, then sets the
+// rate and capacity now enforced and clamps the tokens (the Lua script order).
+func (s *sim) settle(r *region) {
+	for _, k := range s.keys {
+		b := r.st.buckets[k.name]
+		if b == nil {
+			b = &bucket{at: s.now}
+			r.st.buckets[k.name] = b
+		}
+		el := float64(s.now-b.at) / 1e9
+		if el < 0 {
+			el = 0 // a clock step back never mints
+		}
+		b.tokens = math.Min(b.tokens+b.rate*el, b.capcity)
+		b.at = s.now
+		u := float64(s.enforced(r, k.name)) / float64(s.cfg.Units)
+		b.rate, b.capcity = math.Floor(k.rate*u), math.Floor(k.cap*u)
+		if b.tokens > b.capcity {
+			b.tokens = b.capcity
+		}
+		// spend what the region's demand would take
+		b.tokens = math.Max(0, b.tokens-r.demand[s.indexKey(k.name)]*0.01)
+	}
+}
+
+func (s *sim) indexKey(name string) int {
+	for i, k := range s.keys {
+		if k.name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func (s *sim) fail(format string, args ...any) {
+	if s.violation == "" {
+		s.violation = fmt.Sprintf("t=%v step=%d: ", time.Duration(s.now), s.steps) + fmt.Sprintf(format, args...)
+	}
+}
+
+// check asserts invariant 1 at this instant, in the modelled stores.
+func (s *sim) check() {
+	for _, k := range s.keys {
+		var units int64
+		var rate, capc float64
+		for _, r := range s.regions {
+			u := s.enforced(r, k.name)
+			units += u
+			rate += math.Floor(k.rate * float64(u) / float64(s.cfg.Units))
+			capc += math.Floor(k.cap * float64(u) / float64(s.cfg.Units))
+			if b := r.st.buckets[k.name]; b != nil && b.tokens > b.capcity {
+				s.fail("%s %s: %v tokens > capacity %v", r.name, k.name, b.tokens, b.capcity)
+			}
+		}
+		if units > s.cfg.Units || rate > k.rate || capc > k.cap {
+			var parts []string
+			for _, r := range s.regions {
+				u, inc := s.enforcedAt(r, k.name)
+				p := r.led.Position(k.name)
+				parts = append(parts, fmt.Sprintf("%s(inc %d store %d pos %d)", r.name, inc, u, p.Units))
+			}
+			s.fail("key %s: sum %d units > %d (rate %v/%v cap %v/%v) %v", k.name, units, s.cfg.Units, rate, k.rate, capc, k.cap, parts)
+		}
+	}
+	for _, r := range s.regions {
+		if r.led != nil {
+			for _, k := range s.keys {
+				if p := r.led.Position(k.name); p.Units < p.Floor {
+					s.fail("%s %s: position %d below floor %d", r.name, k.name, p.Units, p.Floor)
+				}
+			}
+		}
+	}
+}
+
+func (s *sim) chaos() {
+	if s.calm {
+		return
+	}
+	// one chaos decision every 200ms of real time
+	s.at(int64(200*time.Millisecond), s.chaos)
+	r := s.regions[s.rng.Intn(len(s.regions))]
+	switch x := s.rng.Float64(); {
+	case x < 0.10:
+		s.shiftDemand(r)
+	case x < 0.15 && s.o.partitions:
+		j := s.rng.Intn(len(s.regions))
+		if j != r.idx {
+			v := !s.cut[r.idx][j]
+			s.cut[r.idx][j] = v
+			if s.rng.Intn(2) == 0 {
+				s.cut[j][r.idx] = v
+			}
+		}
+	case x < 0.17 && s.o.partitions: // isolate one region for a while
+		for j := range s.regions {
+			s.cut[r.idx][j], s.cut[j][r.idx] = true, true
+		}
+	case x < 0.19 && s.o.restarts && r.led != nil: // crash: state lost
+		r.led = nil
+		s.at(s.dur(3*time.Second), func() {
+			if r.led == nil {
+				s.start(r)
+			}
+		})
+	case x < 0.205 && s.o.resets: // Redis restarts empty
+		s.settle(r)
+		r.st = &store{runID: r.st.runID + 1, recs: map[string]*rec{}, buckets: r.st.buckets}
+		run := strconv.Itoa(r.st.runID)
+		s.at(s.dur(500*time.Millisecond), func() {
+			if r.led != nil {
+				inc := r.inc
+				s.handle(r, inc, r.led.StoreReset(s.local(r), run))
+			}
+		})
+	}
+}
+
+func (s *sim) heal() {
+	s.calm = true
+	for i := range s.cut {
+		for j := range s.cut[i] {
+			s.cut[i][j] = false
+		}
+	}
+}
+
+func (s *sim) run(until int64) {
+	for s.q.Len() > 0 && s.violation == "" {
+		e := heap.Pop(&s.q).(*event)
+		if e.at > until {
+			heap.Push(&s.q, e)
+			s.now = until
+			return
+		}
+		s.now = e.at
+		e.fn()
+		s.steps++
+		if s.stepHook != nil {
+			s.stepHook()
+		}
+		s.check()
+	}
+}
+
+// converged reports whether every region is up and every key's positions
+// sit at the targets the allocator computes from the current state.
+func (s *sim) converged(tol int64) (bool, string) {
+	for _, r := range s.regions {
+		if r.led == nil || !r.led.everOK {
+			return false, r.name + " down"
+		}
+	}
+	for _, k := range s.keys {
+		active := false
+		for _, r := range s.regions {
+			p := r.led.Position(k.name)
+			active = active || p.Active
+		}
+		if !active { // idle everywhere: static shares, each at its base
+			for _, r := range s.regions {
+				if p := r.led.Position(k.name); p.Units != p.Initial {
+					return false, fmt.Sprintf("idle key %s: %s at %d, base %d", k.name, r.name, p.Units, p.Initial)
+				}
+			}
+			continue
+		}
+		var pool int64
+		wants := make([]Want, len(s.regions))
+		pos := make([]int64, len(s.regions))
+		for i, r := range s.regions {
+			p := r.led.Position(k.name)
+			pos[i] = p.Units
+			pool += p.Units - p.Floor
+			wants[i] = Want{Weight: s.specs[i].Weight, Demand: max(0, p.Demand-p.Floor)}
+		}
+		tg := s.cfg.Allocate(pool, wants)
+		for i := range s.regions {
+			if d := pos[i] - s.floor[i] - tg[i]; d > tol || d < -tol {
+				return false, fmt.Sprintf("key %s region %d: position %d, target %d (pool %d, wants %v, pos %v)", k.name, i, pos[i]-s.floor[i], tg[i], pool, wants, pos)
+			}
+		}
+	}
+	return true, ""
+}
+
+type simResult struct {
+	steps, fences, reclaims, rejected int
+	violation, liveness               string
+}
+
+func runSim(tb testing.TB, seed int64, o simOpts) simResult {
+	s := newSim(tb, seed, o)
+	s.at(0, s.chaos)
+	s.run(int64(o.chaos))
+	s.heal()
+	// Demand stays put from here on; EWMA and restarts settle, then we demand
+	// convergence and keep checking it holds.
+	s.run(s.now + int64(o.calm))
+	res := simResult{steps: s.steps, fences: s.fences, reclaims: s.reclaims, rejected: s.rejected, violation: s.violation}
+	if s.violation == "" {
+		if ok, why := s.converged(int64(o.regions)); !ok {
+			res.liveness = why
+		}
+	}
+	return res
+}
+
+func TestRandomized(t *testing.T) {
+	seeds := 300
+	if testing.Short() {
+		seeds = 30
+	}
+	var steps, fences, reclaims, rejected int
+	start := time.Now()
+	for seed := int64(1); seed <= int64(seeds); seed++ {
+		rng := rand.New(rand.NewSource(seed * 7919))
+		o := simOpts{
+			regions:    3 + rng.Intn(3),
+			keys:       3,
+			loss:       rng.Float64() * 0.3,
+			dup:        rng.Float64() * 0.2,
+			maxDelay:   time.Duration(rng.Int63n(int64(3 * time.Second))),
+			writeFail:  rng.Float64() * 0.2,
+			partitions: rng.Intn(4) != 0,
+			restarts:   rng.Intn(3) != 0,
+			resets:     rng.Intn(3) != 0,
+			chaos:      20 * time.Second,
+			calm:       15 * time.Second,
+		}
+		res := runSim(t, seed, o)
+		steps += res.steps
+		fences += res.fences
+		reclaims += res.reclaims
+		rejected += res.rejected
+		if res.violation != "" {
+			t.Fatalf("seed %d %+v: SAFETY: %s", seed, o, res.violation)
+		}
+		if res.liveness != "" {
+			t.Errorf("seed %d %+v: LIVENESS: %s", seed, o, res.liveness)
+		}
+	}
+	t.Logf("%d seeds, %d steps (%.0f/seed), %d fences, %d reclaim shares applied, %d reports rejected, %v",
+		seeds, steps, float64(steps)/float64(seeds), fences, reclaims, rejected, time.Since(start).Round(time.Millisecond))
+}
+
+var _ = sort.Strings
