@@ -85,6 +85,7 @@ type peer struct {
 	frozenInc uint64        // every incarnation <= frozenInc is frozen
 	base      int64
 	pending   map[uint64]Contribution // contributions not yet seen in the registry
+	wanted    map[uint64]bool         // incarnations the registry needs our contribution for
 }
 
 // Ledger is the share ledger of one region. It is a pure state machine: all
@@ -158,7 +159,8 @@ func New(cfg Config, self string, regions []RegionSpec, st Start, now time.Durat
 	}
 	l.peers = make([]peer, len(regions))
 	for i := range l.peers {
-		l.peers[i] = peer{name: l.names[i], inc: 1, heard: now, mayFreeze: true, pending: map[uint64]Contribution{}}
+		l.peers[i] = peer{name: l.names[i], inc: 1, heard: now, mayFreeze: true,
+			pending: map[uint64]Contribution{}, wanted: map[uint64]bool{}}
 	}
 	for _, k := range st.Known {
 		i := l.index(k.Region)
@@ -579,7 +581,12 @@ func (l *Ledger) freeze(i int, inc uint64, now time.Duration) []Contribution {
 		p.pending[x] = c
 		out = append(out, c)
 	}
-	p.frozenInc, p.inc, p.seen, p.mayFreeze, p.heard, p.lastSeq, p.ackedSend = inc, inc+1, false, false, now, 0, 0
+	p.frozenInc, p.inc, p.seen, p.mayFreeze, p.heard, p.lastSeq, p.ackedSend = inc, inc+1, false, p.wanted[inc+1], now, 0, 0
+	for x := range p.wanted {
+		if x <= inc {
+			delete(p.wanted, x)
+		}
+	}
 	return out
 }
 
@@ -822,11 +829,11 @@ func (l *Ledger) ReclaimRecorded(now time.Duration, rec Record) Output {
 	if !rec.Complete {
 		for _, q := range rec.Required {
 			if q == me && rec.Of.Inc >= p.inc {
-				if rec.Of.Inc > p.inc {
-					// an incarnation newer than any we heard: we never paired with it
-					return Output{Contributions: l.freeze(i, rec.Of.Inc, now)}
-				}
+				// The incarnation exists and others find it silent: freeze it
+				// once it is silent for ReclaimAfter here too. A newer one than
+				// ours proves ours existed; each is frozen only on its own silence.
 				p.mayFreeze = true
+				p.wanted[rec.Of.Inc] = true
 			}
 		}
 		return Output{}

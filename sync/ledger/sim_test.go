@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"os"
 	"sort"
 	"strconv"
 	"testing"
@@ -663,6 +664,9 @@ func TestRandomized(t *testing.T) {
 	seeds := 300
 	if testing.Short() {
 		seeds = 30
+	}
+	if n, err := strconv.Atoi(os.Getenv("LEDGER_SEEDS")); err == nil {
+		seeds = n // e.g. LEDGER_SEEDS=5000 for a long hunt
 	}
 	var steps, fences, reclaims, rejected int
 	start := time.Now()

@@ -2,17 +2,17 @@ package ledger
 
 import (
 	"fmt"
+	"math/rand"
 	"os"
 	"strconv"
 	"testing"
 	"time"
-	"math/rand"
 )
 
-func TestDebugSeed(t *testing.T) {
+func TestReplaySeed(t *testing.T) {
 	seed, err := strconv.ParseInt(os.Getenv("LEDGER_SEED"), 10, 64)
 	if err != nil {
-		t.Skip("set LEDGER_SEED")
+		t.Skip("set LEDGER_SEED=n (and LEDGER_KEY=k0 for a per-step trace) to replay one randomized seed")
 	}
 	rng := rand.New(rand.NewSource(seed * 7919))
 	o := simOpts{regions: 3 + rng.Intn(3), keys: 3, loss: rng.Float64() * 0.3, dup: rng.Float64() * 0.2,

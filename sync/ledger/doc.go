@@ -1,0 +1,171 @@
+// Package ledger is the share ledger of the sync agent: a pure state machine
+// that moves ownership of each global limit between regions without the sum of
+// the enforced shares ever exceeding the limit.
+//
+// Nothing here reads a clock, does I/O, starts goroutines or draws random
+// numbers. Inputs are method calls carrying the agent's local monotonic time
+// (Tick, Usage, Receive, ShareApplied, ReclaimRecorded, StoreReset); outputs
+// are returned values (store writes, a report to publish, contributions for
+// the reclaim registry, and whether the incarnation has fenced itself). The
+// agent wraps it with Redis, NATS and etcd; the simulator drives the same code
+// in virtual time.
+//
+// # Units and positions
+//
+// Per global rule and key the whole limit (rate R and capacity C) is Units
+// integer units. Region i owns a floor F_i (MinShare split by weight, never
+// moved) and, in its first incarnation, an initial part I_i of the rest (split
+// by weight). Its base B_i is F_i + I_i (first incarnation) or F_i (later
+// ones), plus what reclaim records paid it. A store enforcing u units enforces
+// rate floor(R*u/Units) and capacity floor(C*u/Units), so sums of floors never
+// exceed R and C when the units do not exceed Units.
+//
+// Ownership moves only by gifts, per pair of incarnations (i, j):
+// give[i][j] (units i lowered itself by), conf[i][j] <= give[i][j] (the part
+// whose lowering the store confirmed: the only counter i publishes), and
+// recv[i][j] <= conf[i][j] (the largest published counter j has applied).
+// Position of i for a key:
+//
+//	pos_i = B_i + extra_i + frozen_i + sum_j (recv[j][i] - give[i][j])
+//
+// where extra_i comes from reclaim records and frozen_i is the sum of the
+// pair terms (recv - give) of peers i has frozen (see Reclaim).
+//
+// # Protocol
+//
+//   - Lower first. A giver raises give[i][j] and emits a share write with its
+//     lowered position at once. Only after ShareApplied confirms a version at
+//     least that write's does it raise conf[i][j], and only conf is reported.
+//     A receiver may raise (apply a larger counter) at any time.
+//   - Reports carry cumulative counters, so merging is max(): loss,
+//     duplication and reordering change nothing. A report from an unknown
+//     region, a stale or frozen incarnation, malformed, or with a counter lower
+//     than one already applied from the same incarnation in an older report is
+//     rejected whole (an error, Stats.Rejected) and changes nothing.
+//   - Every Tick: fold usage into an EWMA demand (units, per key), compute
+//     targets with the injected Allocator over the live regions (heard within
+//     Lease, not frozen) from their last reported positions plus our own gifts
+//     in flight, and give our excess over target to the regions below theirs in
+//     proportion to their deficits. Targets are >= 0, so nobody gives below its
+//     floor. Nobody gives to a region it does not consider live.
+//   - Reports go out every Tick (they are also the heartbeat and carry the
+//     acknowledgements), with the keys that changed since the last report;
+//     every FullEvery-th report carries every active key, so a lost report is
+//     repaired within FullEvery intervals. ShareApplied returns an immediate
+//     report when it makes gifts durable, and Receive returns the raise write
+//     at once, so a gift takes about one RTT plus the store write.
+//
+// # The store contract (the Redis script must implement it)
+//
+// Each region's store holds a marker (incarnation, version, default units,
+// lease expiry on the store's clock) and per key a share record (units,
+// version). For a key the store enforces:
+//
+//   - the floor, if there is no marker, or the marker's lease has expired, or
+//     the key's record belongs to another incarnation than the marker;
+//   - the record's units, if it has a record of the marker's incarnation;
+//   - the marker's default units (the base) otherwise.
+//
+// A record write applies only if its version is above the stored one; a share
+// change settles the bucket at the old rate up to now, sets the new rate and
+// capacity and clamps the tokens, in one script; elapsed time below zero
+// counts as zero. Records of coordinated keys never expire (only Release
+// records, written when a key is back at its base, may expire with the
+// bucket). A marker Create applies only to the store run (RunID) it names; a
+// renewal applies only over a marker of its own incarnation. ShareApplied is
+// reported whenever the store holds a version >= the written one. A write
+// that has not taken effect StoreTimeout after it was issued never does.
+//
+// Consequences: an empty store (Redis restarted) enforces floors until the
+// ledger, told by StoreReset, has re-written every key it ever wrote, has seen
+// them confirmed, and only then re-creates the marker; a marker create delayed
+// past a second reset is refused by its RunID; a new incarnation's marker
+// turns every record of the old one into the floor at once.
+//
+// # Leases and self-fencing (invariant 3)
+//
+// Reports acknowledge, per peer incarnation, the highest report sequence heard.
+// Let D = (the latest local send time of one of our reports that any peer has
+// acknowledged, or the start) + Lease. Every Tick renews the marker with a
+// store lease of (1-rho)((D-now)/(1+rho) - StoreTimeout), so in real time the
+// store lease ends no later than D does. At D the ledger fences: its store is
+// already at the floor, it stops gifting and reporting, and the agent must
+// start a new incarnation. A peer telling us it froze us fences us too.
+//
+// A survivor freezes a peer incarnation (stops applying and giving to it,
+// ignores its messages, contributes its pair terms to the registry) when it
+// has heard nothing from it for ReclaimAfter = Lease(1+rho)/(1-rho) + Margin
+// on its own clock, or when it sees a newer incarnation of that region (whose
+// marker, confirmed before its first report, has already floored the old one).
+//
+// # Reclaim
+//
+// The Registry (one etcd document, compare-and-swap) allocates incarnations
+// and collects contributions. Survivor j's contribution to the reclaim of A is
+// Q_j = give[j][A] - recv[A][j] per key, frozen: j keeps -Q_j in its position
+// for good. The record of A completes once every incarnation of another region
+// that overlapped A (and is not itself reclaimed) has contributed. Then, per
+// key, Phi = max(0, B_A-I + Own_A + sum Q) is split by weight among the
+// recipients (the newest required incarnation of each other region), where
+// B_A-I is I_A for a first incarnation and 0 otherwise, and Own_A is A's own
+// frozen pair terms towards incarnations whose reclaim completed earlier. Each
+// pair of incarnations is thus counted once.
+//
+// # Invariant 1, proof sketch
+//
+// Let E_i be what i's store enforces. Claim: sum_i E_i <= Units at every instant.
+//
+//  1. E_i <= the position computed from published counters only,
+//     P_i = B_i + extra_i + frozen_i + sum_j (recv[j][i] - conf[i][j]):
+//     raises need recv, which needs a published conf; conf is published only
+//     after the store holds a version whose units already subtract give >=
+//     conf; every later write also subtracts it (give only grows); an empty
+//     store enforces floors until every key is re-asserted; a lapsed lease or
+//     a newer incarnation's marker gives the floor <= P_i.
+//  2. With all regions alive, sum_i P_i = sum F + sum I + sum over pairs
+//     (recv - conf) <= Units, since recv[j][i] <= conf[j][i].
+//  3. When A dies its store falls to F_A no later (in real time) than any
+//     survivor freezes A by silence: a survivor that froze A at its time t
+//     last heard A at t - ReclaimAfter, never acknowledged a later report, so
+//     A's lease deadline D is at most L/(1-rho) real after that, and the store
+//     lease ends by D. Each survivor's payment is a share of Phi >= 0, so every
+//     change is a raise and any subset of survivors having applied it is
+//     bounded by all of them having applied it. With all applied, the pair
+//     terms of A are replaced by sum Phi <= I_A + (A's holding and in-flight
+//     units of A's pairs) and the total is sum F + sum I + the remaining pairs
+//     <= Units. Phi is clamped at 0 only when it is a lower bound (A's own
+//     reclaim payments are not counted: they leak, they are never double counted).
+//
+// # Clocks
+//
+// No clocks are synchronised. Every clock (agents and stores) runs at a rate
+// within [1-Rho, 1+Rho] of real time; that is the only timing assumption,
+// plus StoreTimeout bounding a store write. A backward step of the store
+// clock never mints tokens (elapsed time is clamped at 0); a forward step mints
+// at most one bucket capacity (tokens are clamped to the capacity).
+//
+// # Restart
+//
+// An agent that restarts with its state lost starts a new incarnation from
+// the Registry: floor only, new pairs, marker first (no report before the
+// marker is confirmed). Peers freeze the old incarnation when they see the new
+// one. Persisting and restoring state was not chosen: a restored state older
+// than the last write issued would break the lower-first order.
+//
+// # Idle keys
+//
+// A key leaves coordination (its record is re-written as a Release record at
+// the base, which the store may let expire with the bucket, after which the
+// marker's default is the same value) only when it had no usage for IdleAfter,
+// its position is its base with no extra or frozen part, every gift is
+// confirmed and applied, and every peer reports its position at its base and
+// no demand. Its counters stay in memory as a tombstone so that a late
+// counter is never applied twice; usage or a peer's gift makes it active again.
+//
+// # Limits
+//
+// Units paid to an incarnation by reclaim records are not paid out again when
+// it dies (they leak, safely). When a required contributor dies before
+// contributing, the record never completes: the units stay unclaimed (safe).
+// Keys' tombstones are never garbage-collected.
+package ledger
