@@ -1,0 +1,53 @@
+// Command rlstack runs a complete local multi-region apportion stack in one
+// process tree and prints its addresses; Ctrl-C stops everything and leaves
+// nothing behind. See internal/stack.
+//
+//	rlstack [--regions N]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/apportion/apportion/internal/flagenv"
+	"github.com/apportion/apportion/internal/stack"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "rlstack:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("rlstack", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	regions := fs.Int("regions", 3, "number of regions")
+	verbose := fs.Bool("verbose", false, "show the components' logs")
+	if err := flagenv.Parse(fs, args, nil); err != nil {
+		return err
+	}
+	cfg := stack.Config{Regions: *regions}
+	if *verbose {
+		cfg.LogWriter = stderr
+	}
+	fmt.Fprintln(stdout, "starting the local stack ...")
+	s, err := stack.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, s.Summary())
+	fmt.Fprintln(stdout, "\nCtrl-C stops everything.")
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "stopping ...")
+	return s.Close()
+}

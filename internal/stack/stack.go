@@ -1,0 +1,350 @@
+// Package stack runs a complete local multi-region apportion stack in one
+// process tree: one embedded etcd, and per region a redis-server child
+// process and an enforcer (regional/enforcerd) in-process. cmd/rlstack is its
+// command line.
+//
+// Invariant: Close stops everything Start started — child processes are
+// killed and waited for (and get SIGKILL if this process dies first), the
+// temporary directory is removed — whether Start succeeded or not.
+package stack
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/apportion/apportion/deploy"
+	"github.com/apportion/apportion/regional/enforcerd"
+	"github.com/apportion/apportion/rules"
+	"github.com/apportion/apportion/rules/etcdstore"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// DefaultRegions names the regions of a stack, in order.
+var DefaultRegions = []string{"us-east", "eu-west", "ap-south", "sa-east", "af-south", "me-central"}
+
+// Config configures a Stack.
+type Config struct {
+	// Regions is how many regions to run (default 3, at most len(DefaultRegions)).
+	Regions int
+	// Rules is the rule set loaded into etcd (default: deploy/rules.yaml).
+	Rules []byte
+	// Logger receives the components' logs (default: discard).
+	Logger *slog.Logger
+	// LogWriter receives the enforcers' own log output (default: discard).
+	LogWriter io.Writer
+}
+
+// Region is one running region.
+type Region struct {
+	Name      string
+	RedisAddr string
+	GRPCAddr  string
+	HTTPAddr  string
+	AdminAddr string // only the first region serves the admin API
+}
+
+// Stack is a running local stack.
+type Stack struct {
+	Regions       []Region
+	EtcdEndpoint  string
+	AdminToken    string
+	Dir           string
+	RedisEmbedded bool // true when no redis-server was on PATH
+
+	cfg    Config
+	log    *slog.Logger
+	etcd   *embed.Etcd
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	procs  []*exec.Cmd
+	mu     sync.Mutex
+	errs   []error // guarded by mu
+	closed sync.Once
+}
+
+// Start brings the stack up and returns once every enforcer serves. On error
+// it has already stopped whatever it started.
+func Start(ctx context.Context, cfg Config) (*Stack, error) {
+	if cfg.Regions == 0 {
+		cfg.Regions = 3
+	}
+	if cfg.Regions < 1 || cfg.Regions > len(DefaultRegions) {
+		return nil, fmt.Errorf("stack: regions must be 1..%d, got %d", len(DefaultRegions), cfg.Regions)
+	}
+	if cfg.Rules == nil {
+		cfg.Rules = deploy.ExampleRules
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.LogWriter == nil {
+		cfg.LogWriter = io.Discard
+	}
+	rs, err := rules.ParseRules(cfg.Rules)
+	if err != nil {
+		return nil, fmt.Errorf("stack: example rules: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "rlstack-")
+	if err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	s := &Stack{Dir: dir, cfg: cfg, log: cfg.Logger, cancel: cancel, AdminToken: randomToken()}
+	if err := s.start(ctx, runCtx, rs); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func randomToken() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (s *Stack) start(ctx, runCtx context.Context, rs []rules.Rule) error {
+	if err := s.startEtcd(); err != nil {
+		return err
+	}
+	if err := s.loadRules(ctx, rs); err != nil {
+		return err
+	}
+	for i := 0; i < s.cfg.Regions; i++ {
+		r := Region{Name: DefaultRegions[i]}
+		addr, err := s.startRedis(r.Name)
+		if err != nil {
+			return err
+		}
+		r.RedisAddr = addr
+		if err := s.startEnforcer(ctx, runCtx, &r, i == 0); err != nil {
+			return err
+		}
+		s.Regions = append(s.Regions, r)
+	}
+	return nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (s *Stack) startEtcd() error {
+	cp, err := freePort()
+	if err != nil {
+		return err
+	}
+	pp, err := freePort()
+	if err != nil {
+		return err
+	}
+	cu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", cp)}
+	pu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", pp)}
+	cfg := embed.NewConfig()
+	cfg.Name = "rlstack"
+	cfg.Dir = filepath.Join(s.Dir, "etcd")
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.UnsafeNoFsync = true // a throw-away local stack
+	cfg.TickMs, cfg.ElectionMs = 10, 100
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return fmt.Errorf("stack: etcd: %w", err)
+	}
+	s.etcd = e
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		return fmt.Errorf("stack: etcd: %w", err)
+	case <-time.After(30 * time.Second):
+		return errors.New("stack: etcd was not ready within 30s")
+	}
+	s.EtcdEndpoint = cu.String()
+	return nil
+}
+
+func (s *Stack) etcdClient() (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{Endpoints: []string{s.EtcdEndpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+}
+
+func (s *Stack) loadRules(ctx context.Context, rs []rules.Rule) error {
+	cli, err := s.etcdClient()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	st, err := etcdstore.New(cli)
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if _, err := st.Put(ctx, r, etcdstore.Unconditional); err != nil {
+			return fmt.Errorf("stack: load rule %s: %w", r.ID, err)
+		}
+	}
+	return nil
+}
+
+// startRedis starts a redis-server child on a free port.
+func (s *Stack) startRedis(region string) (string, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", errors.New("stack: redis-server not found on PATH; install it (Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis)")
+	}
+	port, err := freePort()
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(s.Dir, "redis-"+region)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--loglevel", "warning", "--logfile", filepath.Join(dir, "redis.log"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive rlstack
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("stack: start redis-server: %w", err)
+	}
+	s.procs = append(s.procs, cmd)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			return addr, nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return "", fmt.Errorf("stack: redis-server for %s did not listen on %s", region, addr)
+}
+
+var readyRE = regexp.MustCompile(`ready grpc=(\S+) http=(\S+)(?: admin=(\S+))?`)
+
+// startEnforcer runs an enforcer in-process and waits for its ready line.
+func (s *Stack) startEnforcer(ctx, runCtx context.Context, r *Region, admin bool) error {
+	args := []string{"--region", r.Name, "--redis-addr", r.RedisAddr, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--etcd-endpoints", s.EtcdEndpoint, "--timeout", "50ms"}
+	if admin {
+		args = append(args, "--admin-addr", "127.0.0.1:0", "--admin-token", s.AdminToken)
+	}
+	pr, pw := io.Pipe()
+	ready := make(chan []string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			if m := readyRE.FindStringSubmatch(sc.Text()); m != nil {
+				ready <- m
+			}
+		}
+	}()
+	done := make(chan error, 1)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		err := enforcerd.Run(runCtx, args, pw, prefixWriter(s.cfg.LogWriter, r.Name))
+		pw.Close()
+		if err != nil {
+			s.mu.Lock()
+			s.errs = append(s.errs, fmt.Errorf("enforcer %s: %w", r.Name, err))
+			s.mu.Unlock()
+		}
+		done <- err
+	}()
+	select {
+	case m := <-ready:
+		r.GRPCAddr, r.HTTPAddr, r.AdminAddr = m[1], m[2], m[3]
+		return nil
+	case err := <-done:
+		return fmt.Errorf("stack: enforcer %s stopped before it was ready: %v", r.Name, err)
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("stack: enforcer %s not ready within 30s", r.Name)
+	}
+}
+
+// prefixWriter prefixes every line with the region's name.
+func prefixWriter(w io.Writer, region string) io.Writer {
+	if w == io.Discard {
+		return w
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			fmt.Fprintf(w, "[%s] %s\n", region, sc.Text())
+		}
+	}()
+	return pw
+}
+
+// Close stops everything and removes the temporary directory. It returns the
+// errors the components stopped with. Safe to call twice.
+func (s *Stack) Close() error {
+	s.closed.Do(func() {
+		s.cancel()
+		s.wg.Wait()
+		for _, p := range s.procs {
+			p.Process.Signal(syscall.SIGTERM)
+			waited := make(chan struct{})
+			go func() { p.Wait(); close(waited) }()
+			select {
+			case <-waited:
+			case <-time.After(5 * time.Second):
+				p.Process.Kill()
+				<-waited
+			}
+		}
+		if s.etcd != nil {
+			s.etcd.Close()
+		}
+		if err := os.RemoveAll(s.Dir); err != nil {
+			s.errs = append(s.errs, err)
+		}
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return errors.Join(s.errs...)
+}
+
+// Summary is the text rlstack prints once the stack is up.
+func (s *Stack) Summary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "apportion local stack: %d regions, etcd %s\n\n", len(s.Regions), s.EtcdEndpoint)
+	fmt.Fprintf(&b, "%-10s %-22s %-22s %-22s\n", "region", "grpc", "http", "redis")
+	for _, r := range s.Regions {
+		fmt.Fprintf(&b, "%-10s %-22s %-22s %-22s\n", r.Name, r.GRPCAddr, r.HTTPAddr, r.RedisAddr)
+	}
+	r0 := s.Regions[0]
+	fmt.Fprintf(&b, "\nadmin API: http://%s  (token %s)\n\n", r0.AdminAddr, s.AdminToken)
+	fmt.Fprintf(&b, "try:\n")
+	fmt.Fprintf(&b, "  grpcurl -plaintext -d '{\"client_key\":\"user:42\",\"resource\":\"POST /orders\",\"attributes\":{\"tier\":\"free\"}}' %s ratelimit.v1.RateLimiter/CheckLimit\n", r0.GRPCAddr)
+	fmt.Fprintf(&b, "  curl -i -d '{\"client_key\":\"user:42\",\"resource\":\"POST /orders\",\"attributes\":{\"tier\":\"free\"}}' http://%s/v1/check\n", r0.HTTPAddr)
+	fmt.Fprintf(&b, "  go run ./cmd/rlctl --admin-url http://%s --token %s rules list\n", r0.AdminAddr, s.AdminToken)
+	return b.String()
+}

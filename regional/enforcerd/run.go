@@ -1,0 +1,326 @@
+// Package enforcerd assembles the ratelimitd daemon from its parts: flags
+// and environment, Redis, the rule source (file or etcd), the enforcer, the
+// gRPC, HTTP and admin servers, metrics and graceful shutdown. cmd/ratelimitd
+// and cmd/rlstack both run it.
+package enforcerd
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/apportion/apportion/internal/flagenv"
+	"github.com/apportion/apportion/regional"
+	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/rules"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+)
+
+type options struct {
+	region        string
+	redisAddr     string
+	redisPassword string
+	redisTLS      bool
+	grpcAddr      string
+	httpAddr      string
+	rulesFile     string
+	rulesPoll     time.Duration
+	etcdEndpoints string
+	etcdPrefix    string
+	etcdCache     string
+	etcdUsername  string
+	etcdPassword  string
+	adminAddr     string
+	adminToken    string
+	adminNoAuth   bool
+	natsURL       string
+	timeout       time.Duration
+	maxCost       int64
+	localFraction float64
+	tlsCert       string
+	tlsKey        string
+	logLevel      string
+	logFormat     string
+	shutdown      time.Duration
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("ratelimitd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	def := regional.DefaultConfig()
+	fs.StringVar(&o.region, "region", "", "this enforcer's region (required), e.g. us-east")
+	fs.StringVar(&o.redisAddr, "redis-addr", "127.0.0.1:6379", "Redis address; several comma-separated addresses mean Redis Cluster")
+	fs.StringVar(&o.redisPassword, "redis-password", "", "Redis password (prefer APPORTION_REDIS_PASSWORD)")
+	fs.BoolVar(&o.redisTLS, "redis-tls", false, "connect to Redis over TLS")
+	fs.StringVar(&o.grpcAddr, "grpc-addr", "127.0.0.1:8081", "gRPC listen address (port 0: any free port)")
+	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address for /v1/check, /metrics, /healthz, /readyz")
+	fs.StringVar(&o.rulesFile, "rules", "", "JSON or YAML file with a list of rules; reloaded when it changes")
+	fs.DurationVar(&o.rulesPoll, "rules-poll", time.Second, "how often the rules file is checked for changes")
+	fs.StringVar(&o.etcdEndpoints, "etcd-endpoints", "", "comma-separated etcd endpoints to watch rules from (instead of --rules)")
+	fs.StringVar(&o.etcdPrefix, "etcd-prefix", "/ratelimit/rules/", "etcd key prefix of the rules")
+	fs.StringVar(&o.etcdCache, "etcd-cache", "", "file caching the last good rule set, served when the enforcer starts while etcd is down (empty: off)")
+	fs.StringVar(&o.etcdUsername, "etcd-username", "", "etcd user name")
+	fs.StringVar(&o.etcdPassword, "etcd-password", "", "etcd password (prefer APPORTION_ETCD_PASSWORD)")
+	fs.StringVar(&o.adminAddr, "admin-addr", "", "listen address of the rules admin API (needs --etcd-endpoints; empty: off)")
+	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token the admin API requires (prefer APPORTION_ADMIN_TOKEN)")
+	fs.BoolVar(&o.adminNoAuth, "admin-no-auth", false, "serve the admin API without authentication (loopback test stacks only)")
+	fs.StringVar(&o.natsURL, "nats-url", "", "NATS URL for usage reports to the region's sync agent (empty: off)")
+	fs.DurationVar(&o.timeout, "timeout", def.Timeout, "timeout of each Redis call before the failure policy answers")
+	fs.Int64Var(&o.maxCost, "max-cost", def.MaxCost, "largest cost one request may ask for")
+	fs.Float64Var(&o.localFraction, "local-fraction", def.LocalFraction, "share of a rule's limit that failure_mode local admits per process while Redis is down")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "TLS certificate file for gRPC and HTTP (with --tls-key)")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "TLS key file for gRPC and HTTP")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.logFormat, "log-format", "text", "text or json")
+	fs.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown waits for in-flight checks")
+	if err := flagenv.Parse(fs, args, nil); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	switch {
+	case o.region == "":
+		return nil, errors.New("--region is required")
+	case o.rulesFile == "" && o.etcdEndpoints == "":
+		return nil, errors.New("one of --rules FILE or --etcd-endpoints URLS is required")
+	case o.rulesFile != "" && o.etcdEndpoints != "":
+		return nil, errors.New("--rules and --etcd-endpoints are exclusive")
+	case (o.tlsCert == "") != (o.tlsKey == ""):
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	return o, nil
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %v", err)
+	}
+	ho := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, ho)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, ho)), nil
+	}
+	return nil, fmt.Errorf("--log-format: want text or json, got %q", format)
+}
+
+// Run parses the ratelimitd command line, starts the enforcer and blocks
+// until ctx is done, then shuts down gracefully: it stops accepting, finishes
+// in-flight checks, and closes. It prints "ready grpc=ADDR http=ADDR" to
+// stdout once it serves (with " admin=ADDR" when the admin API is on).
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, o.logLevel, o.logFormat)
+	if err != nil {
+		return err
+	}
+	log = log.With("component", "ratelimitd", "region", o.region)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := regional.NewMetrics(reg, o.region)
+
+	ropts := &redis.UniversalOptions{
+		Addrs:        strings.Split(o.redisAddr, ","),
+		Password:     o.redisPassword,
+		DialTimeout:  time.Second,
+		ReadTimeout:  time.Second,
+		WriteTimeout: time.Second,
+		PoolSize:     32,
+		MinIdleConns: 4,
+		// No retries: a retried pipeline whose reply was lost would run the
+		// script twice and consume twice; the failure policy answers instead.
+		MaxRetries: -1,
+	}
+	if o.redisTLS {
+		ropts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	rc := redis.NewUniversalClient(ropts)
+	defer rc.Close()
+	// Warm the connection pool so the first checks do not pay for dialing.
+	// An unreachable Redis is not fatal: the failure policy answers until it returns.
+	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+	if err := rc.Ping(pctx).Err(); err != nil {
+		log.Warn("redis unreachable at start; answering from the failure policy until it returns", "addr", o.redisAddr, "error", err)
+	}
+	pcancel()
+	store, err := redisstore.New(rc)
+	if err != nil {
+		return fmt.Errorf("redis store: %w", err)
+	}
+	defer store.Close()
+	reg.MustRegister(regional.ScriptLoadsCollector(o.region, store.ScriptLoads))
+
+	cfg := regional.DefaultConfig()
+	cfg.Region, cfg.Timeout, cfg.MaxCost, cfg.LocalFraction = o.region, o.timeout, o.maxCost, o.localFraction
+	cfg.Logger, cfg.Metrics = log, metrics
+	enf, err := regional.New(cfg, store)
+	if err != nil {
+		return err
+	}
+
+	rsrc, err := newSource(o, log, reg)
+	if err != nil {
+		return err
+	}
+	defer rsrc.close()
+	src := rsrc.src
+	srcCtx, stopSrc := context.WithCancel(context.Background())
+	defer stopSrc()
+	first := make(chan struct{})
+	var firstOnce sync.Once
+	srcErr := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		srcErr <- src.Run(srcCtx, func(rs []rules.Rule) {
+			if err := enf.SetRules(rs); err != nil {
+				log.Error("rule set refused; keeping the previous one", "error", err)
+				return
+			}
+			firstOnce.Do(func() { close(first) })
+		})
+	}()
+	defer wg.Wait()
+	defer stopSrc()
+	select {
+	case <-first:
+	case err := <-srcErr:
+		return fmt.Errorf("rules: %w", err)
+	case <-ctx.Done():
+		return nil
+	}
+
+	var tlsCfg *tls.Config
+	if o.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+		if err != nil {
+			return fmt.Errorf("tls: %w", err)
+		}
+		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+
+	gl, err := net.Listen("tcp", o.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("grpc listen: %w", err)
+	}
+	hl, err := net.Listen("tcp", o.httpAddr)
+	if err != nil {
+		gl.Close()
+		return fmt.Errorf("http listen: %w", err)
+	}
+	var al net.Listener
+	if rsrc.admin != nil {
+		if al, err = net.Listen("tcp", o.adminAddr); err != nil {
+			gl.Close()
+			hl.Close()
+			return fmt.Errorf("admin listen: %w", err)
+		}
+	}
+	var gopts []grpc.ServerOption
+	if tlsCfg != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	gs, svc := regional.NewGRPCServer(enf, gopts...)
+	var shuttingDown atomic.Bool
+	hs := &http.Server{
+		Handler:           regional.NewHTTPHandler(enf, reg, func() bool { return !shuttingDown.Load() }),
+		ReadHeaderTimeout: 5 * time.Second,
+		TLSConfig:         tlsCfg,
+	}
+	serveErr := make(chan error, 3)
+	var as *http.Server
+	if al != nil {
+		as = &http.Server{Handler: rsrc.admin, ReadHeaderTimeout: 5 * time.Second, TLSConfig: tlsCfg}
+		go func() {
+			var err error
+			if tlsCfg != nil {
+				err = as.ServeTLS(al, "", "")
+			} else {
+				err = as.Serve(al)
+			}
+			if errors.Is(err, http.ErrServerClosed) {
+				err = nil
+			}
+			serveErr <- err
+		}()
+	}
+	go func() { serveErr <- gs.Serve(gl) }()
+	go func() {
+		var err error
+		if tlsCfg != nil {
+			err = hs.ServeTLS(hl, "", "")
+		} else {
+			err = hs.Serve(hl)
+		}
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		serveErr <- err
+	}()
+	svc.SetServing(true)
+	log.Info("serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(), "rules", len(enf.Rules()))
+	if al != nil {
+		log.Info("admin API serving", "addr", al.Addr().String())
+		fmt.Fprintf(stdout, "ready grpc=%s http=%s admin=%s\n", gl.Addr(), hl.Addr(), al.Addr())
+	} else {
+		fmt.Fprintf(stdout, "ready grpc=%s http=%s\n", gl.Addr(), hl.Addr())
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		runErr = fmt.Errorf("server stopped: %w", err)
+	case err := <-srcErr:
+		if err != nil && srcCtx.Err() == nil {
+			log.Error("rule source stopped; serving the last good rule set", "error", err)
+		}
+		<-ctx.Done()
+	}
+
+	log.Info("shutting down: finishing in-flight checks")
+	shuttingDown.Store(true)
+	svc.SetServing(false)
+	sctx, cancel := context.WithTimeout(context.Background(), o.shutdown)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { gs.GracefulStop(); close(done) }()
+	if err := hs.Shutdown(sctx); err != nil {
+		log.Warn("http shutdown", "error", err)
+	}
+	if as != nil {
+		if err := as.Shutdown(sctx); err != nil {
+			log.Warn("admin shutdown", "error", err)
+		}
+	}
+	select {
+	case <-done:
+	case <-sctx.Done():
+		gs.Stop()
+	}
+	log.Info("stopped")
+	return runErr
+}

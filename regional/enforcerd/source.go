@@ -1,0 +1,87 @@
+package enforcerd
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/apportion/apportion/rules"
+	"github.com/apportion/apportion/rules/admin"
+	"github.com/apportion/apportion/rules/etcdstore"
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// ruleSource is the rule source the flags name, plus what closes it and the
+// admin API when rules live in etcd.
+type ruleSource struct {
+	src   rules.Source
+	admin http.Handler // nil unless --admin-addr and etcd
+	close func()
+}
+
+// newSource returns the rule source the flags name.
+func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSource, error) {
+	if o.rulesFile != "" {
+		if o.adminAddr != "" {
+			return nil, errors.New("--admin-addr needs --etcd-endpoints: the admin API writes rules to etcd")
+		}
+		fs, err := rules.NewFileSource(o.rulesFile, rules.WithPollInterval(o.rulesPoll), rules.WithLogger(log))
+		if err != nil {
+			return nil, err
+		}
+		return &ruleSource{src: fs, close: func() {}}, nil
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   strings.Split(o.etcdEndpoints, ","),
+		DialTimeout: 2 * time.Second,
+		Username:    o.etcdUsername,
+		Password:    o.etcdPassword,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcd client: %w", err)
+	}
+	invalid := prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_rule_invalid_documents_total",
+		ConstLabels: prometheus.Labels{"region": o.region},
+		Help:        "Rule documents found in etcd that failed validation and were skipped (the previous version stays)."})
+	reg.MustRegister(invalid)
+	wopts := []etcdstore.Option{etcdstore.WithPrefix(o.etcdPrefix), etcdstore.WithLogger(log), etcdstore.WithInvalidCounter(invalid)}
+	if o.etcdCache != "" {
+		wopts = append(wopts, etcdstore.WithCacheFile(o.etcdCache))
+	}
+	w, err := etcdstore.NewWatcher(cli, wopts...)
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	rs := &ruleSource{src: w, close: func() { cli.Close() }}
+	if o.adminAddr != "" {
+		st, err := etcdstore.New(cli, etcdstore.WithPrefix(o.etcdPrefix), etcdstore.WithLogger(log))
+		if err != nil {
+			cli.Close()
+			return nil, err
+		}
+		aopts := []admin.Option{admin.WithLogger(log)}
+		switch {
+		case o.adminToken != "":
+			aopts = append(aopts, admin.WithToken(o.adminToken))
+		case o.adminNoAuth:
+			aopts = append(aopts, admin.WithoutAuth())
+		default:
+			cli.Close()
+			return nil, errors.New("--admin-addr needs --admin-token (or APPORTION_ADMIN_TOKEN), or --admin-no-auth to serve it unauthenticated")
+		}
+		h, err := admin.New(st, aopts...)
+		if err != nil {
+			cli.Close()
+			return nil, err
+		}
+		rs.admin = h
+	}
+	return rs, nil
+}

@@ -1,0 +1,268 @@
+package regional
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// MaxBatch is the largest CheckLimits batch.
+const MaxBatch = 1000
+
+// GRPCService implements ratelimit.v1.RateLimiter on an Enforcer.
+type GRPCService struct {
+	ratelimitv1.UnimplementedRateLimiterServer
+	e      *Enforcer
+	Health *health.Server
+}
+
+// NewGRPCServer returns a gRPC server with the RateLimiter service, the
+// standard health service and server reflection registered. The health
+// status of "" and "ratelimit.v1.RateLimiter" is NOT_SERVING until
+// SetServing is called.
+func NewGRPCServer(e *Enforcer, opts ...grpc.ServerOption) (*grpc.Server, *GRPCService) {
+	opts = append([]grpc.ServerOption{grpc.ForceServerCodec(lenientCodec{})}, opts...)
+	s := grpc.NewServer(opts...)
+	svc := &GRPCService{e: e, Health: health.NewServer()}
+	ratelimitv1.RegisterRateLimiterServer(s, svc)
+	healthpb.RegisterHealthServer(s, svc.Health)
+	reflection.Register(s)
+	svc.SetServing(false)
+	return s, svc
+}
+
+// SetServing sets the health status of the server and the service.
+func (s *GRPCService) SetServing(ok bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.Health.SetServingStatus("", st)
+	s.Health.SetServingStatus(ratelimitv1.RateLimiter_ServiceDesc.ServiceName, st)
+}
+
+// CheckLimit implements ratelimit.v1.RateLimiter.
+func (s *GRPCService) CheckLimit(ctx context.Context, in *ratelimitv1.CheckLimitRequest) (*ratelimitv1.CheckLimitResponse, error) {
+	resp, err := s.e.Check(ctx, fromProto(in))
+	s.e.metrics.request("grpc", resp, err)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return toProto(resp), nil
+}
+
+// CheckLimits implements ratelimit.v1.RateLimiter: each request is checked
+// on its own, in order; an invalid one fails the whole batch and names its index.
+func (s *GRPCService) CheckLimits(ctx context.Context, in *ratelimitv1.CheckLimitsRequest) (*ratelimitv1.CheckLimitsResponse, error) {
+	if len(in.GetRequests()) > MaxBatch {
+		return nil, status.Errorf(codes.InvalidArgument, "requests: %d requests, the maximum is %d", len(in.GetRequests()), MaxBatch)
+	}
+	out := &ratelimitv1.CheckLimitsResponse{Responses: make([]*ratelimitv1.CheckLimitResponse, len(in.GetRequests()))}
+	for i, r := range in.GetRequests() {
+		resp, err := s.e.Check(ctx, fromProto(r))
+		s.e.metrics.request("grpc", resp, err)
+		if err != nil {
+			var re *RequestError
+			if errors.As(err, &re) {
+				return nil, status.Errorf(codes.InvalidArgument, "requests[%d].%s: %s", i, re.Field, re.Msg)
+			}
+			return nil, grpcError(err)
+		}
+		out.Responses[i] = toProto(resp)
+	}
+	return out, nil
+}
+
+func isInvalid(err error) bool { return errors.Is(err, ErrInvalidRequest) }
+
+// grpcError maps enforcer errors to gRPC status codes, in one place.
+func grpcError(err error) error {
+	var re *RequestError
+	switch {
+	case errors.As(err, &re):
+		return status.Errorf(codes.InvalidArgument, "%s: %s", re.Field, re.Msg)
+	case errors.Is(err, ErrNoRules):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func fromProto(in *ratelimitv1.CheckLimitRequest) Request {
+	return Request{ClientKey: in.GetClientKey(), Resource: in.GetResource(), Cost: in.GetCost(), Attributes: in.GetAttributes()}
+}
+
+func toProto(r Response) *ratelimitv1.CheckLimitResponse {
+	out := &ratelimitv1.CheckLimitResponse{Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining,
+		RetryAfterMs: r.RetryAfterMs, ResetAfterMs: r.ResetAfterMs, RuleId: r.RuleID, FailOpen: r.FailOpen,
+		Statuses: make([]*ratelimitv1.RuleStatus, len(r.Statuses))}
+	for i, s := range r.Statuses {
+		out.Statuses[i] = &ratelimitv1.RuleStatus{RuleId: s.RuleID, Allowed: s.Allowed, Limit: s.Limit, Remaining: s.Remaining,
+			RetryAfterMs: s.RetryAfterMs, ResetAfterMs: s.ResetAfterMs, Shadow: s.Shadow}
+	}
+	return out
+}
+
+// lenientCodec is the proto codec, except that a CheckLimitRequest whose
+// strings are not valid UTF-8 still decodes (proto3 refuses it, and gRPC
+// would answer Internal); the enforcer then answers InvalidArgument naming
+// the field.
+type lenientCodec struct{}
+
+func (lenientCodec) Name() string { return "proto" }
+
+func (lenientCodec) Marshal(v any) ([]byte, error) {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("regional: codec: cannot marshal %T", v)
+	}
+	return proto.Marshal(m)
+}
+
+func (lenientCodec) Unmarshal(data []byte, v any) error {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return fmt.Errorf("regional: codec: cannot unmarshal into %T", v)
+	}
+	err := proto.Unmarshal(data, m)
+	if err == nil {
+		return nil
+	}
+	switch t := v.(type) {
+	case *ratelimitv1.CheckLimitRequest:
+		if e := decodeRequestLenient(data, t); e == nil {
+			return nil
+		}
+	case *ratelimitv1.CheckLimitsRequest:
+		if e := decodeBatchLenient(data, t); e == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+// decodeRequestLenient decodes a CheckLimitRequest without UTF-8 checks.
+func decodeRequestLenient(b []byte, out *ratelimitv1.CheckLimitRequest) error {
+	out.Reset()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			out.ClientKey, b = string(v), b[n:]
+		case num == 2 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			out.Resource, b = string(v), b[n:]
+		case num == 3 && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			out.Cost, b = int64(v), b[n:]
+		case num == 4 && typ == protowire.BytesType:
+			entry, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+			k, v, err := decodeMapEntry(entry)
+			if err != nil {
+				return err
+			}
+			if out.Attributes == nil {
+				out.Attributes = map[string]string{}
+			}
+			out.Attributes[k] = v
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+		}
+	}
+	return nil
+}
+
+func decodeMapEntry(b []byte) (k, v string, err error) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return "", "", protowire.ParseError(n)
+		}
+		b = b[n:]
+		if typ != protowire.BytesType {
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return "", "", protowire.ParseError(n)
+			}
+			b = b[n:]
+			continue
+		}
+		s, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return "", "", protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch num {
+		case 1:
+			k = string(s)
+		case 2:
+			v = string(s)
+		}
+	}
+	return k, v, nil
+}
+
+func decodeBatchLenient(b []byte, out *ratelimitv1.CheckLimitsRequest) error {
+	out.Reset()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		if num == 1 && typ == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+			r := &ratelimitv1.CheckLimitRequest{}
+			if err := decodeRequestLenient(v, r); err != nil {
+				return err
+			}
+			out.Requests = append(out.Requests, r)
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+	}
+	return nil
+}

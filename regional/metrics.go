@@ -1,0 +1,91 @@
+package regional
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sony/gobreaker/v2"
+)
+
+// Metrics are the enforcer's Prometheus metrics. Create them with
+// NewMetrics on a registry that main owns.
+type Metrics struct {
+	checks      *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+	storeErrors *prometheus.CounterVec
+	breaker     *prometheus.GaugeVec
+	rulesLoaded prometheus.Gauge
+	ruleUpdates prometheus.Counter
+	requests    *prometheus.CounterVec
+}
+
+// Metric names, shared with deploy/ dashboards and alerts.
+const (
+	MetricChecks       = "apportion_checks_total"
+	MetricLatency      = "apportion_check_duration_seconds"
+	MetricStoreErrors  = "apportion_store_errors_total"
+	MetricBreakerState = "apportion_breaker_state"
+	MetricRulesLoaded  = "apportion_rules_loaded"
+	MetricRuleUpdates  = "apportion_rule_updates_total"
+	MetricRequests     = "apportion_requests_total"
+	MetricScriptLoads  = "apportion_script_loads_total"
+)
+
+// NewMetrics creates and registers the enforcer's metrics. region is a
+// constant label on every metric.
+func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
+	cl := prometheus.Labels{"region": region}
+	m := &Metrics{
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricChecks, ConstLabels: cl,
+			Help: "Rule evaluations by rule and decision (allowed, rejected, shadow_rejected, not_consumed; fail_ prefix when answered by the failure policy)."},
+			[]string{"rule", "decision"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricLatency, ConstLabels: cl,
+			Help:    "CheckLimit latency inside the enforcer by outcome (allowed, rejected, fail_allowed, fail_rejected, none).",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25}},
+			[]string{"outcome"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricStoreErrors, ConstLabels: cl,
+			Help: "Failed store calls by kind (timeout, breaker_open, error)."}, []string{"kind"}),
+		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricBreakerState, ConstLabels: cl,
+			Help: "Store circuit breaker: 1 for the current state, 0 for the others."}, []string{"state"}),
+		rulesLoaded: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricRulesLoaded, ConstLabels: cl,
+			Help: "Rules enforced in this region in the active rule set."}),
+		ruleUpdates: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricRuleUpdates, ConstLabels: cl,
+			Help: "Rule sets applied."}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRequests, ConstLabels: cl,
+			Help: "CheckLimit calls by protocol (grpc, http) and result (allowed, rejected, invalid, error)."},
+			[]string{"protocol", "result"}),
+	}
+	reg.MustRegister(m.checks, m.latency, m.storeErrors, m.breaker, m.rulesLoaded, m.ruleUpdates, m.requests)
+	return m
+}
+
+func (m *Metrics) setBreaker(s gobreaker.State) {
+	for _, st := range []gobreaker.State{gobreaker.StateClosed, gobreaker.StateHalfOpen, gobreaker.StateOpen} {
+		v := 0.0
+		if st == s {
+			v = 1
+		}
+		m.breaker.WithLabelValues(st.String()).Set(v)
+	}
+}
+
+func (m *Metrics) request(protocol string, resp Response, err error) {
+	if m == nil {
+		return
+	}
+	r := "allowed"
+	switch {
+	case err != nil && isInvalid(err):
+		r = "invalid"
+	case err != nil:
+		r = "error"
+	case !resp.Allowed:
+		r = "rejected"
+	}
+	m.requests.WithLabelValues(protocol, r).Inc()
+}
+
+// ScriptLoadsCollector exports a monotonically increasing count (the
+// store's script reloads after NOSCRIPT) as a counter read at scrape time.
+func ScriptLoadsCollector(region string, loads func() uint64) prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: MetricScriptLoads, ConstLabels: prometheus.Labels{"region": region},
+		Help: "Lua scripts (re)loaded into Redis after NOSCRIPT."}, func() float64 { return float64(loads()) })
+}

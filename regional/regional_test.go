@@ -1,0 +1,448 @@
+package regional
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/internal/testutil"
+	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
+	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/rules"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// env is one enforcer over a real redis-server, served over gRPC on loopback.
+type env struct {
+	redis    *testutil.Redis
+	rc       redis.UniversalClient
+	store    *redisstore.Store
+	enf      *Enforcer
+	client   ratelimitv1.RateLimiterClient
+	conn     *grpc.ClientConn
+	registry *prometheus.Registry
+}
+
+func quietLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(discard{}, &slog.HandlerOptions{Level: slog.LevelError}))
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func newEnv(t *testing.T, rs []rules.Rule, mutate func(*Config)) *env {
+	t.Helper()
+	return newEnvTB(t, rs, mutate)
+}
+
+func newEnvTB(t testing.TB, rs []rules.Rule, mutate func(*Config)) *env {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: starts redis-server")
+	}
+	r := testutil.StartRedis(t)
+	rc := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{r.Addr}, DialTimeout: 200 * time.Millisecond,
+		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { rc.Close() })
+	st, err := redisstore.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	reg := prometheus.NewRegistry()
+	cfg := DefaultConfig()
+	cfg.Region = "us-east"
+	cfg.Timeout = 50 * time.Millisecond // generous: the CI machine is small and shared
+	cfg.Logger = quietLogger()
+	cfg.Metrics = NewMetrics(reg, cfg.Region)
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	enf, err := New(cfg, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range rs {
+		rs[i].Normalize()
+		if err := rs[i].Validate(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := enf.SetRules(rs); err != nil {
+		t.Fatal(err)
+	}
+	gs, svc := NewGRPCServer(enf)
+	svc.SetServing(true)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(l)
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &env{redis: r, rc: rc, store: st, enf: enf, client: ratelimitv1.NewRateLimiterClient(conn), conn: conn, registry: reg}
+}
+
+func (e *env) check(t *testing.T, key, resource string, cost int64) *ratelimitv1.CheckLimitResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := e.client.CheckLimit(ctx, &ratelimitv1.CheckLimitRequest{ClientKey: key, Resource: resource, Cost: cost})
+	if err != nil {
+		t.Fatalf("CheckLimit(%q, %q): %v", key, resource, err)
+	}
+	return resp
+}
+
+func tokenBucket(id string, capacity int64, refill float64) rules.Rule {
+	return rules.Rule{ID: id, Algorithm: rules.TokenBucket, Capacity: capacity, RefillPerSecond: refill}
+}
+
+// The reference example of DESIGN.md: capacity 5, refill 2/s.
+func TestReferenceTokenBucket(t *testing.T) {
+	e := newEnv(t, []rules.Rule{tokenBucket("ref", 5, 2)}, nil)
+	count := func(n int) (allowed int, last *ratelimitv1.CheckLimitResponse) {
+		for i := 0; i < n; i++ {
+			last = e.check(t, "user:42", "GET /", 1)
+			if last.Allowed {
+				allowed++
+			}
+		}
+		return allowed, last
+	}
+	if a, last := count(6); a != 5 || last.Allowed {
+		t.Fatalf("t=0: %d of 6 allowed (last allowed=%v), want 5 and the sixth rejected", a, last.Allowed)
+	}
+	time.Sleep(500 * time.Millisecond) // the subject under test is time passing, not synchronisation
+	if a, last := count(2); a != 1 || last.Allowed {
+		t.Fatalf("t=0.5s: %d of 2 allowed, want 1 then a rejection", a)
+	}
+	time.Sleep(time.Second)
+	a, last := count(3)
+	if a != 2 || last.Allowed {
+		t.Fatalf("t=1.5s: %d of 3 allowed, want 2 then a rejection", a)
+	}
+	if last.RuleId != "ref" || last.Limit != 5 || last.RetryAfterMs <= 0 || last.RetryAfterMs > 500 {
+		t.Fatalf("rejection fields: %+v", last)
+	}
+}
+
+// Two rules (10/s and 20/min): a request the second rejects consumes nothing from the first.
+func TestRejectedRequestConsumesNothing(t *testing.T) {
+	perSecond := tokenBucket("per-second", 10, 10)
+	perMinute := rules.Rule{ID: "per-minute", Algorithm: rules.FixedWindow, Limit: 20, Window: rules.Duration(time.Minute),
+		Match: map[string]string{"resource": "POST /orders"}}
+	e := newEnv(t, []rules.Rule{perSecond, perMinute}, nil)
+	// Spend the minute's 20 in two rounds of 10, letting the 10/s bucket refill in between.
+	for round := 0; round < 2; round++ {
+		for i := 0; i < 10; i++ {
+			if r := e.check(t, "c1", "POST /orders", 1); !r.Allowed {
+				t.Fatalf("round %d call %d rejected by %s", round, i, r.RuleId)
+			}
+		}
+		time.Sleep(1100 * time.Millisecond) // let the 10/s bucket refill to full
+	}
+	r := e.check(t, "c1", "POST /orders", 1)
+	if r.Allowed || r.RuleId != "per-minute" {
+		t.Fatalf("want a rejection by per-minute, got allowed=%v rule=%s", r.Allowed, r.RuleId)
+	}
+	for _, s := range r.Statuses {
+		if s.RuleId == "per-second" && !s.Allowed {
+			t.Fatalf("per-second should allow: %+v", s)
+		}
+	}
+	// per-second is full (10): one call to a resource only it matches leaves exactly 9.
+	if r := e.check(t, "c1", "GET /other", 1); !r.Allowed || r.RuleId != "per-second" || r.Remaining != 9 {
+		t.Fatalf("per-second after the rejected request: allowed=%v rule=%s remaining=%d, want remaining 9", r.Allowed, r.RuleId, r.Remaining)
+	}
+}
+
+func TestBracesInClientKeyAreSeparateBuckets(t *testing.T) {
+	e := newEnv(t, []rules.Rule{tokenBucket("tb", 3, 0.001)}, nil)
+	for i := 0; i < 3; i++ {
+		e.check(t, "{user:1}", "GET /", 1)
+	}
+	if r := e.check(t, "{user:1}", "GET /", 1); r.Allowed {
+		t.Fatal("{user:1} should be exhausted")
+	}
+	if r := e.check(t, "user:1", "GET /", 1); !r.Allowed || r.Remaining != 2 {
+		t.Fatalf("user:1 must be its own bucket: allowed=%v remaining=%d", r.Allowed, r.Remaining)
+	}
+}
+
+// rawCodec sends pre-encoded bytes, so a test can send what a proto3 client refuses to encode.
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+func (rawCodec) Marshal(v any) ([]byte, error) {
+	if b, ok := v.([]byte); ok {
+		return b, nil
+	}
+	return proto.Marshal(v.(proto.Message))
+}
+func (rawCodec) Unmarshal(b []byte, v any) error { return proto.Unmarshal(b, v.(proto.Message)) }
+
+func TestBadInputIsInvalidArgument(t *testing.T) {
+	e := newEnv(t, []rules.Rule{tokenBucket("tb", 5, 1)}, func(c *Config) { c.MaxCost = 100 })
+	tests := []struct {
+		name  string
+		req   *ratelimitv1.CheckLimitRequest
+		field string
+	}{
+		{"empty client key", &ratelimitv1.CheckLimitRequest{ClientKey: ""}, "client_key"},
+		{"client key over 256 bytes", &ratelimitv1.CheckLimitRequest{ClientKey: strings.Repeat("k", 257)}, "client_key"},
+		{"negative cost", &ratelimitv1.CheckLimitRequest{ClientKey: "a", Cost: -1}, "cost"},
+		{"cost above the maximum", &ratelimitv1.CheckLimitRequest{ClientKey: "a", Cost: 101}, "cost"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := e.client.CheckLimit(context.Background(), tt.req)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.field) {
+				t.Fatalf("want InvalidArgument naming %s, got %v", tt.field, err)
+			}
+		})
+	}
+	t.Run("invalid UTF-8 client key", func(t *testing.T) {
+		var b []byte
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendBytes(b, []byte{'u', 0xff, 0xfe})
+		var resp ratelimitv1.CheckLimitResponse
+		err := e.conn.Invoke(context.Background(), "/ratelimit.v1.RateLimiter/CheckLimit", b, &resp, grpc.ForceCodec(rawCodec{}))
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "client_key") || !strings.Contains(err.Error(), "UTF-8") {
+			t.Fatalf("want InvalidArgument naming client_key and UTF-8, got %v", err)
+		}
+	})
+	t.Run("batch names the index", func(t *testing.T) {
+		_, err := e.client.CheckLimits(context.Background(), &ratelimitv1.CheckLimitsRequest{Requests: []*ratelimitv1.CheckLimitRequest{
+			{ClientKey: "ok"}, {ClientKey: "x", Cost: -5}}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "requests[1].cost") {
+			t.Fatalf("got %v", err)
+		}
+	})
+	// The server keeps serving.
+	if r := e.check(t, "a", "GET /", 1); !r.Allowed {
+		t.Fatal("valid request after bad ones was rejected")
+	}
+}
+
+func TestCheckLimitsBatchAndHealth(t *testing.T) {
+	e := newEnv(t, []rules.Rule{tokenBucket("tb", 2, 0.001)}, nil)
+	resp, err := e.client.CheckLimits(context.Background(), &ratelimitv1.CheckLimitsRequest{Requests: []*ratelimitv1.CheckLimitRequest{
+		{ClientKey: "b"}, {ClientKey: "b"}, {ClientKey: "b"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []bool{resp.Responses[0].Allowed, resp.Responses[1].Allowed, resp.Responses[2].Allowed}
+	if !got[0] || !got[1] || got[2] {
+		t.Fatalf("batch decisions %v, want [true true false]", got)
+	}
+	h, err := healthpb.NewHealthClient(e.conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit.v1.RateLimiter"})
+	if err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health: %v %v", h, err)
+	}
+}
+
+func TestShadowRuleNeverRejects(t *testing.T) {
+	sh := tokenBucket("shadow", 1, 0.001)
+	sh.Shadow = true
+	e := newEnv(t, []rules.Rule{sh}, nil)
+	for i := 0; i < 3; i++ {
+		r := e.check(t, "s", "GET /", 1)
+		if !r.Allowed {
+			t.Fatalf("call %d: a shadow rule rejected", i)
+		}
+		if i > 0 && (len(r.Statuses) != 1 || r.Statuses[0].Allowed || !r.Statuses[0].Shadow) {
+			t.Fatalf("call %d: want a shadow would-be rejection in statuses, got %+v", i, r.Statuses)
+		}
+	}
+	if n := counterValue(t, e.registry, MetricChecks, map[string]string{"rule": "shadow", "decision": "shadow_rejected"}); n != 2 {
+		t.Fatalf("shadow_rejected counter = %v, want 2", n)
+	}
+}
+
+// Concurrent callers on one key never get more than capacity + refill x elapsed.
+func TestConcurrentCallersBounded(t *testing.T) {
+	e := newEnv(t, []rules.Rule{tokenBucket("hot", 100, 10)}, func(c *Config) { c.Timeout = time.Second })
+	var mu sync.Mutex
+	allowed := 0
+	start := time.Now()
+	var wg sync.WaitGroup
+	for g := 0; g < 200; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 5; i++ {
+				r, err := e.client.CheckLimit(context.Background(), &ratelimitv1.CheckLimitRequest{ClientKey: "hot"})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if r.FailOpen {
+					t.Error("unexpected fail-open answer")
+				}
+				if r.Allowed {
+					mu.Lock()
+					allowed++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	bound := 100 + int(10*time.Since(start).Seconds()) + 1
+	if allowed > bound || allowed < 100 {
+		t.Fatalf("allowed %d, want between 100 and %d", allowed, bound)
+	}
+}
+
+func TestRedisOutageFailurePolicy(t *testing.T) {
+	open := tokenBucket("open", 1000000, 1000000)
+	closed := tokenBucket("closed", 1000000, 1000000)
+	closed.FailureMode = rules.FailClosed
+	closed.Match = map[string]string{"resource": "POST /login"}
+	open.Match = map[string]string{"resource": "GET /feed"}
+	local := tokenBucket("local", 4, 0.001)
+	local.FailureMode = rules.FailLocal
+	local.Match = map[string]string{"resource": "POST /otp"}
+	timeout := 20 * time.Millisecond
+	e := newEnv(t, []rules.Rule{open, closed, local}, func(c *Config) {
+		c.Timeout = timeout
+		c.BreakerOpen = 100 * time.Millisecond
+	})
+	// The first call may pay for the connection and the script load.
+	testutil.WaitFor(t, 5*time.Second, "a store answer before the outage", func() bool {
+		r := e.check(t, "u", "GET /feed", 1)
+		return r.Allowed && !r.FailOpen
+	})
+	e.redis.Stop()
+	var worst time.Duration
+	for i := 0; i < 50; i++ {
+		for _, res := range []string{"GET /feed", "POST /login"} {
+			t0 := time.Now()
+			r := e.check(t, "u", res, 1)
+			if d := time.Since(t0); d > worst {
+				worst = d
+			}
+			if !r.FailOpen {
+				t.Fatalf("%s during the outage: fail_open=false", res)
+			}
+			if want := res == "GET /feed"; r.Allowed != want {
+				t.Fatalf("%s during the outage: allowed=%v, want %v", res, r.Allowed, want)
+			}
+		}
+	}
+	// failure_mode local: half of capacity 4 (LocalFraction 0.5) = 2 per process.
+	allowedLocal := 0
+	for i := 0; i < 5; i++ {
+		if r := e.check(t, "u", "POST /otp", 1); r.Allowed {
+			allowedLocal++
+		}
+	}
+	if allowedLocal != 2 {
+		t.Fatalf("local fallback admitted %d of 5, want 2", allowedLocal)
+	}
+	if margin := 250 * time.Millisecond; worst > timeout+margin {
+		t.Fatalf("slowest answer during the outage took %v, want within %v + %v", worst, timeout, margin)
+	}
+	if n := counterValue(t, e.registry, MetricStoreErrors, nil); n == 0 {
+		t.Fatal("store errors not counted")
+	}
+	e.redis.Restart(t)
+	testutil.WaitFor(t, 10*time.Second, "enforcement to resume after Redis returned", func() bool {
+		r := e.check(t, "u", "POST /login", 1)
+		return r.Allowed && !r.FailOpen
+	})
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		want   string
+	}{
+		{"region required", func(c *Config) { c.Region = "" }, "region"},
+		{"max cost", func(c *Config) { c.MaxCost = 0 }, "max cost"},
+		{"timeout", func(c *Config) { c.Timeout = 0 }, "timeout"},
+		{"local fraction", func(c *Config) { c.LocalFraction = 2 }, "local fraction"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.Region = "r"
+			tt.mutate(&c)
+			if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want an error naming %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestMetricsLint(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg, "r")
+	m.checks.WithLabelValues("x", "allowed").Inc()
+	m.latency.WithLabelValues("allowed").Observe(0.001)
+	m.storeErrors.WithLabelValues("timeout").Inc()
+	m.requests.WithLabelValues("grpc", "allowed").Inc()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("%s: %s", p.Metric, p.Text)
+	}
+}
+
+// counterValue sums a counter family's samples whose labels include want.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			for k, v := range want {
+				if labels[k] != v {
+					continue metrics
+				}
+			}
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+var _ = errors.New
