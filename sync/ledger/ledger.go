@@ -71,6 +71,7 @@ type key struct {
 	confirmed Version
 	reassert  Version // after a store reset: the marker waits for this version
 	force     bool    // rewrite even if unchanged (store reset)
+	gifted    bool    // give grew since the last write: a new version must cover it
 	idleAt    time.Duration
 }
 
@@ -410,7 +411,7 @@ func (l *Ledger) give(k *key, now time.Duration) {
 		g := min(def[j], int64(float64(excess)*float64(def[j])/float64(sumD)))
 		if g > 0 {
 			k.pairs[i].give += g
-			k.dirty = true
+			k.dirty, k.gifted = true, true
 		}
 	}
 }
@@ -441,7 +442,7 @@ func (l *Ledger) write(k *key, now time.Duration) (Write, bool) {
 	if !k.written && !k.active && !k.force {
 		return Write{}, false
 	}
-	if k.written && !k.force && units == k.wUnits && release == k.wRelease {
+	if k.written && !k.force && !k.gifted && units == k.wUnits && release == k.wRelease {
 		if k.confirmed.Less(k.wVer) && now-k.wAt >= l.cfg.RetryWrite {
 			k.wAt = now
 			return Write{Key: k.name, Version: k.wVer, Units: k.wUnits, Release: k.wRelease}, true
@@ -455,6 +456,7 @@ func (l *Ledger) write(k *key, now time.Duration) (Write, bool) {
 		s.give[i], s.inc[i] = k.pairs[i].give, l.peers[i].inc
 	}
 	k.pend = append(k.pend, s)
+	k.gifted = false
 	if k.force {
 		k.reassert, k.force = v, false
 	}

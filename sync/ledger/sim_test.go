@@ -27,6 +27,8 @@ type simOpts struct {
 	resets     bool
 	chaos      time.Duration // length of the adversarial phase
 	calm       time.Duration // then the network heals for this long
+	config     func(*Config) // adjusts simConfig()
+	noRestart  bool          // a fenced or crashed agent stays down
 }
 
 type event struct {
@@ -119,6 +121,9 @@ type sim struct {
 	violation string
 	trace     func(format string, args ...any)
 	stepHook  func()
+	// real times: an incarnation's Fenced output, and the first application
+	// of its reclaim by a survivor
+	fencedAt, reclaimedAt map[Incarnation]int64
 }
 
 func (s *sim) logf(format string, args ...any) {
@@ -141,7 +146,11 @@ func simConfig() Config {
 }
 
 func newSim(tb testing.TB, seed int64, o simOpts) *sim {
-	s := &sim{tb: tb, rng: rand.New(rand.NewSource(seed)), cfg: simConfig(), o: o}
+	s := &sim{tb: tb, rng: rand.New(rand.NewSource(seed)), cfg: simConfig(), o: o,
+		fencedAt: map[Incarnation]int64{}, reclaimedAt: map[Incarnation]int64{}}
+	if o.config != nil {
+		o.config(&s.cfg)
+	}
 	for i := 0; i < o.regions; i++ {
 		s.specs = append(s.specs, RegionSpec{Name: "r" + strconv.Itoa(i), Weight: float64(1 + s.rng.Intn(3))})
 	}
@@ -277,7 +286,11 @@ func (s *sim) handle(r *region, inc uint64, out Output) {
 	if out.Fenced {
 		s.logf("%s/%d fenced", r.name, inc)
 		s.fences++
+		s.fencedAt[Incarnation{r.name, inc}] = s.now
 		r.led = nil
+		if s.o.noRestart {
+			return
+		}
 		s.at(int64(200*time.Millisecond)+s.dur(2*time.Second), func() {
 			if r.led == nil {
 				s.start(r)
@@ -299,6 +312,9 @@ func (s *sim) deliverRecord(r *region, rec Record) {
 					s.fail("reclaim of %v applied by %v while its store enforces it (%d units)", rec.Of, q, u)
 				}
 				s.reclaims++
+				if _, ok := s.reclaimedAt[rec.Of]; !ok {
+					s.reclaimedAt[rec.Of] = s.now
+				}
 			}
 		}
 	}

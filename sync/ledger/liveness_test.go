@@ -1,0 +1,129 @@
+package ledger
+
+import (
+	"testing"
+	"time"
+)
+
+// Liveness in the simulator: shares follow demand within a round trip plus a
+// few intervals once the network is healthy (invariant 2), and a region cut
+// off fences itself, then has its dynamic share reclaimed (invariant 3).
+
+func calmSim(t *testing.T, seed int64, regions int) *sim {
+	s := newSim(t, seed, simOpts{regions: regions, keys: 3, noRestart: true,
+		config: func(c *Config) { c.Alpha = 1 }})
+	s.heal()
+	return s
+}
+
+// setDemand gives all demand to region hot: more than the whole limit.
+func setDemand(s *sim, hot int) {
+	for _, r := range s.regions {
+		for k := range s.keys {
+			r.demand[k] = 0
+			if r.idx == hot {
+				r.demand[k] = 2 * s.keys[k].rate
+			}
+		}
+	}
+}
+
+func TestConvergenceAfterShift(t *testing.T) {
+	seeds := 40
+	if testing.Short() {
+		seeds = 5
+	}
+	var worst time.Duration
+	for seed := int64(1); seed <= int64(seeds); seed++ {
+		n := 3 + int(seed%3)
+		s := calmSim(t, seed, n)
+		setDemand(s, 0)
+		s.run(int64(5 * time.Second))
+		if ok, why := s.converged(int64(n)); !ok {
+			t.Fatalf("seed %d: not converged before the shift: %s", seed, why)
+		}
+		hot := 1 + int(seed)%(n-1)
+		setDemand(s, hot)
+		shift := s.now
+		var at int64 = -1
+		s.stepHook = func() {
+			if at < 0 {
+				if ok, _ := s.converged(int64(n)); ok && s.regions[hot].led.Position(s.keys[0].name).Demand > 0 {
+					at = s.now
+				}
+			}
+		}
+		s.run(shift + int64(5*time.Second))
+		if s.violation != "" {
+			t.Fatalf("seed %d: %s", seed, s.violation)
+		}
+		if at < 0 {
+			_, why := s.converged(int64(n))
+			t.Fatalf("seed %d: no convergence after the shift: %s", seed, why)
+		}
+		took := time.Duration(at - shift)
+		worst = max(worst, took)
+		// The demand estimate needs up to two intervals (the shift falls inside
+		// one), then one interval to the giver's tick, one store write, and one
+		// round trip (the network here is 5-25ms each way).
+		rtt := 50 * time.Millisecond
+		bound := rtt + 3*time.Duration(float64(s.cfg.Interval)*(1+s.cfg.Rho)) + s.cfg.StoreTimeout + 10*time.Millisecond
+		if took > bound {
+			t.Errorf("seed %d: converged after %v > RTT + 3 intervals + store write = %v", seed, took, bound)
+		}
+	}
+	t.Logf("%d seeds: worst convergence %v after the demand shift (interval %v)", seeds, worst, simConfig().Interval)
+}
+
+func TestRegionLossReclaimed(t *testing.T) {
+	seeds := 40
+	if testing.Short() {
+		seeds = 5
+	}
+	for seed := int64(1); seed <= int64(seeds); seed++ {
+		n := 3 + int(seed%3)
+		s := calmSim(t, seed, n)
+		setDemand(s, 0)
+		s.run(int64(3 * time.Second))
+		// Demand spread over the survivors, then region 0 is cut off.
+		for _, r := range s.regions {
+			for k := range s.keys {
+				r.demand[k] = s.keys[k].rate / 2
+			}
+		}
+		s.run(s.now + int64(2*time.Second))
+		cut := s.now
+		for j := range s.regions {
+			s.cut[0][j], s.cut[j][0] = true, true
+		}
+		s.run(cut + int64(s.cfg.ReclaimAfter()) + int64(4*time.Second))
+		if s.violation != "" {
+			t.Fatalf("seed %d: %s", seed, s.violation)
+		}
+		of := Incarnation{"r0", 1}
+		fenced, ok1 := s.fencedAt[of]
+		reclaimed, ok2 := s.reclaimedAt[of]
+		if !ok1 || !ok2 {
+			t.Fatalf("seed %d: fenced %v reclaimed %v", seed, ok1, ok2)
+		}
+		if fenced >= reclaimed {
+			t.Fatalf("seed %d: r0 fenced at %v, after its reclaim was applied at %v", seed, time.Duration(fenced), time.Duration(reclaimed))
+		}
+		if d := time.Duration(fenced - cut); d > time.Duration(float64(s.cfg.Lease)*1.1)+s.cfg.Interval {
+			t.Errorf("seed %d: fenced %v after the cut, lease %v", seed, d, s.cfg.Lease)
+		}
+		if d := time.Duration(reclaimed - cut); d > s.cfg.ReclaimAfter()+time.Second {
+			t.Errorf("seed %d: reclaimed %v after the cut", seed, d)
+		}
+		// Nothing leaked: the survivors own everything but r0's floor.
+		for _, k := range s.keys {
+			sum := s.floor[0]
+			for _, r := range s.regions[1:] {
+				sum += r.led.Position(k.name).Units
+			}
+			if sum != s.cfg.Units {
+				t.Errorf("seed %d key %s: survivors + r0's floor = %d, want %d", seed, k.name, sum, s.cfg.Units)
+			}
+		}
+	}
+}

@@ -1,0 +1,521 @@
+package ledger
+
+import (
+	"errors"
+	"math"
+	"reflect"
+	"testing"
+	"time"
+)
+
+// Focused tests: one per trap of DESIGN.md section 6, driving Ledgers by hand.
+
+const ms = time.Millisecond
+
+type cluster struct {
+	t    *testing.T
+	cfg  Config
+	spec []RegionSpec
+	reg  *Registry
+	l    []*Ledger
+	now  time.Duration
+	use  []int64 // cost per interval fed to each ledger before its Tick
+	down []bool  // silent: no tick, no report in or out
+	got  []Contribution
+}
+
+func newCluster(t *testing.T, n int) *cluster {
+	t.Helper()
+	c := &cluster{t: t, cfg: simConfig()}
+	c.cfg.Alpha = 1
+	for i := 0; i < n; i++ {
+		c.spec = append(c.spec, RegionSpec{Name: "r" + string(rune('0'+i)), Weight: 1})
+	}
+	var err error
+	if c.reg, err = NewRegistry(c.cfg, c.spec); err != nil {
+		t.Fatal(err)
+	}
+	c.use, c.down = make([]int64, n), make([]bool, n)
+	for i := 0; i < n; i++ {
+		c.start(i)
+	}
+	return c
+}
+
+func (c *cluster) start(i int) {
+	c.t.Helper()
+	st, err := c.reg.Start(c.spec[i].Name)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	st.RunID = "run1"
+	l, err := New(c.cfg, c.spec[i].Name, c.spec, st, c.now)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	// Boot: the marker create, confirmed.
+	out := l.Tick(c.now)
+	for _, w := range out.Writes {
+		if w.Key == MarkerKey && w.Create {
+			l.ShareApplied(c.now, MarkerKey, w.Version)
+		}
+	}
+	if len(c.l) <= i {
+		c.l = append(c.l, l)
+	} else {
+		c.l[i] = l
+	}
+}
+
+// confirm applies every write of out to a perfect store.
+func (c *cluster) confirm(i int, out Output) Output {
+	var more Output
+	for _, w := range out.Writes {
+		o := c.l[i].ShareApplied(c.now, w.Key, w.Version)
+		if o.Report != nil {
+			more.Report = o.Report
+		}
+	}
+	return more
+}
+
+func (c *cluster) deliver(to int, r *Report) Output {
+	c.t.Helper()
+	if r == nil {
+		return Output{}
+	}
+	out, err := c.l[to].Receive(c.now, *r)
+	if err != nil {
+		c.t.Fatalf("r%d rejects %+v: %v", to, r, err)
+	}
+	return out
+}
+
+func (c *cluster) sum(key string) int64 {
+	var s int64
+	for _, l := range c.l {
+		s += l.Position(key).Units
+	}
+	return s
+}
+
+// exchange runs one round: every ledger ticks, all writes are confirmed, all
+// reports are delivered everywhere.
+func (c *cluster) exchange() {
+	c.now += c.cfg.Interval
+	var reps []*Report
+	for i, l := range c.l {
+		if c.down[i] {
+			continue
+		}
+		if c.use[i] > 0 {
+			l.Usage(c.now, "k", 100, c.use[i], 0)
+		}
+		out := l.Tick(c.now)
+		c.got = append(c.got, out.Contributions...)
+		reps = append(reps, out.Report)
+		if r := c.confirm(i, out).Report; r != nil {
+			reps = append(reps, r)
+		}
+	}
+	for from, r := range reps {
+		if r == nil {
+			continue
+		}
+		for to := range c.l {
+			if !c.down[to] && c.l[to].names[c.l[to].self] != r.From {
+				c.confirm(to, c.deliver(to, r))
+			}
+		}
+		_ = from
+	}
+}
+
+func gaveTo(r *Report, key, to string) int64 {
+	if r == nil {
+		return 0
+	}
+	for _, k := range r.Keys {
+		if k.Key == key {
+			for _, g := range k.Gave {
+				if g.Region == to {
+					return g.Units
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func TestTraps(t *testing.T) {
+	t.Run("order_of_gift", func(t *testing.T) {
+		c := newCluster(t, 2)
+		// r1 has all the demand; r0 learns it.
+		c.l[1].Usage(c.now, "k", 100, 100, 0)
+		out1 := c.l[1].Tick(c.now + 10*ms)
+		c.deliver(0, out1.Report)
+		before := c.l[1].Position("k").Units
+		c.now += c.cfg.Interval
+		out0 := c.l[0].Tick(c.now)
+		var lowered *Write
+		for i, w := range out0.Writes {
+			if w.Key == "k" {
+				lowered = &out0.Writes[i]
+			}
+		}
+		if lowered == nil || lowered.Units >= c.l[0].Base() {
+			t.Fatalf("the giver must emit its lowered share first, got %+v", out0.Writes)
+		}
+		if g := gaveTo(out0.Report, "k", "r1"); g != 0 {
+			t.Fatalf("counter %d published before the lowering is durable", g)
+		}
+		c.deliver(1, out0.Report)
+		if got := c.l[1].Position("k").Units; got != before {
+			t.Fatalf("receiver raised to %d before the giver's write was confirmed", got)
+		}
+		// Durable: now the counter goes out and the receiver raises at once.
+		rep := c.l[0].ShareApplied(c.now, "k", lowered.Version).Report
+		if g := gaveTo(rep, "k", "r1"); g == 0 {
+			t.Fatalf("confirmed gift not published: %+v", rep)
+		}
+		out := c.deliver(1, rep)
+		if len(out.Writes) == 0 || c.l[1].Position("k").Units <= before {
+			t.Fatalf("receiver did not raise: %+v", out)
+		}
+		if s := c.sum("k"); s > c.cfg.Units {
+			t.Fatalf("sum %d > %d", s, c.cfg.Units)
+		}
+	})
+
+	t.Run("lazy_refill_across_share_change", func(t *testing.T) {
+		s := newSim(t, 1, simOpts{regions: 2, keys: 1})
+		r, k := s.regions[0], s.keys[0]
+		s.now = int64(time.Second)
+		r.st.marker = &marker{ver: Version{1, 1}, units: 500_000, leaseUntil: math.MaxInt64}
+		r.demand[0] = 0
+		s.settle(r)
+		b := r.st.buckets[k.name]
+		b.tokens = b.capcity // full at the old share
+		oldRate := b.rate
+		s.now += int64(100 * ms)
+		// Lower the share to the floor of nothing: 1% of the limit.
+		s.applyWrite(r, Write{Key: k.name, Version: Version{1, 2}, Units: 10_000})
+		want := math.Floor(k.cap * 0.01)
+		if b.capcity != want || b.tokens > want {
+			t.Fatalf("after lowering: capacity %v tokens %v, want capacity %v and tokens clamped", b.capcity, b.tokens, want)
+		}
+		if b.rate >= oldRate {
+			t.Fatalf("rate %v not lowered from %v", b.rate, oldRate)
+		}
+		// Raising again: the tokens refilled so far accrued at the low rate.
+		b.tokens = 0
+		s.now += int64(time.Second)
+		s.applyWrite(r, Write{Key: k.name, Version: Version{1, 3}, Units: 500_000})
+		if b.tokens > math.Floor(k.rate*0.01)+1e-9 {
+			t.Fatalf("refill across the raise used the new rate: %v tokens", b.tokens)
+		}
+	})
+
+	t.Run("data_loss_under_bucket", func(t *testing.T) {
+		c := newCluster(t, 2)
+		c.use[1] = 50
+		for i := 0; i < 4; i++ {
+			c.exchange()
+		}
+		if p := c.l[0].Position("k"); p.Units >= p.Initial {
+			t.Fatalf("setup: r0 should have given, position %d base %d", p.Units, p.Initial)
+		}
+		// The store of r0 restarts empty: it enforces floors (no marker) until
+		// the ledger has re-asserted every key and only then re-creates the marker.
+		s := newSim(t, 1, simOpts{regions: 2, keys: 1})
+		s.regions[0].st = &store{runID: 2, recs: map[string]*rec{}, buckets: map[string]*bucket{}}
+		if u := s.enforced(s.regions[0], s.keys[0].name); u != s.floor[0] {
+			t.Fatalf("empty store enforces %d, want the floor %d", u, s.floor[0])
+		}
+		out := c.l[0].StoreReset(c.now, "2")
+		var re *Write
+		for i, w := range out.Writes {
+			if w.Key == "k" {
+				re = &out.Writes[i]
+			}
+		}
+		if re == nil || re.Units != c.l[0].Position("k").Units {
+			t.Fatalf("StoreReset must re-assert the share of k, got %+v", out.Writes)
+		}
+		c.now += c.cfg.Interval
+		for _, w := range c.l[0].Tick(c.now).Writes {
+			if w.Key == MarkerKey && w.Create {
+				t.Fatalf("marker re-created before the re-asserted share is confirmed")
+			}
+		}
+		c.l[0].ShareApplied(c.now, "k", re.Version)
+		c.now += c.cfg.Interval
+		var create *Write
+		for _, w := range c.l[0].Tick(c.now).Writes {
+			if w.Key == MarkerKey && w.Create {
+				create = &w
+			}
+		}
+		if create == nil || create.RunID != "2" || create.Units != c.l[0].Base() {
+			t.Fatalf("want a marker create for run 2 at the base, got %+v", create)
+		}
+	})
+
+	t.Run("reclaim_and_late_gifts", func(t *testing.T) {
+		for _, applied := range []bool{false, true} {
+			c := newCluster(t, 3)
+			c.l[1].Usage(c.now, "k", 100, 100, 0)
+			c.exchange() // demand known
+			// r0 gives; its confirmed counter is the late gift.
+			c.now += c.cfg.Interval
+			out0 := c.l[0].Tick(c.now)
+			late := c.confirm(0, out0).Report
+			if gaveTo(late, "k", "r1") == 0 {
+				t.Fatalf("setup: no gift from r0")
+			}
+			if applied {
+				c.deliver(1, late)
+			}
+			// r0 falls silent. r1 and r2 keep each other alive and freeze r0.
+			c.down[0] = true
+			for c.now < c.cfg.ReclaimAfter()+2*time.Second {
+				c.exchange()
+			}
+			var rec Record
+			for _, x := range c.got {
+				r, err := c.reg.Contribute(x)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rec = r
+			}
+			if !rec.Complete {
+				t.Fatalf("reclaim of r0 not complete: %+v", rec)
+			}
+			c.l[1].ReclaimRecorded(c.now, rec)
+			c.l[2].ReclaimRecorded(c.now, rec)
+			if c.l[1].Fenced() || c.l[2].Fenced() {
+				t.Fatalf("survivor fenced: %v %v told %v %v rec %+v", c.l[1].Fenced(), c.l[2].Fenced(), c.l[1].told, c.l[2].told, rec)
+			}
+			// The late gift arrives after the freeze: ignored.
+			before := c.l[1].Position("k").Units
+			if _, err := c.l[1].Receive(c.now, *late); !errors.Is(err, ErrFrozenIncarnation) {
+				t.Fatalf("late report from the reclaimed incarnation: err %v", err)
+			}
+			if got := c.l[1].Position("k").Units; got != before {
+				t.Fatalf("late gift counted: %d -> %d", before, got)
+			}
+			f0 := c.l[0].floor[0]
+			if s := c.l[1].Position("k").Units + c.l[2].Position("k").Units + f0; s != c.cfg.Units {
+				t.Fatalf("applied=%v: survivors %d + floor %d = %d, want exactly %d", applied,
+					c.l[1].Position("k").Units+c.l[2].Position("k").Units, f0, s, c.cfg.Units)
+			}
+		}
+	})
+
+	t.Run("expiry_and_idle_keys", func(t *testing.T) {
+		c := newCluster(t, 2)
+		c.use[1] = 50
+		for i := 0; i < 4; i++ {
+			c.exchange()
+		}
+		c.use[1] = 0
+		if p := c.l[0].Position("k"); !p.Active || p.Units == p.Initial {
+			t.Fatalf("setup: want an active key away from its base, got %+v", p)
+		}
+		// Demand stops. While anyone is away from its base, the key stays
+		// coordinated and its record must not be a Release (expiring) one.
+		var released bool
+		for i := 0; i < 100 && !released; i++ {
+			c.now += c.cfg.Interval
+			for j, l := range c.l {
+				out := l.Tick(c.now)
+				for _, w := range out.Writes {
+					if w.Key == "k" && w.Release {
+						p := l.Position("k")
+						if p.Units != p.Initial {
+							t.Fatalf("r%d released k at %d, base %d", j, p.Units, p.Initial)
+						}
+						if j == 0 {
+							released = true
+						}
+					}
+				}
+				rep := out.Report
+				if r := c.confirm(j, out).Report; r != nil {
+					rep = r
+				}
+				if rep != nil {
+					c.confirm(1-j, c.deliver(1-j, rep))
+				}
+			}
+		}
+		if !released {
+			t.Fatalf("key never left coordination: %+v %+v", c.l[0].Position("k"), c.l[1].Position("k"))
+		}
+		// Model TTL expiry: once the Release record expires the store's
+		// default (the base) applies, which equals the released share.
+		s := newSim(t, 1, simOpts{regions: 2, keys: 1})
+		r := s.regions[0]
+		r.st.marker = &marker{ver: Version{1, 1}, units: 333, leaseUntil: math.MaxInt64}
+		s.applyWrite(r, Write{Key: s.keys[0].name, Version: Version{1, 2}, Units: 333, Release: true})
+		s.now += int64(time.Hour)
+		if u := s.enforced(r, s.keys[0].name); u != 333 {
+			t.Fatalf("after expiry the key enforces %d, want the base 333", u)
+		}
+		s.applyWrite(r, Write{Key: s.keys[0].name, Version: Version{1, 3}, Units: 100})
+		s.now += int64(time.Hour)
+		if u := s.enforced(r, s.keys[0].name); u != 100 {
+			t.Fatalf("a coordinated record expired: %d", u)
+		}
+	})
+
+	t.Run("clocks", func(t *testing.T) {
+		s := newSim(t, 1, simOpts{regions: 2, keys: 1})
+		r, k := s.regions[0], s.keys[0]
+		r.st.marker = &marker{ver: Version{1, 1}, units: 500_000, leaseUntil: math.MaxInt64}
+		r.demand[0] = 0
+		s.now = int64(time.Hour)
+		s.settle(r)
+		b := r.st.buckets[k.name]
+		b.tokens = 1
+		s.now -= int64(10 * time.Second) // backward step
+		s.settle(r)
+		if b.tokens != 1 {
+			t.Fatalf("a backward step minted: %v tokens", b.tokens)
+		}
+		s.now += int64(1000 * time.Hour) // forward step
+		s.settle(r)
+		if b.tokens > b.capcity {
+			t.Fatalf("a forward step minted %v > one capacity %v", b.tokens, b.capcity)
+		}
+		// The store lease ends, in real time, no later than the agent's own
+		// deadline, for any clock rates within rho.
+		l := newCluster(t, 2).l[0]
+		rho := l.cfg.Rho
+		for _, left := range []time.Duration{100 * ms, 500 * ms, 900 * ms, 1000 * ms} {
+			now := l.leaseDeadline() - left
+			v := l.storeLease(now)
+			// worst case: write applied StoreTimeout late, store slow, agent fast
+			real := float64(l.cfg.StoreTimeout) + float64(v)/(1-rho)
+			if real > float64(left)/(1+rho)+1 {
+				t.Fatalf("left %v: store lease %v outlives the agent deadline (%v > %v)", left, v, time.Duration(real), time.Duration(float64(left)/(1+rho)))
+			}
+		}
+	})
+}
+
+func TestRejectedReportsChangeNothing(t *testing.T) {
+	c := newCluster(t, 3)
+	c.l[1].Usage(c.now, "k", 100, 100, 0)
+	for i := 0; i < 3; i++ {
+		c.exchange()
+	}
+	// A genuine report from r0, then variants of it.
+	c.now += c.cfg.Interval
+	out := c.l[0].Tick(c.now)
+	good := *c.confirm(0, out).Report
+	if gaveTo(&good, "k", "r1") == 0 {
+		t.Fatal("setup: r0 should have given to r1")
+	}
+	c.deliver(1, &good)
+	mut := func(f func(r *Report)) Report {
+		r := good
+		r.Acks = append([]Ack(nil), good.Acks...)
+		r.Keys = append([]KeyReport(nil), good.Keys...)
+		for i := range r.Keys {
+			r.Keys[i].Gave = append([]Counter(nil), good.Keys[i].Gave...)
+		}
+		f(&r)
+		return r
+	}
+	cases := []struct {
+		name string
+		r    Report
+		err  error
+	}{
+		{"unknown_sender", mut(func(r *Report) { r.From = "mars" }), ErrUnknownRegion},
+		{"self_as_sender", mut(func(r *Report) { r.From = "r1" }), ErrUnknownRegion},
+		{"zero_incarnation", mut(func(r *Report) { r.Inc = 0 }), ErrMalformed},
+		{"zero_seq", mut(func(r *Report) { r.Seq = 0 }), ErrMalformed},
+		{"unknown_region_in_counter", mut(func(r *Report) { r.Keys[0].Gave[0].Region = "mars" }), ErrMalformed},
+		{"negative_counter", mut(func(r *Report) { r.Keys[0].Gave[0].Units = -1 }), ErrMalformed},
+		{"unsorted_keys", mut(func(r *Report) { r.Keys = append(r.Keys, KeyReport{Key: "a"}) }), ErrMalformed},
+		{"unknown_region_in_ack", mut(func(r *Report) { r.Acks = append(r.Acks, Ack{Region: "zz", Inc: 1}) }), ErrUnknownRegion},
+		{"counter_backwards", mut(func(r *Report) {
+			r.Seq += 10
+			for i := range r.Keys[0].Gave {
+				r.Keys[0].Gave[i].Units = 1
+			}
+		}), ErrBackwards},
+		{"stale_incarnation", mut(func(r *Report) { r.Inc = 0 }), ErrMalformed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			l := c.l[1]
+			before := snapshot(l)
+			if _, err := l.Receive(c.now, tc.r); !errors.Is(err, tc.err) {
+				t.Fatalf("err %v, want %v", err, tc.err)
+			}
+			after := snapshot(l)
+			after.stats = before.stats
+			if !reflect.DeepEqual(before, after) {
+				t.Fatalf("state changed")
+			}
+		})
+	}
+	t.Run("stale_and_frozen_incarnations", func(t *testing.T) {
+		l := c.l[1]
+		newer := mut(func(r *Report) { r.Inc = 2; r.Keys = nil })
+		if _, err := l.Receive(c.now, newer); err != nil {
+			t.Fatal(err)
+		}
+		before := snapshot(l)
+		if _, err := l.Receive(c.now, good); !errors.Is(err, ErrFrozenIncarnation) {
+			t.Fatalf("old incarnation after a newer one: err %v", err)
+		}
+		after := snapshot(l)
+		after.stats = before.stats
+		if !reflect.DeepEqual(before, after) {
+			t.Fatalf("state changed")
+		}
+	})
+	t.Run("duplicate_and_reordered_change_nothing", func(t *testing.T) {
+		l := c.l[2]
+		c.deliver(2, &good)
+		before := snapshot(l)
+		c.deliver(2, &good)
+		older := mut(func(r *Report) { r.Seq-- })
+		c.deliver(2, &older)
+		after := snapshot(l)
+		after.peers, before.peers = nil, nil // heard time moves; nothing else
+		if !reflect.DeepEqual(before, after) {
+			t.Fatalf("duplicate or older report changed the ledger")
+		}
+	})
+}
+
+// snapshot deep-copies the comparable state of a ledger.
+func snapshot(l *Ledger) Ledger {
+	s := *l
+	s.cfg.Allocate = nil
+	s.keys = map[string]*key{}
+	for n, k := range l.keys {
+		kk := *k
+		kk.pairs = append([]pair(nil), k.pairs...)
+		kk.pend = append([]snap(nil), k.pend...)
+		s.keys[n] = &kk
+	}
+	s.peers = append([]peer(nil), l.peers...)
+	for i := range s.peers {
+		s.peers[i].pending = map[uint64]Contribution{}
+		for k, v := range l.peers[i].pending {
+			s.peers[i].pending[k] = v
+		}
+	}
+	s.sent = map[uint64]time.Duration{}
+	for k, v := range l.sent {
+		s.sent[k] = v
+	}
+	return s
+}
