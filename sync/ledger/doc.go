@@ -102,8 +102,9 @@
 //
 // The Registry (one etcd document, compare-and-swap) allocates incarnations
 // and collects contributions. Survivor j's contribution to the reclaim of A is
-// Q_j = give[j][A] - recv[A][j] per key, frozen: j keeps -Q_j in its position
-// for good. The record of A completes once every incarnation of another region
+// Q_j = conf[j][A] - recv[A][j] per key, frozen: j keeps -Q_j in its position
+// for good (an unconfirmed gift to A is cancelled: a raise back).
+// The record of A completes once every incarnation of another region
 // that overlapped A (and is not itself reclaimed) has contributed. Then, per
 // key, Phi = max(0, B_A-I + Own_A + sum Q) is split by weight among the
 // recipients (the newest required incarnation of each other region), where

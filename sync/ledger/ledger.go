@@ -570,11 +570,11 @@ func (l *Ledger) freeze(i int, inc uint64, now time.Duration) []Contribution {
 			for _, n := range l.Keys() {
 				k := l.keys[n]
 				pr := &k.pairs[i]
-				if q := pr.give - pr.recv; q != 0 {
+				// Only confirmed gifts count: an unconfirmed one is cancelled
+				// (a raise back), since its lowering may not be in the store yet.
+				if q := pr.conf - pr.recv; q != 0 {
 					c.Q = append(c.Q, KeyUnits{n, q})
-				}
-				if pr.give != pr.recv {
-					k.frozen += pr.recv - pr.give
+					k.frozen -= q
 					k.dirty = true
 				}
 				*pr = pair{}

@@ -532,15 +532,44 @@ func (s *sim) check() {
 			s.fail("key %s: sum %d units > %d (rate %v/%v cap %v/%v) %v", k.name, units, s.cfg.Units, rate, k.rate, capc, k.cap, parts)
 		}
 	}
-	for _, r := range s.regions {
-		if r.led != nil {
-			for _, k := range s.keys {
-				if p := r.led.Position(k.name); p.Units < p.Floor {
+	// Positions: every up ledger's published position P (counting only
+	// confirmed gifts) bounds what its store enforces, and the sum over regions
+	// of max(P, enforced) is at most Units.
+	for _, k := range s.keys {
+		var sum int64
+		for _, r := range s.regions {
+			e, inc := s.enforcedAt(r, k.name)
+			v := e
+			if r.led != nil {
+				p := r.led.Position(k.name)
+				if p.Units < p.Floor {
 					s.fail("%s %s: position %d below floor %d", r.name, k.name, p.Units, p.Floor)
 				}
+				pub := published(r.led, k.name)
+				if inc == r.inc && e > pub {
+					s.fail("%s/%d %s: store enforces %d > published position %d", r.name, r.inc, k.name, e, pub)
+				}
+				v = max(v, pub)
 			}
+			sum += v
+		}
+		if sum > s.cfg.Units {
+			s.fail("key %s: sum of positions %d > %d", k.name, sum, s.cfg.Units)
 		}
 	}
+}
+
+// published is a ledger's position counting only the gifts it has published.
+func published(l *Ledger, name string) int64 {
+	k := l.keys[name]
+	if k == nil {
+		return l.Base()
+	}
+	u := l.base + k.extra + k.frozen
+	for i := range k.pairs {
+		u += k.pairs[i].recv - k.pairs[i].conf
+	}
+	return u
 }
 
 func (s *sim) chaos() {

@@ -107,7 +107,8 @@ type KeyUnits struct {
 }
 
 // Contribution is a survivor's input to the reclaim of a frozen incarnation:
-// per key, Q = (units it gave the incarnation) - (units of its gifts applied).
+// per key, Q = (confirmed units it gave the incarnation) - (units of the
+// incarnation's gifts it applied).
 // The survivor keeps -Q in its own position for good.
 type Contribution struct {
 	Of   Incarnation
