@@ -24,6 +24,7 @@ import (
 
 	"github.com/apportion/apportion/internal/flagenv"
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
+	"github.com/apportion/apportion/regional/redisstore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -39,14 +40,15 @@ func main() {
 
 // Result summarises one load run.
 type Result struct {
-	Requests  int64
-	Errors    int64
-	Allowed   int64
-	Rejected  int64
-	FailOpen  int64
-	Elapsed   time.Duration
-	P50, P99  time.Duration
-	P999, Max time.Duration
+	Requests   int64
+	Errors     int64
+	FirstError string
+	Allowed    int64
+	Rejected   int64
+	FailOpen   int64
+	Elapsed    time.Duration
+	P50, P99   time.Duration
+	P999, Max  time.Duration
 }
 
 // Throughput is requests per second.
@@ -61,7 +63,12 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	maxReq := fs.Int64("max-requests", 10_000_000, "stop after this many requests")
 	keys := fs.Int("keys", 1000, "distinct client keys")
 	resource := fs.String("resource", "GET /bench", "resource of every request")
+	printScript := fs.Bool("print-script", false, "print the enforcer's Lua check script (for redis-benchmark) and exit")
 	if err := flagenv.Parse(fs, args, nil); err != nil {
+		return err
+	}
+	if *printScript {
+		_, err := io.WriteString(stdout, redisstore.CheckScriptSource())
 		return err
 	}
 	if *conc < 1 || *conns < 1 || *keys < 1 || *dur <= 0 {
@@ -87,6 +94,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	res := Load(ctx, clients, *conc, *dur, *maxReq, *keys, *resource)
 	fmt.Fprintf(stdout, "requests=%d errors=%d allowed=%d rejected=%d fail_open=%d\n", res.Requests, res.Errors, res.Allowed, res.Rejected, res.FailOpen)
+	if res.FirstError != "" {
+		fmt.Fprintf(stdout, "first error: %s\n", res.FirstError)
+	}
 	fmt.Fprintf(stdout, "throughput=%.0f/s p50=%v p99=%v p99.9=%v max=%v (concurrency=%d connections=%d keys=%d elapsed=%v)\n",
 		res.Throughput(), res.P50, res.P99, res.P999, res.Max, *conc, *conns, *keys, res.Elapsed.Round(time.Millisecond))
 	return nil
@@ -94,13 +104,15 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 
 // Load runs concurrency callers until dur passes or maxReq requests were sent.
 func Load(ctx context.Context, clients []ratelimitv1.RateLimiterClient, concurrency int, dur time.Duration, maxReq int64, keys int, resource string) Result {
-	ctx, cancel := context.WithTimeout(ctx, dur)
-	defer cancel()
+	// Calls run on ctx (no deadline, so the server never answers
+	// DeadlineExceeded at the end of the run); the loop stops at the deadline.
+	deadline := time.Now().Add(dur)
 	keyNames := make([]string, keys)
 	for i := range keyNames {
 		keyNames[i] = fmt.Sprintf("load:%d", i)
 	}
 	var sent, errs, allowed, rejected, failOpen atomic.Int64
+	var firstErr atomic.Value
 	lat := make([][]time.Duration, concurrency)
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -111,7 +123,7 @@ func Load(ctx context.Context, clients []ratelimitv1.RateLimiterClient, concurre
 			c := clients[w%len(clients)]
 			req := &ratelimitv1.CheckLimitRequest{Resource: resource, Cost: 1}
 			local := make([]time.Duration, 0, 4096)
-			for i := w; ctx.Err() == nil; i += concurrency {
+			for i := w; ctx.Err() == nil && time.Now().Before(deadline); i += concurrency {
 				if sent.Add(1) > maxReq {
 					break
 				}
@@ -121,7 +133,9 @@ func Load(ctx context.Context, clients []ratelimitv1.RateLimiterClient, concurre
 				d := time.Since(t0)
 				if err != nil {
 					if ctx.Err() == nil {
-						errs.Add(1)
+						if errs.Add(1) == 1 {
+							firstErr.Store(err.Error())
+						}
 					}
 					continue
 				}
@@ -151,6 +165,7 @@ func Load(ctx context.Context, clients []ratelimitv1.RateLimiterClient, concurre
 		}
 		return all[int(p*float64(len(all)-1))]
 	}
-	return Result{Requests: int64(len(all)), Errors: errs.Load(), Allowed: allowed.Load(), Rejected: rejected.Load(), FailOpen: failOpen.Load(),
+	fe, _ := firstErr.Load().(string)
+	return Result{FirstError: fe, Requests: int64(len(all)), Errors: errs.Load(), Allowed: allowed.Load(), Rejected: rejected.Load(), FailOpen: failOpen.Load(),
 		Elapsed: elapsed, P50: pct(0.50), P99: pct(0.99), P999: pct(0.999), Max: pct(1)}
 }

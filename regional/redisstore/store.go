@@ -384,3 +384,7 @@ func (s *Store) SetShare(ctx context.Context, key string, capacity, rate, versio
 	}
 	return nil
 }
+
+// CheckScriptSource is the Lua source of the check script, for comparing
+// the store with redis-benchmark running the same script (see the README).
+func CheckScriptSource() string { return checkSrc }
