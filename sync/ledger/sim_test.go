@@ -115,6 +115,7 @@ type sim struct {
 	cut       [][]bool
 	calm      bool
 	steps     int
+	raises    int // reports that let the receiver raise its share
 	fences    int
 	reclaims  int
 	rejected  int
@@ -348,6 +349,9 @@ func (s *sim) send(from, to *region, rep Report) {
 			out, err := to.led.Receive(s.local(to), rep)
 			if err != nil {
 				s.rejected++
+			}
+			if len(out.Writes) > 0 {
+				s.raises++
 			}
 			s.handle(to, inc, out)
 		})
@@ -684,8 +688,8 @@ func (s *sim) converged(tol int64) (bool, string) {
 }
 
 type simResult struct {
-	steps, fences, reclaims, rejected int
-	violation, liveness               string
+	steps, fences, reclaims, rejected, raises int
+	violation, liveness                       string
 }
 
 func runSim(tb testing.TB, seed int64, o simOpts) simResult {
@@ -696,7 +700,7 @@ func runSim(tb testing.TB, seed int64, o simOpts) simResult {
 	// Demand stays put from here on; EWMA and restarts settle, then we demand
 	// convergence and keep checking it holds.
 	s.run(s.now + int64(o.calm))
-	res := simResult{steps: s.steps, fences: s.fences, reclaims: s.reclaims, rejected: s.rejected, violation: s.violation}
+	res := simResult{steps: s.steps, fences: s.fences, reclaims: s.reclaims, rejected: s.rejected, raises: s.raises, violation: s.violation}
 	if s.violation == "" {
 		if ok, why := s.converged(int64(o.regions)); !ok {
 			res.liveness = why
@@ -706,14 +710,14 @@ func runSim(tb testing.TB, seed int64, o simOpts) simResult {
 }
 
 func TestRandomized(t *testing.T) {
-	seeds := 300
+	seeds := 400
 	if testing.Short() {
 		seeds = 30
 	}
 	if n, err := strconv.Atoi(os.Getenv("LEDGER_SEEDS")); err == nil {
 		seeds = n // e.g. LEDGER_SEEDS=5000 for a long hunt
 	}
-	var steps, fences, reclaims, rejected int
+	var steps, fences, reclaims, rejected, raises int
 	start := time.Now()
 	for seed := int64(1); seed <= int64(seeds); seed++ {
 		rng := rand.New(rand.NewSource(seed * 7919))
@@ -735,6 +739,7 @@ func TestRandomized(t *testing.T) {
 		fences += res.fences
 		reclaims += res.reclaims
 		rejected += res.rejected
+		raises += res.raises
 		if res.violation != "" {
 			t.Fatalf("seed %d %+v: SAFETY: %s", seed, o, res.violation)
 		}
@@ -742,8 +747,8 @@ func TestRandomized(t *testing.T) {
 			t.Errorf("seed %d %+v: LIVENESS: %s", seed, o, res.liveness)
 		}
 	}
-	t.Logf("%d seeds, %d steps (%.0f/seed), %d fences, %d reclaim shares applied, %d reports rejected, %v",
-		seeds, steps, float64(steps)/float64(seeds), fences, reclaims, rejected, time.Since(start).Round(time.Millisecond))
+	t.Logf("%d seeds, %d steps (%.0f/seed), %d gift receipts, %d fences, %d reclaim shares applied, %d reports rejected, %v",
+		seeds, steps, float64(steps)/float64(seeds), raises, fences, reclaims, rejected, time.Since(start).Round(time.Millisecond))
 }
 
 var _ = sort.Strings
