@@ -1,0 +1,136 @@
+package ledger
+
+import (
+	"errors"
+	"math/rand"
+	"testing"
+)
+
+func TestRegistry(t *testing.T) {
+	cfg := DefaultConfig()
+	spec := []RegionSpec{{"a", 1}, {"b", 1}, {"c", 2}}
+	r, err := NewRegistry(cfg, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, initial := Split(cfg, spec)
+	start := func(n string) Start {
+		st, err := r.Start(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	a1, b1, c1 := start("a"), start("b"), start("c")
+	if a1.Inc != 1 || b1.Inc != 1 || c1.Inc != 1 {
+		t.Fatalf("first incarnations: %v %v %v", a1, b1, c1)
+	}
+	A1, B1, C1 := Incarnation{"a", 1}, Incarnation{"b", 1}, Incarnation{"c", 1}
+
+	// a/1 froze b/1 (a gave b 10 units on k, confirmed).
+	if _, err := r.Contribute(Contribution{Of: B1, From: A1, Q: []KeyUnits{{"k", 10}}}); err != nil {
+		t.Fatal(err)
+	}
+	// Reclaim of a/1 needs b/1 and c/1.
+	rec, _ := r.Contribute(Contribution{Of: A1, From: B1, Q: []KeyUnits{{"k", -4}}})
+	if rec.Complete {
+		t.Fatal("complete without c/1")
+	}
+	rec, _ = r.Contribute(Contribution{Of: A1, From: C1})
+	if !rec.Complete || rec.Base != initial[0] {
+		t.Fatalf("want complete with base %d: %+v", initial[0], rec)
+	}
+	if len(rec.Own) != 0 || len(rec.Contributions) != 2 {
+		t.Fatalf("b/1 is not reclaimed: its Q counts, a's own term does not: %+v", rec)
+	}
+	if len(rec.Recipients) != 2 {
+		t.Fatalf("recipients %v", rec.Recipients)
+	}
+	// a/1 is reclaimed: its contributions are refused from now on.
+	if _, err := r.Contribute(Contribution{Of: C1, From: A1}); !errors.Is(err, ErrFrozenIncarnation) {
+		t.Fatalf("contribution from a reclaimed incarnation: %v", err)
+	}
+	// New lives know a/1 is gone.
+	b2 := start("b")
+	for _, k := range b2.Known {
+		if k.Region == "a" && k.Inc != 2 {
+			t.Fatalf("b/2 may pair with %v", k)
+		}
+	}
+	// b/1 is reclaimed next: a/1 (complete) is no longer required, and the
+	// pair (a/1, b/1) is not counted again: b's Q in a's record took it.
+	rec, _ = r.Contribute(Contribution{Of: B1, From: C1, Q: []KeyUnits{{"k", 3}}})
+	if !rec.Complete {
+		t.Fatalf("b/1 not complete: %+v", rec)
+	}
+	var q int64
+	for _, c := range rec.Contributions {
+		for _, x := range c.Q {
+			q += x.Units
+		}
+	}
+	for _, o := range rec.Own {
+		q += o.Units
+	}
+	if q != 3+4 {
+		t.Fatalf("b/1's record counts %d units on k, want c's 3 plus b's own 4", q)
+	}
+	if _, err := r.Start("mars"); !errors.Is(err, ErrUnknownRegion) {
+		t.Fatalf("unknown region: %v", err)
+	}
+}
+
+func TestWaterFill(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	for i := 0; i < 2000; i++ {
+		n := 1 + rng.Intn(6)
+		pool := rng.Int63n(2_000_000)
+		wants := make([]Want, n)
+		for j := range wants {
+			wants[j] = Want{Weight: float64(1 + rng.Intn(4)), Demand: rng.Int63n(600_000) * int64(rng.Intn(2))}
+		}
+		out := WaterFill(pool, wants)
+		var sum, want int64
+		for j, x := range out {
+			if x < 0 {
+				t.Fatalf("negative target %v", out)
+			}
+			sum += x
+			want += wants[j].Demand
+		}
+		if sum != pool {
+			t.Fatalf("targets %v sum %d, pool %d", out, sum, pool)
+		}
+		if want >= pool {
+			for j, x := range out {
+				if x > wants[j].Demand {
+					t.Fatalf("pool %d short but region %d gets %d > demand %d (%v)", pool, j, x, wants[j].Demand, wants)
+				}
+			}
+		}
+	}
+	// No demand: the static split by weight, i.e. the initial parts.
+	if got := WaterFill(900, []Want{{1, 0}, {2, 0}}); got[0] != 300 || got[1] != 600 {
+		t.Fatalf("idle split %v", got)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, f := range map[string]func(*Config){
+		"units":     func(c *Config) { c.Units = 0 },
+		"min_share": func(c *Config) { c.MinShare = 2 },
+		"rho":       func(c *Config) { c.Rho = 0.7 },
+		"lease":     func(c *Config) { c.Lease = c.Interval },
+		"allocate":  func(c *Config) { c.Allocate = nil },
+		"alpha":     func(c *Config) { c.Alpha = 0 },
+	} {
+		c := DefaultConfig()
+		f(&c)
+		if err := c.Validate(); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}

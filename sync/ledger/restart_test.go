@@ -1,0 +1,69 @@
+package ledger
+
+import (
+	"errors"
+	"testing"
+)
+
+// An agent that loses its state comes back as a new incarnation at its floor,
+// asserts its marker first, and reports only once the marker is durable; peers
+// then freeze the old incarnation and ignore it.
+func TestRestartNewIncarnation(t *testing.T) {
+	c := newCluster(t, 3)
+	c.use[1] = 50
+	for i := 0; i < 4; i++ {
+		c.exchange()
+	}
+	old := c.l[0]
+	oldRep := old.Tick(c.now).Report
+	if oldRep == nil {
+		t.Fatal("setup: no report from r0")
+	}
+
+	st, err := c.reg.Start("r0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.RunID = "run1"
+	l, err := New(c.cfg, "r0", c.spec, st, c.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Inc != 2 || l.Base() != l.floor[0] {
+		t.Fatalf("new incarnation %d with base %d, want 2 at the floor %d", st.Inc, l.Base(), l.floor[0])
+	}
+	out := l.Tick(c.now)
+	var create *Write
+	for i, w := range out.Writes {
+		if w.Key == MarkerKey && w.Create {
+			create = &out.Writes[i]
+		}
+	}
+	if create == nil || create.Version.Inc != 2 || create.Units != l.floor[0] {
+		t.Fatalf("first output must create the marker at the floor: %+v", out.Writes)
+	}
+	if out.Report != nil {
+		t.Fatalf("reported before its marker is durable")
+	}
+	c.now += c.cfg.Interval
+	if l.Tick(c.now).Report != nil {
+		t.Fatalf("reported before its marker is durable")
+	}
+	l.ShareApplied(c.now, MarkerKey, create.Version)
+	c.now += c.cfg.Interval
+	rep := l.Tick(c.now).Report
+	if rep == nil || rep.Inc != 2 {
+		t.Fatalf("no report once the marker is durable: %+v", rep)
+	}
+	// A peer seeing incarnation 2 freezes incarnation 1 and contributes.
+	got, err := c.l[1].Receive(c.now, *rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Contributions) != 1 || got.Contributions[0].Of != (Incarnation{"r0", 1}) {
+		t.Fatalf("want a contribution for r0/1, got %+v", got.Contributions)
+	}
+	if _, err := c.l[1].Receive(c.now, *oldRep); !errors.Is(err, ErrFrozenIncarnation) {
+		t.Fatalf("report of the old incarnation: err %v", err)
+	}
+}
