@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/rand"
 	"os"
-	"sort"
 	"strconv"
 	"testing"
 	"time"
@@ -751,4 +750,3 @@ func TestRandomized(t *testing.T) {
 		seeds, steps, float64(steps)/float64(seeds), raises, fences, reclaims, rejected, time.Since(start).Round(time.Millisecond))
 }
 
-var _ = sort.Strings
