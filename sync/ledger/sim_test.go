@@ -749,4 +749,3 @@ func TestRandomized(t *testing.T) {
 	t.Logf("%d seeds, %d steps (%.0f/seed), %d gift receipts, %d fences, %d reclaim shares applied, %d reports rejected, %v",
 		seeds, steps, float64(steps)/float64(seeds), raises, fences, reclaims, rejected, time.Since(start).Round(time.Millisecond))
 }
-
