@@ -1,0 +1,490 @@
+// Package wire is the binary encoding of the sync agents' report messages:
+// one NATS message per region per sync interval carrying the ledger Report
+// of every global rule the region coordinates.
+//
+// Invariants:
+//   - Deterministic and canonical. Encode of a Message always yields the same
+//     bytes, and Decode accepts only canonical encodings (minimal uvarints,
+//     a sorted region table whose every entry is used, flags 0 or 1, nothing
+//     after the last rule), so Decode(data) succeeding implies
+//     Encode(decoded) == data (FuzzDecode checks it).
+//   - Malformed input never panics and never yields a partial Message:
+//     Decode returns a complete Message or an error wrapping ErrMalformed.
+//     Decode allocates at most a constant factor of its input, which is
+//     itself bounded by MaxMessageSize; every count is checked against the
+//     bytes left before anything is allocated.
+//   - The wire carries the ledger's fields faithfully; it does not judge
+//     them (a zero incarnation or an unsorted key list decodes fine and is
+//     rejected by ledger.Receive, which changes nothing on rejection).
+//
+// # Format (version 1)
+//
+//	magic    byte 0xB1 (format version 1; other values are rejected)
+//	from     string                the sending region
+//	nregions uvarint               region table: sorted, unique, each used
+//	nregions x region string       acks and counters name regions by index
+//	nrules   uvarint
+//	nrules x rule report:
+//	  rule   string
+//	  inc    uvarint
+//	  seq    uvarint
+//	  base   varint
+//	  nacks  uvarint
+//	  nacks x: region uvarint (index), inc uvarint, seq uvarint, frozen byte (0|1)
+//	  nkeys  uvarint
+//	  nkeys x:
+//	    key      string
+//	    demand   varint
+//	    position varint
+//	    ngave    uvarint, ngave x counter
+//	    napplied uvarint, napplied x counter
+//	counter: region uvarint (index), inc uvarint, units varint
+//
+// string is a uvarint length (at most MaxStringLen) and the bytes; varint is
+// a zig-zag signed varint (encoding/binary.AppendVarint), uvarint
+// encoding/binary.AppendUvarint, both minimal. The sender of every rule
+// report is the message's from; Decode sets Report.From to it.
+//
+// Size: a key named like "rl:{user:000042}:orders" (22 bytes) with a gift
+// counter and an applied counter and units below 2^20 costs 41 bytes
+// (BenchmarkEncode); the agent's apportion_sync_report_bytes_total gives
+// bytes per active key per second in a live system.
+package wire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/apportion/apportion/sync/ledger"
+)
+
+// Message is one region's report message: the reports of its ledgers.
+type Message struct {
+	From  string
+	Rules []RuleReport
+}
+
+// RuleReport is the ledger Report of one global rule. Report.From must equal
+// the message's From.
+type RuleReport struct {
+	Rule   string
+	Report ledger.Report
+}
+
+const (
+	// magicV1 opens every version-1 message. A new format gets a new byte.
+	magicV1 = 0xB1
+	// MaxStringLen bounds a region, rule or key.
+	MaxStringLen = 4096
+	// MaxMessageSize bounds an encoded message (the NATS hard payload limit).
+	MaxMessageSize = 64 << 20
+)
+
+var (
+	// ErrMalformed is wrapped by every Decode error.
+	ErrMalformed = errors.New("wire: malformed message")
+	// ErrInvalid is wrapped by Encode errors about a message that cannot be
+	// represented (a rule report from another region, a string too long).
+	ErrInvalid = errors.New("wire: invalid message")
+	// ErrTooLarge is returned when a message (or, for EncodeSplit, one key
+	// of it with its rule header) does not fit the size limit.
+	ErrTooLarge = errors.New("wire: message too large")
+)
+
+// Minimal encoded sizes, used to bound counts before allocating.
+const (
+	minRegion  = 1 // empty string
+	minRule    = 6 // rule, inc, seq, base, nacks, nkeys
+	minAck     = 4
+	minKey     = 5 // key, demand, position, ngave, napplied
+	minCounter = 3
+)
+
+// Encode returns the version-1 encoding of m.
+func Encode(m Message) ([]byte, error) {
+	if err := validate(m); err != nil {
+		return nil, err
+	}
+	tab := regionTable(m)
+	buf := appendMessage(nil, m.From, tab, m.Rules)
+	if len(buf) > MaxMessageSize {
+		return nil, fmt.Errorf("%w: %d bytes encoded, limit %d", ErrTooLarge, len(buf), MaxMessageSize)
+	}
+	return buf, nil
+}
+
+// EncodeSplit encodes m into messages of at most maxSize bytes. Rule reports
+// are kept whole when they fit; a rule report too large for one message is
+// split by keys, every part repeating its header and acks (the ledger takes
+// several reports with one sequence number as one: see ledger.Receive). It
+// returns ErrTooLarge if a rule header with one key does not fit.
+func EncodeSplit(m Message, maxSize int) ([][]byte, error) {
+	if err := validate(m); err != nil {
+		return nil, err
+	}
+	maxSize = min(maxSize, MaxMessageSize)
+	if b := appendMessage(nil, m.From, regionTable(m), m.Rules); len(b) <= maxSize {
+		return [][]byte{b}, nil
+	}
+	// Cut the reports into pieces that fit alone, then pack them greedily.
+	var pieces []RuleReport
+	for _, rr := range m.Rules {
+		if size(m.From, []RuleReport{rr}) <= maxSize {
+			pieces = append(pieces, rr)
+			continue
+		}
+		keys := rr.Report.Keys
+		for len(keys) > 0 {
+			part := rr
+			part.Report.Keys = keys[:1]
+			if size(m.From, []RuleReport{part}) > maxSize {
+				return nil, fmt.Errorf("%w: rule %q key %q does not fit in %d bytes", ErrTooLarge, rr.Rule, keys[0].Key, maxSize)
+			}
+			n := 1
+			// Grow by doubling, then back off: sizes are monotone in n.
+			for n < len(keys) {
+				next := min(len(keys), 2*n)
+				part.Report.Keys = keys[:next]
+				if size(m.From, []RuleReport{part}) > maxSize {
+					break
+				}
+				n = next
+			}
+			for n < len(keys) {
+				part.Report.Keys = keys[:n+1]
+				if size(m.From, []RuleReport{part}) > maxSize {
+					break
+				}
+				n++
+			}
+			part.Report.Keys = keys[:n]
+			pieces = append(pieces, part)
+			keys = keys[n:]
+		}
+	}
+	var out [][]byte
+	var cur []RuleReport
+	flush := func() {
+		if len(cur) > 0 {
+			sub := Message{From: m.From, Rules: cur}
+			out = append(out, appendMessage(nil, m.From, regionTable(sub), cur))
+			cur = nil
+		}
+	}
+	for _, p := range pieces {
+		if len(cur) > 0 && size(m.From, append(slices.Clip(cur), p)) > maxSize {
+			flush()
+		}
+		cur = append(cur, p)
+	}
+	flush()
+	return out, nil
+}
+
+func size(from string, rs []RuleReport) int {
+	return len(appendMessage(nil, from, regionTable(Message{From: from, Rules: rs}), rs))
+}
+
+func validate(m Message) error {
+	long := func(s string) bool { return len(s) > MaxStringLen }
+	if long(m.From) {
+		return fmt.Errorf("%w: from longer than %d bytes", ErrInvalid, MaxStringLen)
+	}
+	for _, rr := range m.Rules {
+		r := rr.Report
+		if r.From != m.From {
+			return fmt.Errorf("%w: rule %q: report from %q in a message from %q", ErrInvalid, rr.Rule, r.From, m.From)
+		}
+		if long(rr.Rule) {
+			return fmt.Errorf("%w: rule id longer than %d bytes", ErrInvalid, MaxStringLen)
+		}
+		for _, a := range r.Acks {
+			if long(a.Region) {
+				return fmt.Errorf("%w: region longer than %d bytes", ErrInvalid, MaxStringLen)
+			}
+		}
+		for _, k := range r.Keys {
+			if long(k.Key) {
+				return fmt.Errorf("%w: rule %q: key longer than %d bytes", ErrInvalid, rr.Rule, MaxStringLen)
+			}
+			for _, c := range append(slices.Clip(k.Gave), k.Applied...) {
+				if long(c.Region) {
+					return fmt.Errorf("%w: region longer than %d bytes", ErrInvalid, MaxStringLen)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// regionTable returns the sorted, unique regions the acks and counters name.
+func regionTable(m Message) []string {
+	var tab []string
+	for _, rr := range m.Rules {
+		for _, a := range rr.Report.Acks {
+			tab = append(tab, a.Region)
+		}
+		for _, k := range rr.Report.Keys {
+			for _, c := range k.Gave {
+				tab = append(tab, c.Region)
+			}
+			for _, c := range k.Applied {
+				tab = append(tab, c.Region)
+			}
+		}
+	}
+	slices.Sort(tab)
+	return slices.Compact(tab)
+}
+
+func appendString(buf []byte, s string) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(s)))
+	return append(buf, s...)
+}
+
+func appendMessage(buf []byte, from string, tab []string, rs []RuleReport) []byte {
+	idx := func(name string) uint64 {
+		i, _ := slices.BinarySearch(tab, name)
+		return uint64(i)
+	}
+	counters := func(buf []byte, cs []ledger.Counter) []byte {
+		buf = binary.AppendUvarint(buf, uint64(len(cs)))
+		for _, c := range cs {
+			buf = binary.AppendUvarint(buf, idx(c.Region))
+			buf = binary.AppendUvarint(buf, c.Inc)
+			buf = binary.AppendVarint(buf, c.Units)
+		}
+		return buf
+	}
+	buf = append(buf, magicV1)
+	buf = appendString(buf, from)
+	buf = binary.AppendUvarint(buf, uint64(len(tab)))
+	for _, r := range tab {
+		buf = appendString(buf, r)
+	}
+	buf = binary.AppendUvarint(buf, uint64(len(rs)))
+	for _, rr := range rs {
+		r := rr.Report
+		buf = appendString(buf, rr.Rule)
+		buf = binary.AppendUvarint(buf, r.Inc)
+		buf = binary.AppendUvarint(buf, r.Seq)
+		buf = binary.AppendVarint(buf, r.Base)
+		buf = binary.AppendUvarint(buf, uint64(len(r.Acks)))
+		for _, a := range r.Acks {
+			buf = binary.AppendUvarint(buf, idx(a.Region))
+			buf = binary.AppendUvarint(buf, a.Inc)
+			buf = binary.AppendUvarint(buf, a.Seq)
+			var f byte
+			if a.Frozen {
+				f = 1
+			}
+			buf = append(buf, f)
+		}
+		buf = binary.AppendUvarint(buf, uint64(len(r.Keys)))
+		for _, k := range r.Keys {
+			buf = appendString(buf, k.Key)
+			buf = binary.AppendVarint(buf, k.Demand)
+			buf = binary.AppendVarint(buf, k.Position)
+			buf = counters(buf, k.Gave)
+			buf = counters(buf, k.Applied)
+		}
+	}
+	return buf
+}
+
+// Decode parses a version-1 message. Every error wraps ErrMalformed.
+func Decode(data []byte) (Message, error) {
+	if len(data) > MaxMessageSize {
+		return Message{}, fmt.Errorf("%w: %d bytes, limit %d", ErrMalformed, len(data), MaxMessageSize)
+	}
+	if len(data) == 0 {
+		return Message{}, fmt.Errorf("%w: empty", ErrMalformed)
+	}
+	if data[0] != magicV1 {
+		return Message{}, fmt.Errorf("%w: unknown format byte 0x%02x", ErrMalformed, data[0])
+	}
+	d := &decoder{s: data, off: 1}
+	var m Message
+	m.From = d.str()
+	n := d.count(minRegion)
+	tab := make([]string, n)
+	for i := range tab {
+		tab[i] = d.str()
+		if d.err == nil && i > 0 && tab[i-1] >= tab[i] {
+			d.fail("region table not sorted and unique")
+		}
+	}
+	used := make([]bool, n)
+	region := func() string {
+		i := d.uvarint()
+		if d.err != nil {
+			return ""
+		}
+		if i >= uint64(n) {
+			d.fail("region index %d of %d", i, n)
+			return ""
+		}
+		used[i] = true
+		return tab[i]
+	}
+	counters := func() []ledger.Counter {
+		c := d.count(minCounter)
+		if c == 0 {
+			return nil
+		}
+		out := make([]ledger.Counter, c)
+		for j := range out {
+			out[j] = ledger.Counter{Region: region(), Inc: d.uvarint(), Units: d.varint()}
+		}
+		return out
+	}
+	nr := d.count(minRule)
+	if nr > 0 {
+		m.Rules = make([]RuleReport, nr)
+	}
+	for i := range m.Rules {
+		rr := &m.Rules[i]
+		rr.Rule = d.str()
+		r := &rr.Report
+		r.From, r.Inc, r.Seq, r.Base = m.From, d.uvarint(), d.uvarint(), d.varint()
+		if na := d.count(minAck); na > 0 {
+			r.Acks = make([]ledger.Ack, na)
+			for j := range r.Acks {
+				a := &r.Acks[j]
+				a.Region, a.Inc, a.Seq = region(), d.uvarint(), d.uvarint()
+				switch d.byte() {
+				case 0:
+				case 1:
+					a.Frozen = true
+				default:
+					d.fail("frozen flag not 0 or 1")
+				}
+			}
+		}
+		if nk := d.count(minKey); nk > 0 {
+			r.Keys = make([]ledger.KeyReport, nk)
+			for j := range r.Keys {
+				k := &r.Keys[j]
+				k.Key, k.Demand, k.Position = d.str(), d.varint(), d.varint()
+				k.Gave = counters()
+				k.Applied = counters()
+			}
+		}
+		if d.err != nil {
+			break
+		}
+	}
+	if d.err == nil && d.off != len(d.s) {
+		d.fail("%d bytes after the last rule", len(d.s)-d.off)
+	}
+	if d.err == nil {
+		for i, u := range used {
+			if !u {
+				d.fail("region %q in the table is not used", tab[i])
+				break
+			}
+		}
+	}
+	if d.err != nil {
+		return Message{}, d.err
+	}
+	return m, nil
+}
+
+// decoder reads from s; the first error sticks and later reads return zero.
+type decoder struct {
+	s   []byte
+	off int
+	err error
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: at byte %d: %s", ErrMalformed, d.off, fmt.Sprintf(format, args...))
+	}
+}
+
+func (d *decoder) byte() byte {
+	if d.err != nil {
+		return 0
+	}
+	if d.off >= len(d.s) {
+		d.fail("truncated")
+		return 0
+	}
+	d.off++
+	return d.s[d.off-1]
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	var v uint64
+	var shift uint
+	for i := 0; ; i++ {
+		if d.off >= len(d.s) {
+			d.fail("truncated uvarint")
+			return 0
+		}
+		c := d.s[d.off]
+		d.off++
+		if i == binary.MaxVarintLen64-1 && c > 1 {
+			d.fail("uvarint overflows 64 bits")
+			return 0
+		}
+		if c < 0x80 {
+			if i > 0 && c == 0 {
+				d.fail("non-minimal uvarint")
+				return 0
+			}
+			return v | uint64(c)<<shift
+		}
+		v |= uint64(c&0x7f) << shift
+		shift += 7
+	}
+}
+
+func (d *decoder) varint() int64 {
+	u := d.uvarint()
+	x := int64(u >> 1)
+	if u&1 != 0 {
+		x = ^x
+	}
+	return x
+}
+
+// count reads a count of items of at least minSize bytes each, rejecting
+// counts the rest of the input cannot hold.
+func (d *decoder) count(minSize int) int {
+	v := d.uvarint()
+	if d.err == nil && v > uint64((len(d.s)-d.off)/minSize) {
+		d.fail("count %d exceeds remaining %d bytes", v, len(d.s)-d.off)
+		return 0
+	}
+	if v > math.MaxInt32 {
+		return 0
+	}
+	return int(v)
+}
+
+func (d *decoder) str() string {
+	n := d.uvarint()
+	if d.err != nil {
+		return ""
+	}
+	if n > MaxStringLen {
+		d.fail("string of %d bytes, limit %d", n, MaxStringLen)
+		return ""
+	}
+	if n > uint64(len(d.s)-d.off) {
+		d.fail("truncated string: %d bytes, %d left", n, len(d.s)-d.off)
+		return ""
+	}
+	s := string(d.s[d.off : d.off+int(n)])
+	d.off += int(n)
+	return s
+}

@@ -1,0 +1,238 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/apportion/apportion/sync/ledger"
+)
+
+var regionNames = []string{"ap-south", "eu-west", "us-east", "us-west"}
+
+func randCounters(rng *rand.Rand) []ledger.Counter {
+	var out []ledger.Counter
+	for _, r := range regionNames {
+		if rng.Intn(3) == 0 {
+			out = append(out, ledger.Counter{Region: r, Inc: uint64(rng.Intn(5)), Units: rng.Int63n(2_000_000) - 1000})
+		}
+	}
+	return out
+}
+
+func randMessage(rng *rand.Rand) Message {
+	m := Message{From: regionNames[rng.Intn(len(regionNames))]}
+	for i := rng.Intn(4); i > 0; i-- {
+		r := ledger.Report{From: m.From, Inc: uint64(rng.Intn(4)), Seq: rng.Uint64() >> uint(rng.Intn(64)), Base: rng.Int63n(1_000_000)}
+		if rng.Intn(10) == 0 {
+			r.Base = math.MinInt64
+		}
+		for _, reg := range regionNames {
+			if rng.Intn(2) == 0 {
+				r.Acks = append(r.Acks, ledger.Ack{Region: reg, Inc: uint64(rng.Intn(3) + 1), Seq: uint64(rng.Intn(1000)), Frozen: rng.Intn(4) == 0})
+			}
+		}
+		for k := rng.Intn(6); k > 0; k-- {
+			r.Keys = append(r.Keys, ledger.KeyReport{
+				Key:      fmt.Sprintf("rl:{user:%d}:orders", rng.Intn(1000)),
+				Demand:   rng.Int63n(3_000_000),
+				Position: rng.Int63() >> uint(rng.Intn(63)),
+				Gave:     randCounters(rng),
+				Applied:  randCounters(rng),
+			})
+		}
+		m.Rules = append(m.Rules, RuleReport{Rule: fmt.Sprintf("rule-%d", rng.Intn(10)), Report: r})
+	}
+	return m
+}
+
+func TestRoundTripProperty(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	for i := 0; i < 2000; i++ {
+		m := randMessage(rng)
+		b, err := Encode(m)
+		if err != nil {
+			t.Fatalf("case %d: encode: %v", i, err)
+		}
+		b2, _ := Encode(m)
+		if !bytes.Equal(b, b2) {
+			t.Fatalf("case %d: encoding not deterministic", i)
+		}
+		got, err := Decode(b)
+		if err != nil {
+			t.Fatalf("case %d: decode: %v", i, err)
+		}
+		if !reflect.DeepEqual(got, m) {
+			t.Fatalf("case %d: round trip\n got %+v\nwant %+v", i, got, m)
+		}
+	}
+}
+
+func TestDecodeTruncatedAtEveryOffset(t *testing.T) {
+	rng := rand.New(rand.NewSource(2))
+	for i := 0; i < 50; i++ {
+		m := randMessage(rng)
+		b, err := Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for n := 0; n < len(b); n++ {
+			if _, err := Decode(b[:n]); !errors.Is(err, ErrMalformed) {
+				t.Fatalf("case %d: truncated at %d of %d: err %v, want ErrMalformed", i, n, len(b), err)
+			}
+		}
+		if _, err := Decode(append(b, 0)); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("case %d: trailing byte accepted: %v", i, err)
+		}
+	}
+}
+
+func TestDecodeMalformed(t *testing.T) {
+	good, err := Encode(Message{From: "a", Rules: []RuleReport{{Rule: "r", Report: ledger.Report{From: "a", Inc: 1, Seq: 1,
+		Acks: []ledger.Ack{{Region: "b", Inc: 1, Seq: 3}}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// good: B1 01 'a' | 01 01 'b' | 01 | 01 'r' 01 01 00 | 01 00 01 03 00 | 00
+	for _, tc := range []struct {
+		name string
+		data []byte
+	}{
+		{"empty", nil},
+		{"bad magic", append([]byte{0xB2}, good[1:]...)},
+		{"huge string", []byte{magicV1, 0xff, 0xff, 0x03}},
+		{"huge count", []byte{magicV1, 0x00, 0xff, 0xff, 0xff, 0xff, 0x0f}},
+		{"non-minimal uvarint", []byte{magicV1, 0x80, 0x00, 0x00, 0x00}},
+		{"uvarint overflow", []byte{magicV1, 0x00, 0x00, 0x01, 0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02, 0x00, 0x00, 0x00, 0x00}},
+		{"unsorted table", []byte{magicV1, 0x00, 0x02, 0x01, 'b', 0x01, 'a', 0x00}},
+		{"unused table entry", []byte{magicV1, 0x00, 0x01, 0x01, 'b', 0x00}},
+		{"bad region index", bytes.Replace(good, []byte{0x01, 0x00, 0x01, 0x03}, []byte{0x01, 0x05, 0x01, 0x03}, 1)},
+		{"bad frozen flag", bytes.Replace(good, []byte{0x01, 0x03, 0x00}, []byte{0x01, 0x03, 0x02}, 1)},
+		{"trailing", append(append([]byte{}, good...), 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := Decode(tc.data); !errors.Is(err, ErrMalformed) {
+				t.Fatalf("err %v, want ErrMalformed", err)
+			}
+		})
+	}
+	if _, err := Decode(good); err != nil {
+		t.Fatalf("good message: %v", err)
+	}
+}
+
+func TestEncodeInvalid(t *testing.T) {
+	long := strings.Repeat("x", MaxStringLen+1)
+	for _, tc := range []struct {
+		name string
+		m    Message
+	}{
+		{"other sender", Message{From: "a", Rules: []RuleReport{{Rule: "r", Report: ledger.Report{From: "b"}}}}},
+		{"long from", Message{From: long}},
+		{"long rule", Message{From: "a", Rules: []RuleReport{{Rule: long, Report: ledger.Report{From: "a"}}}}},
+		{"long key", Message{From: "a", Rules: []RuleReport{{Rule: "r", Report: ledger.Report{From: "a", Keys: []ledger.KeyReport{{Key: long}}}}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := Encode(tc.m); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("err %v, want ErrInvalid", err)
+			}
+		})
+	}
+}
+
+func TestEncodeSplit(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	for i := 0; i < 200; i++ {
+		m := randMessage(rng)
+		whole, _ := Encode(m)
+		maxSize := 60 + rng.Intn(400)
+		parts, err := EncodeSplit(m, maxSize)
+		if errors.Is(err, ErrTooLarge) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(whole) <= maxSize && (len(parts) != 1 || !bytes.Equal(parts[0], whole)) {
+			t.Fatalf("case %d: a message that fits was split", i)
+		}
+		// Concatenating the parts' reports (merging consecutive parts of one
+		// rule report) gives back the message.
+		var got []RuleReport
+		for _, p := range parts {
+			if len(p) > maxSize {
+				t.Fatalf("case %d: part of %d bytes > %d", i, len(p), maxSize)
+			}
+			d, err := Decode(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, d.Rules...)
+		}
+		var merged []RuleReport
+		j := 0
+		for _, want := range m.Rules {
+			acc := got[j]
+			j++
+			for len(acc.Report.Keys) < len(want.Report.Keys) {
+				acc.Report.Keys = append(acc.Report.Keys, got[j].Report.Keys...)
+				j++
+			}
+			merged = append(merged, acc)
+		}
+		if j != len(got) || !reflect.DeepEqual(Message{From: m.From, Rules: merged}, m) {
+			t.Fatalf("case %d: split parts do not give the message back", i)
+		}
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	rng := rand.New(rand.NewSource(4))
+	for i := 0; i < 20; i++ {
+		b, _ := Encode(randMessage(rng))
+		f.Add(b)
+	}
+	f.Add([]byte{magicV1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := Decode(data)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			}
+			return
+		}
+		b, err := Encode(m)
+		if err != nil {
+			t.Fatalf("decoded message does not encode: %v", err)
+		}
+		if !bytes.Equal(b, data) {
+			t.Fatalf("not canonical: decode then encode changed the bytes")
+		}
+	})
+}
+
+// BenchmarkEncode reports bytes per key for a typical 3-region report: every
+// key with one gift counter and one applied counter.
+func BenchmarkEncode(b *testing.B) {
+	r := ledger.Report{From: "us-east", Inc: 1, Seq: 12345, Base: 450000,
+		Acks: []ledger.Ack{{Region: "ap-south", Inc: 1, Seq: 12000}, {Region: "eu-west", Inc: 1, Seq: 12001}}}
+	for i := 0; i < 1000; i++ {
+		r.Keys = append(r.Keys, ledger.KeyReport{Key: fmt.Sprintf("rl:{user:%06d}:orders", i), Demand: 300000, Position: 520000,
+			Gave: []ledger.Counter{{Region: "eu-west", Inc: 1, Units: 70000}}, Applied: []ledger.Counter{{Region: "ap-south", Inc: 1, Units: 1000}}})
+	}
+	m := Message{From: "us-east", Rules: []RuleReport{{Rule: "orders-free", Report: r}}}
+	var n int
+	for b.Loop() {
+		buf, err := Encode(m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n = len(buf)
+	}
+	b.ReportMetric(float64(n)/1000, "bytes/key")
+}
