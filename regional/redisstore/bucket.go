@@ -17,6 +17,7 @@ type Bucket struct {
 	Limit     int64           // window algorithms: tokens per window (whole tokens)
 	Window    time.Duration   // window algorithms (whole milliseconds; at least 1 ms)
 	Shadow    bool            // a shadow bucket never rejects the request; it consumes only when it itself would allow
+	Global    *Global         // nil for regional buckets; only with Algorithm == rules.TokenBucket (Capacity and Rate are then the global ones)
 }
 
 // Result is one bucket's answer. All durations are in milliseconds measured
@@ -115,6 +116,9 @@ func validate(cost int64, buckets []Bucket) error {
 			}
 		default:
 			return fmt.Errorf("%w: buckets[%d].Algorithm %q: %w", ErrInvalidBucket, i, b.Algorithm, rules.ErrUnknownAlgorithm)
+		}
+		if err := validateGlobal(i, b); err != nil {
+			return err
 		}
 		for j := 0; j < i; j++ {
 			if buckets[j].Key == b.Key {

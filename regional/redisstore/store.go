@@ -188,6 +188,11 @@ func (s *Store) Check(ctx context.Context, cost int64, buckets []Bucket) (allowe
 	if len(buckets) == 0 {
 		return true, nil, nil
 	}
+	for _, b := range buckets {
+		if b.Global != nil {
+			return false, nil, errNotImplemented
+		}
+	}
 	now, err := s.nowArg()
 	if err != nil {
 		return false, nil, err
