@@ -69,6 +69,8 @@ const (
 	algFixedWindow   = 3
 	algSlidingLog    = 4
 	algLeakyBucket   = 5
+	// algGlobalTokenBucket is a token bucket with Global set (script only).
+	algGlobalTokenBucket = 6
 )
 
 func algCode(a rules.Algorithm) int64 {
@@ -125,22 +127,6 @@ func validate(cost int64, buckets []Bucket) error {
 				return fmt.Errorf("%w: buckets[%d].Key %q repeats buckets[%d].Key", ErrInvalidBucket, i, b.Key, j)
 			}
 		}
-	}
-	return nil
-}
-
-func validateShare(key string, capacity, rate, version int64, ttl time.Duration) error {
-	switch {
-	case key == "":
-		return fmt.Errorf("%w: key is empty", ErrInvalidShare)
-	case capacity < 0 || capacity > MaxCapacity:
-		return fmt.Errorf("%w: capacity %d must be in [0, %d] thousandths", ErrInvalidShare, capacity, MaxCapacity)
-	case rate < 0 || rate > MaxRate:
-		return fmt.Errorf("%w: rate %d must be in [0, %d] thousandths per second", ErrInvalidShare, rate, MaxRate)
-	case version < 0 || version > MaxVersion:
-		return fmt.Errorf("%w: version %d must be in [0, 2^48)", ErrInvalidShare, version)
-	case ttl < time.Millisecond:
-		return fmt.Errorf("%w: ttl %v must be at least 1ms", ErrInvalidShare, ttl)
 	}
 	return nil
 }

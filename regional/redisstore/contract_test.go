@@ -206,48 +206,6 @@ var contractCases = []struct {
 			t.Fatalf("rejected request: %v %+v, want the shadow untouched (5)", ok, res)
 		}
 	}},
-	{"share: settle at old rate, then clamp; versions move forward", func(t *testing.T, im impl, key func(string) string) {
-		k := key("g")
-		static := tokenBucket(k, 100, 100) // static share, replaced by the share
-		im.setShare(t, 0+t0, k, 10_000, 1_000, 1)
-		_, res := im.check(t, t0, 10, static)
-		if res[0] != (Result{true, 10, 0, 0, 10_000}) {
-			t.Fatalf("after share 1: %+v", res[0])
-		}
-		// 1s later the rate rises 100x: the second that passed refills at the OLD rate.
-		im.setShare(t, t0+1_000, k, 10_000, 100_000, 2)
-		ok, res := im.check(t, t0+1_000, 2, static)
-		if ok || res[0].Remaining != 1 {
-			t.Fatalf("refill across a raise must use the old rate: %v %+v", ok, res)
-		}
-		// 4s later the share drops to 2 tokens: settle (1 + 0.1*4000ms -> full 10), clamp to 2.
-		im.setShare(t, t0+5_000, k, 2_000, 1_000, 3)
-		_, res = im.check(t, t0+5_000, 1, static)
-		if res[0] != (Result{true, 2, 1, 0, 1_000}) {
-			t.Fatalf("after lowering: %+v", res[0])
-		}
-		// an older version is ignored
-		im.setShare(t, t0+5_000, k, 50_000, 50_000, 2)
-		_, res = im.check(t, t0+5_000, 1, static)
-		if res[0] != (Result{true, 2, 0, 0, 2_000}) {
-			t.Fatalf("older version applied: %+v", res[0])
-		}
-		// a new key with a share starts full at the share's capacity
-		k2 := key("g2")
-		im.setShare(t, t0, k2, 3_000, 1_000, 7)
-		_, res = im.check(t, t0, 1, tokenBucket(k2, 100, 100))
-		if res[0] != (Result{true, 3, 2, 0, 1_000}) {
-			t.Fatalf("new share key: %+v", res[0])
-		}
-		// a static key getting its first share earns nothing for the time since its last check
-		k3 := key("g3")
-		im.check(t, t0, 5, tokenBucket(k3, 5, 1))
-		im.setShare(t, t0+3_000, k3, 4_000, 1_000, 1)
-		_, res = im.check(t, t0+3_000, 1, tokenBucket(k3, 5, 1))
-		if res[0].Allowed {
-			t.Fatalf("static key credited at an unknown rate: %+v", res[0])
-		}
-	}},
 }
 
 func TestContract(t *testing.T) {

@@ -2,12 +2,12 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/apportion/apportion/rules"
+	"github.com/redis/go-redis/v9"
 )
 
 // Global marks a global token bucket: the Bucket's Capacity and Rate are the
@@ -63,9 +63,6 @@ const (
 	MaxSeq   = uint64(1)<<40 - 1
 	MaxLease = 24 * time.Hour
 )
-
-// errNotImplemented: intermediate commit, the scripts follow.
-var errNotImplemented = errors.New("redisstore: not implemented yet")
 
 // MarkerKey is the Redis key of a rule's marker: "rl:marker:<rule id
 // escaped as in Key>". It has no hash tag (see the package doc on Redis Cluster).
@@ -152,22 +149,121 @@ func (s *Store) RunID(ctx context.Context) (string, error) {
 	return "", fmt.Errorf("%w: INFO server without run_id", ErrBadReply)
 }
 
-// WriteMarker applies m for rule; it returns the marker version the store
-// holds afterwards.
+// WriteMarker applies m for rule, in one script: a Create applies only if
+// the store's current run id is m.RunID and m's version is above the held
+// marker's; a renewal (Create false) only over a held marker of m.Inc with a
+// version at most m's. Either sets the default units and the lease (the
+// store's clock when applied, until that plus m.Lease). A marker left by
+// another server run (restored from a snapshot) counts as no marker. It
+// returns the marker version the store holds afterwards (zero: none).
 func (s *Store) WriteMarker(ctx context.Context, rule string, m Marker) (Version, error) {
 	if err := validateMarker(rule, m); err != nil {
 		return Version{}, err
 	}
-	return Version{}, errNotImplemented
+	now, err := s.nowArg()
+	if err != nil {
+		return Version{}, err
+	}
+	create := 0
+	if m.Create {
+		create = 1
+	}
+	keys := []string{MarkerKey(rule)}
+	args := []any{m.Inc, m.Seq, m.Units, m.Lease.Milliseconds(), create, m.RunID, now}
+	v, err := s.marker.EvalSha(ctx, s.client, keys, args...).Result()
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err = s.load(ctx, s.marker); err == nil {
+			v, err = s.marker.EvalSha(ctx, s.client, keys, args...).Result()
+		}
+	}
+	if err != nil {
+		return Version{}, fmt.Errorf("redisstore: write marker of %q: %w", rule, err)
+	}
+	return parseVersion(v)
 }
 
-// WriteShares applies each record (one script call per record, pipelined);
-// it returns per record the version the store holds for that key afterwards.
+// WriteShares applies each record, one script call per record, pipelined.
+// A record applies if its version is at least the key's stored one (equal:
+// applied again); it settles the bucket at the rate and capacity it last
+// enforced, stores the record, then enforces what Check would (the record's
+// units if the rule's marker is in force for the record's incarnation, else
+// the floor) and clamps the tokens to the new capacity. A Release record
+// gets the bucket's TTL (at least rec.TTL); any other makes the key
+// persistent. It returns per record the version the key holds afterwards;
+// on an error for any record it returns the error and no versions.
 func (s *Store) WriteShares(ctx context.Context, rule string, recs []ShareRecord) ([]Version, error) {
+	if rule == "" {
+		return nil, fmt.Errorf("%w: rule is empty", ErrInvalidShare)
+	}
 	for i, r := range recs {
 		if err := validateRecord(i, r); err != nil {
 			return nil, err
 		}
 	}
-	return nil, errNotImplemented
+	if len(recs) == 0 {
+		return nil, nil
+	}
+	now, err := s.nowArg()
+	if err != nil {
+		return nil, err
+	}
+	mk := MarkerKey(rule)
+	argsOf := func(r ShareRecord) []any {
+		rel := 0
+		if r.Release {
+			rel = 1
+		}
+		return []any{r.Inc, r.Seq, r.Units, rel, r.Capacity, r.Rate, r.Total, r.Floor, r.TTL.Milliseconds(), now, s.slackMs}
+	}
+	send := func(idx []int, cmds []*redis.Cmd) {
+		pipe := s.client.Pipeline()
+		for _, i := range idx {
+			cmds[i] = pipe.EvalSha(ctx, s.shares.Hash(), []string{recs[i].Key, mk}, argsOf(recs[i])...)
+		}
+		_, _ = pipe.Exec(ctx) // errors are per command
+	}
+	cmds := make([]*redis.Cmd, len(recs))
+	all := make([]int, len(recs))
+	for i := range all {
+		all[i] = i
+	}
+	send(all, cmds)
+	var retry []int
+	for i, c := range cmds {
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) > 0 {
+		if err := s.load(ctx, s.shares); err != nil {
+			return nil, err
+		}
+		send(retry, cmds)
+	}
+	out := make([]Version, len(recs))
+	for i, c := range cmds {
+		v, err := c.Result()
+		if err != nil {
+			return nil, fmt.Errorf("redisstore: write share of %q: %w", recs[i].Key, err)
+		}
+		if out[i], err = parseVersion(v); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
+
+func parseVersion(v any) (Version, error) {
+	a, ok := v.([]any)
+	if !ok || len(a) != 2 {
+		return Version{}, fmt.Errorf("%w: %T", ErrBadReply, v)
+	}
+	inc, ok1 := a[0].(int64)
+	seq, ok2 := a[1].(int64)
+	if !ok1 || !ok2 || inc < 0 || seq < 0 {
+		return Version{}, fmt.Errorf("%w: %v", ErrBadReply, a)
+	}
+	return Version{uint64(inc), uint64(seq)}, nil
+}
+
+func (r ShareRecord) versionOf() Version { return Version{r.Inc, r.Seq} }

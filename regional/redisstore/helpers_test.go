@@ -51,7 +51,10 @@ func ctxT(tb testing.TB) context.Context {
 // impl is one implementation under the contract suite.
 type impl interface {
 	check(tb testing.TB, nowMs, cost int64, buckets ...Bucket) (bool, []Result)
-	setShare(tb testing.TB, nowMs int64, key string, capacity, rate, version int64)
+	marker(tb testing.TB, nowMs int64, rule string, m Marker) Version
+	shares(tb testing.TB, nowMs int64, rule string, recs ...ShareRecord) []Version
+	runID(tb testing.TB) string
+	persistent(tb testing.TB, nowMs int64, key string) bool // the key exists without a TTL
 }
 
 type modelImpl struct{ m *Model }
@@ -65,11 +68,28 @@ func (mi modelImpl) check(tb testing.TB, nowMs, cost int64, buckets ...Bucket) (
 	return ok, res
 }
 
-func (mi modelImpl) setShare(tb testing.TB, nowMs int64, key string, capacity, rate, version int64) {
+func (mi modelImpl) marker(tb testing.TB, nowMs int64, rule string, m Marker) Version {
 	tb.Helper()
-	if _, err := mi.m.SetShare(nowMs, key, capacity, rate, version, time.Minute); err != nil {
+	v, err := mi.m.WriteMarker(nowMs, rule, m)
+	if err != nil {
 		tb.Fatal(err)
 	}
+	return v
+}
+
+func (mi modelImpl) shares(tb testing.TB, nowMs int64, rule string, recs ...ShareRecord) []Version {
+	tb.Helper()
+	v, err := mi.m.WriteShares(nowMs, rule, recs)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return v
+}
+
+func (mi modelImpl) runID(testing.TB) string { return mi.m.RunID() }
+
+func (mi modelImpl) persistent(tb testing.TB, nowMs int64, key string) bool {
+	return mi.m.PTTL(nowMs, key) == -1
 }
 
 type redisImpl struct{ e *env }
@@ -84,12 +104,42 @@ func (ri redisImpl) check(tb testing.TB, nowMs, cost int64, buckets ...Bucket) (
 	return ok, res
 }
 
-func (ri redisImpl) setShare(tb testing.TB, nowMs int64, key string, capacity, rate, version int64) {
+func (ri redisImpl) marker(tb testing.TB, nowMs int64, rule string, m Marker) Version {
 	tb.Helper()
 	ri.e.clock.ms.Store(nowMs)
-	if err := ri.e.store.SetShare(ctxT(tb), key, capacity, rate, version, time.Minute); err != nil {
+	v, err := ri.e.store.WriteMarker(ctxT(tb), rule, m)
+	if err != nil {
 		tb.Fatal(err)
 	}
+	return v
+}
+
+func (ri redisImpl) shares(tb testing.TB, nowMs int64, rule string, recs ...ShareRecord) []Version {
+	tb.Helper()
+	ri.e.clock.ms.Store(nowMs)
+	v, err := ri.e.store.WriteShares(ctxT(tb), rule, recs)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return v
+}
+
+func (ri redisImpl) runID(tb testing.TB) string {
+	tb.Helper()
+	id, err := ri.e.store.RunID(ctxT(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return id
+}
+
+func (ri redisImpl) persistent(tb testing.TB, _ int64, key string) bool {
+	tb.Helper()
+	d, err := ri.e.client.PTTL(ctxT(tb), key).Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return d == -1 // go-redis returns -1 (ns) for no TTL, -2 for no key
 }
 
 // forEachImpl runs f against the model and against the script in Redis.

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"fmt"
 	"sort"
 	"time"
 )
@@ -14,6 +15,15 @@ import (
 type Model struct {
 	slackMs int64
 	keys    map[string]*modelKey
+	markers map[string]modelMarker // by marker key; they never expire
+	runID   string
+}
+
+// modelMarker mirrors a marker key.
+type modelMarker struct {
+	inc, seq, units int64
+	at, exp         int64 // applied at, lease end (virtual ms)
+	run             string
 }
 
 // modelKey mirrors one Redis key: a hash (token, leaky, fixed and sliding
@@ -30,7 +40,18 @@ func NewModel(ttlSlack time.Duration) *Model {
 	if ttlSlack == 0 {
 		ttlSlack = DefaultTTLSlack
 	}
-	return &Model{slackMs: ttlSlack.Milliseconds(), keys: map[string]*modelKey{}}
+	return &Model{slackMs: ttlSlack.Milliseconds(), keys: map[string]*modelKey{}, markers: map[string]modelMarker{}, runID: "model-run-1"}
+}
+
+// RunID is the model's run id, like Store.RunID ("model-run-1" until Restart).
+func (m *Model) RunID() string { return m.runID }
+
+// Restart simulates a restart of Redis without persistence: every key and
+// marker is gone and the run id becomes runID.
+func (m *Model) Restart(runID string) {
+	clear(m.keys)
+	clear(m.markers)
+	m.runID = runID
 }
 
 const micro = 1_000_000 // millionths of a token per token
@@ -101,24 +122,27 @@ func (m *Model) PTTL(nowMs int64, key string) int64 {
 }
 
 type plan struct {
-	b      Bucket
-	alg    int64
-	ok     bool
-	limit  int64
-	retry  int64
-	share  bool
-	back   bool // token/leaky: the clock is behind the stored time
-	ttl    int64
-	t0, t1 int64 // token/leaky: millionths
-	capU   int64
-	rate   int64
-	w      int64 // windows: window index
-	n0, n1 int64 // fixed: count; sliding window: current count; log: count
-	pc     int64 // sliding window: previous count
-	L, W   int64
-	off    int64
-	reset  int64 // fixed window reset; log: reset when not taken
-	eff    int64 // log: effective now
+	b       Bucket
+	alg     int64
+	ok      bool
+	limit   int64
+	retry   int64
+	global  bool
+	rec     []int64 // global token bucket: the stored record (inc, seq, units*2+release)
+	changed bool    // global token bucket: the enforced share differs from the stored one
+	rawCap  int64   // token bucket: the enforced capacity (thousandths)
+	back    bool    // token/leaky: the clock is behind the stored time
+	ttl     int64
+	t0, t1  int64 // token/leaky: millionths
+	capU    int64
+	rate    int64
+	w       int64 // windows: window index
+	n0, n1  int64 // fixed: count; sliding window: current count; log: count
+	pc      int64 // sliding window: previous count
+	L, W    int64
+	off     int64
+	reset   int64 // fixed window reset; log: reset when not taken
+	eff     int64 // log: effective now
 }
 
 // Check evaluates the buckets at nowMs exactly as the store's script does.
@@ -134,27 +158,39 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 		switch p.alg {
 		case algTokenBucket:
 			capacity, rate := b.Capacity, b.Rate
-			c, okc := m.field(k, "c")
-			r, okr := m.field(k, "r")
-			if okc && okr {
-				capacity, rate, p.share = c, r, true
+			t, okt := m.field(k, "t")
+			l, _ := m.field(k, "l")
+			if g := b.Global; g != nil {
+				p.global = true
+				mk, okm := m.markers[MarkerKey(g.Rule)]
+				var u int64
+				if ri, ok := m.field(k, "i"); ok {
+					p.rec = []int64{ri, k.h["s"], k.h["u"]}
+					u = m.enforced(mk, okm, nowMs, g.Units, g.Floor, true, ri, k.h["u"]/2)
+				} else {
+					u = m.enforced(mk, okm, nowMs, g.Units, g.Floor, false, 0, 0)
+				}
+				capacity, rate = shareOf(b.Capacity, u, g.Units), shareOf(b.Rate, u, g.Units)
+				capU := capacity * 1000
+				if !okt {
+					t, l = capU, nowMs
+				} else {
+					oc, okc := m.field(k, "c")
+					or := k.h["r"]
+					if okc {
+						t = refill(t, nowMs-l, oc*1000, or)
+					}
+					t = min(t, capU)
+					p.changed = !okc || oc != capacity || or != rate
+				}
+			} else {
+				if !okt {
+					t, l = capacity*1000, nowMs
+				}
+				t = refill(t, nowMs-l, capacity*1000, rate)
 			}
 			capU := capacity * 1000
-			t, okt := m.field(k, "t")
-			l, okl := m.field(k, "l")
-			if !okt || !okl {
-				t, l = capU, nowMs
-			}
-			t = min(t, capU)
 			p.back = nowMs < l
-			el := max(nowMs-l, 0)
-			if rate > 0 && t < capU {
-				if el >= ceilDiv(capU-t, rate) {
-					t = capU
-				} else {
-					t += el * rate
-				}
-			}
 			costU := cost * micro
 			p.ok = costU <= t
 			p.limit = floorDiv(capacity, 1000)
@@ -167,9 +203,10 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 			default:
 				p.retry = ceilDiv(costU-t, rate)
 			}
-			p.capU, p.rate = capU, rate
-			if rate > 0 {
-				p.ttl = m.ttl(ceilDiv(capU, rate))
+			p.capU, p.rate, p.rawCap = capU, rate, capacity
+			p.ttl = m.ttl(ceilDiv(capU, max(rate, 1)))
+			if p.rec != nil && p.rec[2]%2 == 0 {
+				p.ttl = 0 // a record that is not a Release record: persistent
 			}
 		case algLeakyBucket:
 			capU, rate := b.Capacity*1000, b.Rate
@@ -311,15 +348,17 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 			if take {
 				t = p.t1
 			}
-			if all || p.back {
-				k := m.hset(nowMs, key, "t", t, "l", nowMs)
-				if p.share {
-					if p.ttl > 0 && m.PTTL(nowMs, key) < p.ttl {
-						k.expireAt = nowMs + p.ttl
-					}
-				} else {
-					k.expireAt = nowMs + p.ttl
+			switch {
+			case p.alg == algLeakyBucket && (all || p.back):
+				m.hset(nowMs, key, "t", t, "l", nowMs).expireAt = nowMs + p.ttl
+			case p.alg == algTokenBucket && (all || p.back || p.changed):
+				// the whole state is replaced (a regional write drops a share)
+				v := []int64{t, nowMs}
+				if p.global {
+					v = append(v, p.rawCap, p.rate)
+					v = append(v, p.rec...)
 				}
+				m.setTB(nowMs, key, v, p.ttl)
 			}
 			if p.alg == algTokenBucket {
 				rem = floorDiv(t, micro)
@@ -383,46 +422,142 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 	return all, results, nil
 }
 
-// SetShare applies a share at nowMs exactly as Store.SetShare does and
-// reports whether it was applied (false: an older version, ignored).
-func (m *Model) SetShare(nowMs int64, key string, capacity, rate, version int64, ttl time.Duration) (bool, error) {
-	if err := validateShare(key, capacity, rate, version, ttl); err != nil {
-		return false, err
-	}
-	k := m.get(nowMs, key)
-	if ov, ok := m.field(k, "v"); ok && version < ov {
-		return false, nil
-	}
-	capU := capacity * 1000
-	t, okt := m.field(k, "t")
-	l, okl := m.field(k, "l")
-	if !okt || !okl {
-		t = capU
-	} else {
-		oc, okc := m.field(k, "c")
-		orate, okr := m.field(k, "r")
-		if okc && okr {
-			ocU := oc * 1000
-			t = min(t, ocU)
-			el := max(nowMs-l, 0)
-			if orate > 0 && t < ocU {
-				if el >= ceilDiv(ocU-t, orate) {
-					t = ocU
-				} else {
-					t += el * orate
-				}
-			}
+// refill adds el ms (< 0 counts as 0) at rate to t (millionths), after
+// clamping t to capU; never above capU.
+func refill(t, el, capU, rate int64) int64 {
+	t = min(t, capU)
+	el = max(el, 0)
+	if rate > 0 && t < capU {
+		if el >= ceilDiv(capU-t, rate) {
+			t = capU
+		} else {
+			t += el * rate
 		}
 	}
-	t = min(t, capU)
-	k = m.hset(nowMs, key, "t", t, "l", nowMs, "c", capacity, "r", rate, "v", version)
-	want := ttl.Milliseconds()
-	if rate > 0 {
-		want = max(want, ceilDiv(capU, rate)+m.slackMs)
+	return t
+}
+
+// shareOf is floor(x*u/total), computed as the script does.
+func shareOf(x, u, total int64) int64 {
+	q := floorDiv(x, total)
+	return q*u + floorDiv((x-q*total)*u, total)
+}
+
+// tbFields names the token-bucket state values in order (see doc.go).
+var tbFields = []string{"t", "l", "c", "r", "i", "s", "u"}
+
+// setTB replaces a token bucket's whole state with v (2, 4 or 7 values).
+// ttl > 0 sets the key to expire ttl ms from nowMs, 0 keeps its TTL, -1
+// makes it persistent.
+func (m *Model) setTB(nowMs int64, key string, v []int64, ttl int64) {
+	k := m.get(nowMs, key)
+	if k == nil {
+		k = &modelKey{}
+		m.keys[key] = k
 	}
-	want = max(want, 1000)
-	if m.PTTL(nowMs, key) < want {
-		k.expireAt = nowMs + want
+	k.h = map[string]int64{}
+	for i, x := range v {
+		k.h[tbFields[i]] = x
 	}
-	return true, nil
+	switch {
+	case ttl > 0:
+		k.expireAt = nowMs + ttl
+	case ttl < 0:
+		k.expireAt = 0
+	}
+}
+
+// live reports whether a marker is in force at nowMs: of the current run,
+// applied at or before nowMs, its lease not over.
+func (m *Model) live(mk modelMarker, ok bool, nowMs int64) bool {
+	return ok && mk.at <= nowMs && nowMs < mk.exp && mk.run == m.runID
+}
+
+// enforced is the units a global key enforces (see the package doc).
+func (m *Model) enforced(mk modelMarker, ok bool, nowMs, total, floor int64, hasRec bool, recInc, recUnits int64) int64 {
+	u := floor
+	if m.live(mk, ok, nowMs) {
+		switch {
+		case !hasRec:
+			u = mk.units
+		case recInc == mk.inc:
+			u = recUnits
+		}
+	}
+	return min(u, total)
+}
+
+// WriteMarker applies mk for rule at nowMs exactly as Store.WriteMarker does.
+func (m *Model) WriteMarker(nowMs int64, rule string, mk Marker) (Version, error) {
+	if err := validateMarker(rule, mk); err != nil {
+		return Version{}, err
+	}
+	key := MarkerKey(rule)
+	old, ok := m.markers[key]
+	if ok && old.run != m.runID {
+		ok = false
+	}
+	inc, seq := int64(mk.Inc), int64(mk.Seq)
+	var apply bool
+	if mk.Create {
+		apply = mk.RunID == m.runID && (!ok || inc > old.inc || inc == old.inc && seq > old.seq)
+	} else {
+		apply = ok && inc == old.inc && seq >= old.seq
+	}
+	if !apply {
+		if ok {
+			return Version{uint64(old.inc), uint64(old.seq)}, nil
+		}
+		return Version{}, nil
+	}
+	m.markers[key] = modelMarker{inc: inc, seq: seq, units: mk.Units, at: nowMs, exp: nowMs + mk.Lease.Milliseconds(), run: m.runID}
+	return Version{mk.Inc, mk.Seq}, nil
+}
+
+// WriteShares applies recs for rule at nowMs exactly as Store.WriteShares does.
+func (m *Model) WriteShares(nowMs int64, rule string, recs []ShareRecord) ([]Version, error) {
+	if rule == "" {
+		return nil, fmt.Errorf("%w: rule is empty", ErrInvalidShare)
+	}
+	for i, r := range recs {
+		if err := validateRecord(i, r); err != nil {
+			return nil, err
+		}
+	}
+	if len(recs) == 0 {
+		return nil, nil
+	}
+	mk, okm := m.markers[MarkerKey(rule)]
+	out := make([]Version, len(recs))
+	for i, r := range recs {
+		inc, seq := int64(r.Inc), int64(r.Seq)
+		k := m.get(nowMs, r.Key)
+		if si, ok := m.field(k, "i"); ok {
+			ss := k.h["s"]
+			if inc < si || inc == si && seq < ss {
+				out[i] = Version{uint64(si), uint64(ss)}
+				continue
+			}
+		}
+		u := m.enforced(mk, okm, nowMs, r.Total, r.Floor, true, inc, r.Units)
+		capacity, rate := shareOf(r.Capacity, u, r.Total), shareOf(r.Rate, u, r.Total)
+		capU := capacity * 1000
+		t, okt := m.field(k, "t")
+		if !okt {
+			t = capU
+		} else {
+			if oc, ok := m.field(k, "c"); ok {
+				t = refill(t, nowMs-k.h["l"], oc*1000, k.h["r"])
+			}
+			t = min(t, capU)
+		}
+		var rel, ttl int64 = 0, -1
+		if r.Release {
+			rel = 1
+			ttl = max(ceilDiv(capU, max(rate, 1))+m.slackMs, r.TTL.Milliseconds(), 1000)
+		}
+		m.setTB(nowMs, r.Key, []int64{t, nowMs, capacity, rate, inc, seq, r.Units*2 + rel}, ttl)
+		out[i] = r.versionOf()
+	}
+	return out, nil
 }

@@ -9,16 +9,8 @@ package redisstore
 // The Go reference model (model.go) implements the same steps in the same
 // order; keep the two in step (the differential test compares them).
 
-// checkSrc evaluates all buckets of one request.
-//
-// KEYS[i]: the bucket keys (distinct).
-// ARGV[1]: cost (whole tokens); ARGV[2]: now in ms, or "" to read TIME;
-// ARGV[3]: TTL slack in ms; then 4 values per bucket: algorithm code, a, b,
-// shadow (0/1). Token/leaky bucket: a = capacity, b = rate (thousandths,
-// thousandths per second). Window algorithms: a = limit, b = window in ms.
-//
-// Reply: {allowed, then per bucket: allowed, limit, remaining, retry_after_ms, reset_after_ms}.
-const checkSrc = `
+// prelude holds the helpers every script shares.
+const prelude = `
 local U = 1000000
 local function idiv(a, b)
   local q = math.floor(a / b)
@@ -27,6 +19,11 @@ local function idiv(a, b)
 end
 local function cdiv(a, b) return -idiv(-a, b) end
 local function fmt(x) return string.format('%.0f', x) end
+local function clock(arg)
+  if arg ~= '' then return tonumber(arg) end
+  local tm = redis.call('TIME')
+  return tonumber(tm[1]) * 1000 + idiv(tonumber(tm[2]), 1000)
+end
 -- state: a binary string of 6-byte little-endian unsigned integers
 -- (load returns nil for a missing key, else exactly the stored values)
 local function load(key, n1, n2)
@@ -42,15 +39,85 @@ local function save(key, vals, ttl)
   local s = struct.pack('<' .. string.rep('I6', #vals), unpack(vals))
   if ttl > 0 then redis.call('SET', key, s, 'PX', ttl) else redis.call('SET', key, s, 'KEEPTTL') end
 end
-
-local cost = tonumber(ARGV[1])
-local now
-if ARGV[2] ~= '' then
-  now = tonumber(ARGV[2])
-else
-  local tm = redis.call('TIME')
-  now = tonumber(tm[1]) * 1000 + idiv(tonumber(tm[2]), 1000)
+-- token bucket state: t, l (regional); t, l, c, r (global); t, l, c, r,
+-- record inc, seq, units*2+release (global with a share record)
+local tbfmt = {[12] = '<I6I6', [24] = '<I6I6I6I6', [36] = '<I6I6I6I6I3I5I4'}
+local function loadtb(key)
+  local s = redis.call('GET', key)
+  if not s then return nil end
+  local f = tbfmt[#s]
+  if not f then return error('redisstore: bad state in ' .. key) end
+  local v = {struct.unpack(f, s)}
+  v[#v] = nil
+  return v
 end
+-- ttl > 0: PX ttl; 0: KEEPTTL; -1: no TTL (persistent)
+local tbpack = {[2] = tbfmt[12], [4] = tbfmt[24], [7] = tbfmt[36]}
+local function savetb(key, v, ttl)
+  local s = struct.pack(tbpack[#v], unpack(v))
+  if ttl > 0 then redis.call('SET', key, s, 'PX', ttl)
+  elseif ttl == 0 then redis.call('SET', key, s, 'KEEPTTL')
+  else redis.call('SET', key, s) end
+end
+-- refill t (millionths) for el ms at rate (thousandths/s) up to capU,
+-- after clamping to capU; el < 0 counts as 0
+local function refill(t, el, capU, rate)
+  if t > capU then t = capU end
+  if el < 0 then el = 0 end
+  if rate > 0 and t < capU then
+    if el >= cdiv(capU - t, rate) then t = capU else t = t + el * rate end
+  end
+  return t
+end
+-- the share of x for u of UN units: floor(x*u/UN), exact while UN <= 2^26
+local function shareOf(x, u, UN)
+  local q = idiv(x, UN)
+  return q * u + idiv((x - q * UN) * u, UN)
+end
+-- marker: inc, seq, units, applied at, lease expiry (ms), then the run id
+local function loadmarker(key)
+  local s = redis.call('GET', key)
+  if not s then return nil end
+  if #s < 30 then return error('redisstore: bad marker in ' .. key) end
+  local inc, seq, units, at, exp = struct.unpack('<I6I6I6I6I6', s)
+  return {inc = inc, seq = seq, units = units, at = at, exp = exp, run = string.sub(s, 31)}
+end
+local runid
+local function currentrun()
+  if not runid then runid = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or '' end
+  return runid
+end
+-- a marker in force: of this server run, applied at or before now, lease not over
+local function live(m, now)
+  return m and m.at <= now and now < m.exp and m.run == currentrun()
+end
+-- the units a global key enforces (rinc: its record's incarnation, or nil)
+local function enforced(m, now, UN, F, rinc, runits)
+  local u = F
+  if live(m, now) then
+    if rinc == nil then u = m.units elseif rinc == m.inc then u = runits end
+  end
+  if u > UN then u = UN end
+  return u
+end
+`
+
+// checkSrc evaluates all buckets of one request.
+//
+// KEYS[i]: the bucket keys (distinct), then the marker keys of the global
+// buckets.
+// ARGV[1]: cost (whole tokens); ARGV[2]: now in ms, or "" to read TIME;
+// ARGV[3]: TTL slack in ms; then 4 values per bucket: algorithm code, a, b,
+// shadow (0/1). Token/leaky bucket: a = capacity, b = rate (thousandths,
+// thousandths per second). Window algorithms: a = limit, b = window in ms.
+// A global token bucket (code 6; a, b the global capacity and rate) has 3
+// more: total units, floor units, and the index in KEYS of its marker key.
+//
+// Reply: {allowed, then per bucket: allowed, limit, remaining, retry_after_ms, reset_after_ms}.
+const checkSrc = prelude + `
+local cost = tonumber(ARGV[1])
+local now = clock(ARGV[2])
+local markers = {}
 local slack = tonumber(ARGV[3])
 local function ttlms(x)
   x = x + slack
@@ -60,28 +127,45 @@ end
 
 local plans = {}
 local all = true
-for i = 1, #KEYS do
+local base, i = 3, 0
+while base < #ARGV do
+  i = i + 1
   local key = KEYS[i]
-  local base = 3 + (i - 1) * 4
   local alg = tonumber(ARGV[base + 1])
   local a = tonumber(ARGV[base + 2])
   local b = tonumber(ARGV[base + 3])
   local p = {key = key, alg = alg, shadow = ARGV[base + 4] == '1'}
-  if alg == 1 then
+  if alg == 1 or alg == 6 then
     -- token bucket; t in millionths of a token, l in ms
-    local h = load(key, 2, 5) or {}
+    local h = loadtb(key)
     local cap, rate = a, b
-    if h[3] then cap = h[3]; rate = h[4]; p.share = {h[3], h[4], h[5]} end
-    local capU = cap * 1000
-    local t, l = h[1], h[2]
-    if t == nil then t = capU; l = now end
-    if t > capU then t = capU end
-    p.back = now < l
-    local el = now - l
-    if el < 0 then el = 0 end
-    if rate > 0 and t < capU then
-      if el >= cdiv(capU - t, rate) then t = capU else t = t + el * rate end
+    local t, l
+    if alg == 6 then
+      -- global: enforce a share of the global capacity a and rate b
+      local UN, F, mk = tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
+      local m = markers[mk]
+      if m == nil then m = loadmarker(KEYS[mk]) or false; markers[mk] = m end
+      if h and h[5] then p.rec = {h[5], h[6], h[7]} end
+      local u
+      if p.rec then u = enforced(m, now, UN, F, h[5], idiv(h[7], 2)) else u = enforced(m, now, UN, F, nil, 0) end
+      cap = shareOf(a, u, UN); rate = shareOf(b, u, UN)
+      local capU = cap * 1000
+      if h == nil then t = capU; l = now
+      else
+        t, l = h[1], h[2]
+        -- settle at the rate and capacity the bucket last saw (none: no
+        -- credit), then clamp to the new capacity
+        if h[3] then t = refill(t, now - l, h[3] * 1000, h[4]) end
+        if t > capU then t = capU end
+        p.changed = h[3] ~= cap or h[4] ~= rate
+      end
+      p.global = true
+    else
+      if h then t, l = h[1], h[2] else t = cap * 1000; l = now end
+      t = refill(t, now - l, cap * 1000, rate)
     end
+    local capU = cap * 1000
+    p.back = now < l
     local costU = cost * U
     p.ok = costU <= t
     p.limit = idiv(cap, 1000)
@@ -89,8 +173,12 @@ for i = 1, #KEYS do
     if p.ok then p.t1 = t - costU; p.retry = 0
     elseif costU > capU or rate == 0 then p.t1 = t; p.retry = -1
     else p.t1 = t; p.retry = cdiv(costU - t, rate) end
-    p.cap = capU; p.rate = rate
-    if rate > 0 then p.ttl = ttlms(cdiv(capU, rate)) else p.ttl = 0 end
+    p.cap = capU; p.rate = rate; p.rawcap = cap
+    local r1 = rate
+    if r1 < 1 then r1 = 1 end
+    p.ttl = ttlms(cdiv(capU, r1))
+    -- a record that is not a Release record keeps the key persistent
+    if p.rec and p.rec[3] % 2 == 0 then p.ttl = 0 end
   elseif alg == 5 then
     -- leaky bucket (meter); t = level in millionths of a token
     local h = load(key, 2, 2) or {}
@@ -185,6 +273,7 @@ for i = 1, #KEYS do
   end
   if not p.ok and not p.shadow then all = false end
   plans[i] = p
+  if alg == 6 then base = base + 7 else base = base + 4 end
 end
 
 local out = {all and 1 or 0}
@@ -192,21 +281,22 @@ for i = 1, #plans do
   local p = plans[i]
   local take = all and p.ok
   local rem, reset
-  if p.alg == 1 or p.alg == 5 then
+  if p.alg == 1 or p.alg == 6 or p.alg == 5 then
     local t = p.t0
     if take then t = p.t1 end
-    if all or p.back then
+    if all or p.back or p.changed then
       -- also after a clock step back: the bucket's time follows the clock
-      -- (settled level, nothing consumed), so refill resumes at once
-      if p.share then
-        local ttl = p.ttl
-        if ttl > 0 and redis.call('PTTL', p.key) >= ttl then ttl = 0 end
-        save(p.key, {t, now, p.share[1], p.share[2], p.share[3]}, ttl)
+      -- (settled level, nothing consumed), so refill resumes at once; and
+      -- after a share change, so the next check settles at the new rate
+      if p.global then
+        local v = {t, now, p.rawcap, p.rate}
+        if p.rec then v[5] = p.rec[1]; v[6] = p.rec[2]; v[7] = p.rec[3] end
+        savetb(p.key, v, p.ttl)
       else
-        save(p.key, {t, now}, p.ttl)
+        savetb(p.key, {t, now}, p.ttl)
       end
     end
-    if p.alg == 1 then
+    if p.alg ~= 5 then
       rem = idiv(t, U)
       if t >= p.cap then reset = 0 elseif p.rate == 0 then reset = -1 else reset = cdiv(p.cap - t, p.rate) end
     else
@@ -261,61 +351,70 @@ end
 return out
 `
 
-// shareSrc sets a region's share of a global token bucket.
+// sharesSrc writes one key's share record (WriteShares).
 //
-// KEYS[1]: the token-bucket key. ARGV: capacity (thousandths), rate
-// (thousandths per second), version, ttl ms, now ms or "" for TIME, slack ms.
-// Reply: 1 if applied, 0 if the version was older than the stored one (ignored).
-const shareSrc = `
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-local function cdiv(a, b) return -idiv(-a, b) end
-
+// KEYS[1]: the token-bucket key; KEYS[2]: the rule's marker key. ARGV: inc,
+// seq, units, release (0/1), global capacity, global rate, total units,
+// floor units, ttl ms (Release records), now ms or "" for TIME, slack ms.
+// Reply: {inc, seq}, the record version the key holds afterwards.
+const sharesSrc = prelude + `
 local key = KEYS[1]
-local s = redis.call('GET', key)
-local h = {}
-if s then
-  if #s ~= 12 and #s ~= 30 then return error('redisstore: bad state in ' .. key) end
-  h = {struct.unpack('<' .. string.rep('I6', #s / 6), s)}
-  h[#s / 6 + 1] = nil
-end
-local cap, rate, ver, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local now
-if ARGV[5] ~= '' then
-  now = tonumber(ARGV[5])
-else
-  local tm = redis.call('TIME')
-  now = tonumber(tm[1]) * 1000 + idiv(tonumber(tm[2]), 1000)
-end
-local slack = tonumber(ARGV[6])
-
-local ov = h[5]
-if ov and ver < ov then return 0 end
+local inc, seq, units, rel = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local C, R, UN, F = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local ttl = tonumber(ARGV[9])
+local now = clock(ARGV[10])
+local slack = tonumber(ARGV[11])
+local h = loadtb(key)
+if h and h[5] and (inc < h[5] or (inc == h[5] and seq < h[6])) then return {h[5], h[6]} end
+local u = enforced(loadmarker(KEYS[2]) or false, now, UN, F, inc, units)
+local cap, rate = shareOf(C, u, UN), shareOf(R, u, UN)
 local capU = cap * 1000
-local t, l = h[1], h[2]
-if t == nil then
-  t = capU
+local t
+if h == nil then t = capU
 else
-  local oc, orate = h[3], h[4]
-  if oc then
-    local ocU = oc * 1000
-    if t > ocU then t = ocU end
-    local el = now - l
-    if el < 0 then el = 0 end
-    if orate > 0 and t < ocU then
-      if el >= cdiv(ocU - t, orate) then t = ocU else t = t + el * orate end
-    end
-  end
+  t = h[1]
+  -- settle at the rate and capacity the bucket last saw (none: no credit)
+  if h[3] then t = refill(t, now - h[2], h[3] * 1000, h[4]) end
+  if t > capU then t = capU end
 end
-if t > capU then t = capU end
-local want = ttl
-if rate > 0 and cdiv(capU, rate) + slack > want then want = cdiv(capU, rate) + slack end
-if want < 1000 then want = 1000 end
-local cur = redis.call('PTTL', key)
-if cur > want then want = cur end
-redis.call('SET', key, struct.pack('<I6I6I6I6I6', t, now, cap, rate, ver), 'PX', want)
-return 1
+local v = {t, now, cap, rate, inc, seq, units * 2 + rel}
+if rel == 1 then
+  local r1 = rate
+  if r1 < 1 then r1 = 1 end
+  local want = cdiv(capU, r1) + slack
+  if ttl > want then want = ttl end
+  if want < 1000 then want = 1000 end
+  savetb(key, v, want)
+else
+  savetb(key, v, -1)
+end
+return {inc, seq}
+`
+
+// markerSrc writes a rule's marker (WriteMarker).
+//
+// KEYS[1]: the marker key. ARGV: inc, seq, units, lease ms, create (0/1),
+// run id, now ms or "" for TIME.
+// Reply: {inc, seq}, the version of the marker the store holds afterwards
+// ({0, 0}: none, or one of another server run, which counts as none).
+const markerSrc = prelude + `
+local key = KEYS[1]
+local inc, seq, units, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local create, run = ARGV[5] == '1', ARGV[6]
+local now = clock(ARGV[7])
+local cur = currentrun()
+local m = loadmarker(key)
+if m and m.run ~= cur then m = nil end
+local ok
+if create then
+  ok = run == cur and (m == nil or inc > m.inc or (inc == m.inc and seq > m.seq))
+else
+  ok = m ~= nil and inc == m.inc and seq >= m.seq
+end
+if not ok then
+  if m then return {m.inc, m.seq} end
+  return {0, 0}
+end
+redis.call('SET', key, struct.pack('<I6I6I6I6I6', inc, seq, units, now, now + lease) .. cur)
+return {inc, seq}
 `

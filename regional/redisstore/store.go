@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,7 +81,8 @@ func WithTTLSlack(d time.Duration) Option {
 type Store struct {
 	client      redis.UniversalClient
 	check       *redis.Script
-	share       *redis.Script
+	marker      *redis.Script
+	shares      *redis.Script
 	opts        options
 	slackMs     int64
 	queue       chan *call
@@ -126,7 +128,8 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	s := &Store{
 		client:  client,
 		check:   redis.NewScript(checkSrc),
-		share:   redis.NewScript(shareSrc),
+		marker:  redis.NewScript(markerSrc),
+		shares:  redis.NewScript(sharesSrc),
 		opts:    o,
 		slackMs: o.slack.Milliseconds(),
 		queue:   make(chan *call, o.batch*o.workers),
@@ -188,32 +191,40 @@ func (s *Store) Check(ctx context.Context, cost int64, buckets []Bucket) (allowe
 	if len(buckets) == 0 {
 		return true, nil, nil
 	}
-	for _, b := range buckets {
-		if b.Global != nil {
-			return false, nil, errNotImplemented
-		}
-	}
 	now, err := s.nowArg()
 	if err != nil {
 		return false, nil, err
 	}
-	keys := make([]string, len(buckets))
-	args := make([]any, 3+4*len(buckets))
+	keys := make([]string, len(buckets), len(buckets)+1)
+	args := make([]any, 3, 3+4*len(buckets))
 	args[0], args[1], args[2] = cost, now, s.slackMs
 	for i, b := range buckets {
 		keys[i] = b.Key
-		j := 3 + 4*i
-		args[j] = algCode(b.Algorithm)
-		switch args[j] {
-		case int64(algTokenBucket), int64(algLeakyBucket):
-			args[j+1], args[j+2] = b.Capacity, b.Rate
+	}
+	for _, b := range buckets {
+		alg := algCode(b.Algorithm)
+		var x, y int64
+		switch alg {
+		case algTokenBucket, algLeakyBucket:
+			x, y = b.Capacity, b.Rate
 		default:
-			args[j+1], args[j+2] = b.Limit, b.Window.Milliseconds()
+			x, y = b.Limit, b.Window.Milliseconds()
 		}
-		args[j+3] = 0
+		shadow := 0
 		if b.Shadow {
-			args[j+3] = 1
+			shadow = 1
 		}
+		if b.Global == nil {
+			args = append(args, alg, x, y, shadow)
+			continue
+		}
+		mk := MarkerKey(b.Global.Rule)
+		idx := slices.Index(keys[len(buckets):], mk)
+		if idx < 0 {
+			idx = len(keys) - len(buckets)
+			keys = append(keys, mk)
+		}
+		args = append(args, int64(algGlobalTokenBucket), x, y, shadow, b.Global.Units, b.Global.Floor, len(buckets)+idx+1)
 	}
 	c := &call{ctx: ctx, keys: keys, args: args, res: make(chan callResult, 1)}
 	select {
@@ -350,43 +361,6 @@ func (s *Store) load(ctx context.Context, sc *redis.Script) error {
 		return fmt.Errorf("redisstore: load script: %w", err)
 	}
 	s.scriptLoads.Add(1)
-	return nil
-}
-
-// SetShare sets the region's enforced share of a global token bucket, in
-// one script: settle the bucket at the OLD share's rate and capacity up to
-// now, store the new capacity and rate (thousandths, thousandths per
-// second) and version, then clamp the banked tokens to the new capacity.
-//
-// Versions only move forward: a version older than the stored one is
-// ignored (nil error); an equal version is applied again (re-asserting a
-// share after a store restart is idempotent). A missing key starts full at
-// the new capacity (the state an expired key stands for). A key without a
-// share (running on the rule's static share, whose rate the store does not
-// keep) gets no refill credit for the time since its last check: that can
-// only cost tokens, never mint them. The key's TTL becomes the largest of
-// its current TTL, ttl, and the time to refill from empty plus the slack,
-// and Check never shortens the TTL of a key with a share: the sync agent
-// keeps a coordinated key alive by calling SetShare again before ttl ends.
-func (s *Store) SetShare(ctx context.Context, key string, capacity, rate, version int64, ttl time.Duration) error {
-	if err := validateShare(key, capacity, rate, version, ttl); err != nil {
-		return err
-	}
-	now, err := s.nowArg()
-	if err != nil {
-		return err
-	}
-	keys := []string{key}
-	args := []any{capacity, rate, version, ttl.Milliseconds(), now, s.slackMs}
-	err = s.share.EvalSha(ctx, s.client, keys, args...).Err()
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
-		if err = s.load(ctx, s.share); err == nil {
-			err = s.share.EvalSha(ctx, s.client, keys, args...).Err()
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("redisstore: set share %q: %w", key, err)
-	}
 	return nil
 }
 

@@ -131,9 +131,6 @@ func TestValidation(t *testing.T) {
 			}
 		})
 	}
-	if err := e.store.SetShare(ctxT(t), "k", -1, 1, 1, time.Minute); !errors.Is(err, ErrInvalidShare) {
-		t.Fatalf("SetShare: %v", err)
-	}
 	for _, opt := range []Option{WithBatchSize(0), WithWorkers(0), WithTTLSlack(-time.Second)} {
 		if _, err := New(e.client, opt); err == nil {
 			t.Fatal("New accepted a bad option")
@@ -172,11 +169,33 @@ func TestMemoryUsage(t *testing.T) {
 		}
 		t.Logf("MEMORY USAGE %s (%s, after one request) = %d bytes", b.Key, b.Algorithm, e.client.MemoryUsage(ctx, b.Key).Val())
 	}
-	if err := e.store.SetShare(ctx, key, 10_000, 5_000, 12, time.Minute); err != nil {
+	// A global token bucket holding a share record, and the rule's marker.
+	runID, err := e.store.RunID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.WriteMarker(ctx, "orders-free", Marker{Inc: 3, Seq: 7, Units: 300_000, Lease: time.Minute, Create: true, RunID: runID}); err != nil {
+		t.Fatal(err)
+	}
+	gb := Bucket{Key: key, Algorithm: rules.TokenBucket, Capacity: 20_000_000, Rate: 10_000_000, Global: &Global{Rule: "orders-free", Units: 1_000_000, Floor: 100_000}}
+	if _, _, err := e.store.Check(ctx, 1, []Bucket{gb}); err != nil {
 		t.Fatal(err)
 	}
 	n, _ = e.client.MemoryUsage(ctx, key).Result()
-	t.Logf("MEMORY USAGE %s with a share = %d bytes", key, n)
+	t.Logf("MEMORY USAGE %s global, no record = %d bytes (state %v)", key, n, decodeState(t, rules.TokenBucket, e.client.Get(ctx, key).Val()))
+	if _, err := e.store.WriteShares(ctx, "orders-free", []ShareRecord{{Key: key, Inc: 3, Seq: 123_456, Units: 412_345, Capacity: gb.Capacity, Rate: gb.Rate, Total: 1_000_000, Floor: 100_000}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.store.Check(ctx, 1, []Bucket{gb}); err != nil {
+		t.Fatal(err)
+	}
+	n, _ = e.client.MemoryUsage(ctx, key).Result()
+	t.Logf("MEMORY USAGE %s global, with a share record = %d bytes (state %v)", key, n, decodeState(t, rules.TokenBucket, e.client.Get(ctx, key).Val()))
+	if n >= 130 {
+		t.Fatalf("token bucket key with a share record uses %d bytes, want < 130", n)
+	}
+	mk := MarkerKey("orders-free")
+	t.Logf("MEMORY USAGE %s (marker) = %d bytes", mk, e.client.MemoryUsage(ctx, mk).Val())
 }
 
 func TestTTL(t *testing.T) {
@@ -217,49 +236,6 @@ func TestTTL(t *testing.T) {
 		}
 		if got := e.client.PTTL(ctx, k).Val(); got > time.Second || got < 500*time.Millisecond {
 			t.Fatalf("PTTL %v, want 1s", got)
-		}
-	})
-	t.Run("a share's TTL is kept alive, never shortened by Check", func(t *testing.T) {
-		k := Key("u", "global")
-		if err := e.store.SetShare(ctx, k, 5_000, 2_000, 1, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		for i := 0; i < 3; i++ {
-			if _, _, err := e.store.Check(ctx, 1, []Bucket{tokenBucket(k, 5, 2)}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if got := e.client.PTTL(ctx, k).Val(); got < 59*time.Second || got > time.Minute {
-			t.Fatalf("PTTL %v, want about 1m", got)
-		}
-		// a newer share with a shorter ttl does not shorten the TTL either
-		if err := e.store.SetShare(ctx, k, 5_000, 2_000, 2, time.Second); err != nil {
-			t.Fatal(err)
-		}
-		if got := e.client.PTTL(ctx, k).Val(); got < 59*time.Second {
-			t.Fatalf("SetShare shortened the TTL to %v", got)
-		}
-		// Check extends it when the bucket needs longer (here: a longer slack)
-		long, err := New(e.client, WithClock(e.clock.now), WithTTLSlack(time.Hour))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer long.Close()
-		if _, _, err := long.Check(ctx, 1, []Bucket{tokenBucket(k, 5, 2)}); err != nil {
-			t.Fatal(err)
-		}
-		if got := e.client.PTTL(ctx, k).Val(); got < time.Hour {
-			t.Fatalf("Check did not extend the share key's TTL: %v", got)
-		}
-		// an ignored (older) version does not change anything
-		if err := e.store.SetShare(ctx, k, 1_000, 1_000, 0, 10*time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		if got := e.client.PTTL(ctx, k).Val(); got > time.Hour+3*time.Second {
-			t.Fatalf("older version changed the TTL to %v", got)
-		}
-		if v := decodeState(t, rules.TokenBucket, e.client.Get(ctx, k).Val())["v"]; v != 2 {
-			t.Fatalf("version %d, want 2", v)
 		}
 	})
 }
@@ -323,15 +299,18 @@ func TestScriptFlush(t *testing.T) {
 	if got := e.store.ScriptLoads(); got != before+1 {
 		t.Fatalf("ScriptLoads %d, want %d", got, before+1)
 	}
-	// SetShare reloads its own script too
+	// WriteShares and WriteMarker reload their own scripts too
 	if err := e.client.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.store.SetShare(ctx, Key("u", "g"), 1000, 1000, 1, time.Minute); err != nil {
+	if _, err := e.store.WriteShares(ctx, "g", []ShareRecord{{Key: Key("u", "g"), Inc: 1, Seq: 1, Units: 1, Capacity: 1000, Rate: 1000, Total: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	if got := e.store.ScriptLoads(); got != before+2 {
-		t.Fatalf("ScriptLoads %d, want %d", got, before+2)
+	if _, err := e.store.WriteMarker(ctx, "g", Marker{Inc: 1, Seq: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.store.ScriptLoads(); got != before+3 {
+		t.Fatalf("ScriptLoads %d, want %d", got, before+3)
 	}
 	// a restarted, empty server: reload, and the bucket starts full again
 	e.redis.Restart(t)
