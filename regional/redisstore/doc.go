@@ -1,7 +1,7 @@
 // Package redisstore is the enforcer's Redis side: it evaluates a request's
 // buckets (token bucket, sliding window counter, fixed window, sliding log,
-// leaky bucket) in Redis with Lua scripts, and lets the sync agent set a
-// region's share of a global token bucket.
+// leaky bucket) in Redis with Lua scripts, and implements the share
+// ledger's store contract (sync/ledger) for global token buckets.
 //
 // Invariants:
 //
@@ -32,8 +32,8 @@
 //     from empty), to drain (leaky bucket), or for the data to stop counting
 //     (windows), plus a slack (WithTTLSlack), at least 1s. An expired key
 //     therefore always stands for the state a new key starts in (full token
-//     bucket, empty leaky bucket, zero counts). A key holding a share keeps
-//     the longer of its TTL and the computed one (see SetShare).
+//     bucket, empty leaky bucket, zero counts), except a global bucket
+//     holding a coordinated share record, which never expires (below).
 //
 // Result semantics (all in ms from the evaluation time, exact):
 //
@@ -55,17 +55,55 @@
 //     RetryAfterMs is when enough entries have left the window; ResetAfterMs
 //     when the newest one has. Memory grows with the limit.
 //   - RetryAfterMs is Never (-1) when waiting cannot help: cost above the
-//     capacity or limit, or a share with rate zero. It is 0 when allowed
+//     capacity or limit, or a global share with rate zero. It is 0 when allowed
 //     (except for leaky_bucket).
 //
+// Global buckets. A Bucket with Global set is a token bucket whose Capacity
+// and Rate are the rule's GLOBAL ones, split into Global.Units units; the
+// store enforces u units as capacity floor(C*u/U) and rate floor(R*u/U)
+// (exact in Lua while U <= MaxUnits). Per global rule the region's store
+// holds a marker (MarkerKey: incarnation, version, default units, the time it
+// was applied and its lease end on the store clock, and the server run id it
+// was created on; it never expires by TTL) and per key an optional share
+// record (incarnation, version, units, Release) inside the bucket's value.
+// Check enforces, per key:
+//
+//   - Global.Floor if the marker is missing, not in force (lease over, the
+//     clock before the time it was applied, or written under another server
+//     run id, i.e. restored from a snapshot after a restart), or the key's
+//     record belongs to another incarnation than the marker;
+//   - the record's units if the key has a record of the marker's incarnation;
+//   - the marker's default units otherwise (always at most Global.Units).
+//
+// When the enforced capacity or rate differs from what the bucket last saw,
+// the bucket is settled at the rate and capacity it last saw up to now, then
+// takes the new ones and its tokens are clamped to the new capacity, in the
+// same script, and the new state is written even if the request is
+// rejected. A state written by a regional check (no rate stored) gets no
+// refill credit. A missing key starts full at its enforced capacity.
+// WriteShares applies a record whose version is not below the stored one
+// with the same settle-set-clamp steps; a Release record gives the key the
+// bucket's TTL (at least ShareRecord.TTL), any other makes it persistent,
+// and Check keeps it so. WriteMarker applies a Create only on the server run
+// it names, above the held version; a renewal only over a held marker of the
+// same incarnation, at or above its version. Both return the version held
+// afterwards. A regional check on a key holding a global state keeps only
+// its tokens (a rule that changes scope loses its records).
+//
+// Redis Cluster: the marker key is per rule, not in the client's hash slot,
+// so a check of a global bucket (and WriteShares) touches two slots and
+// fails with CROSSSLOT; global rules need standalone Redis (or, future work,
+// one marker copy per slot). RunID asks one server (INFO server).
+//
 // State layout. Token bucket, leaky bucket, fixed and sliding window state
-// is one Redis string per key of 6-byte little-endian unsigned integers:
-// token bucket t (millionths of a token), l (last refill, ms), and, once the
-// sync agent has set a share, c and r (capacity and rate, thousandths) and v
-// (share version); leaky bucket t (level), l; fixed window w (window index),
-// n (count); sliding window w, c (count in w), p (count in w-1). When a token
-// bucket holds a share, c and r replace the Bucket's Capacity and Rate (the
-// static share). The sliding log is a sorted set.
+// is one Redis string per key of little-endian unsigned integers (6 bytes
+// unless said): token bucket t (millionths of a token), l (last refill, ms);
+// a global token bucket adds c and r (the capacity and rate, thousandths,
+// it last enforced) and, with a share record, the record's incarnation (3
+// bytes), sequence (5 bytes) and units*2+release (4 bytes): 12, 24 or 36
+// bytes. Leaky bucket t (level), l; fixed window w (window index), n
+// (count); sliding window w, c (count in w), p (count in w-1). The sliding
+// log is a sorted set. A marker is 5 6-byte integers and the run id.
 //
 // Why not a hash with short field names (DESIGN.md's recommended layout):
 // measured with MEMORY USAGE on Redis 7.0 (jemalloc) for the typical key
@@ -74,9 +112,10 @@
 // the 12-byte string takes 88 (an embedded string of at most 12 bytes fits
 // the 32-byte class with its object header). TestMemoryUsage requires < 100
 // and logs the figures: token, leaky and fixed window keys 88 bytes, sliding
-// window 104, a token bucket holding a share 120, a sliding log 120 after
-// one request (one member per token). Writes are one SET with PX (KEEPTTL
-// for a share key whose TTL is longer), so Redis 6.0 or later is needed.
+// window 104, a global token bucket 104 without and 120 with a share record
+// (required < 130), a sliding log 120 after one request (one member per
+// token), a marker 152. Writes are one SET with PX (KEEPTTL for a persistent
+// record key), so Redis 6.0 or later is needed.
 // A rule whose algorithm changes should get a new key (for example a rule
 // version in Key's extras): the layouts differ and a mismatch is an error.
 //

@@ -180,7 +180,10 @@ func (s *Store) nowArg() (any, error) {
 // cost; if any non-shadow bucket rejects, nothing is consumed from any
 // bucket. Otherwise every allowing bucket (shadow ones included) consumes
 // cost. cost is in whole tokens (>= 1). Buckets must have distinct keys, and
-// in Redis Cluster one hash tag (Key gives that for one client).
+// in Redis Cluster one hash tag (Key gives that for one client). A bucket
+// with Global set enforces its share of the global capacity and rate (see
+// the package doc); its rule's marker key is read by the same script, so
+// global buckets need standalone Redis.
 //
 // Check returns ctx.Err() as soon as ctx is done, whatever Redis does; the
 // script may still run after that.
