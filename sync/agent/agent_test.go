@@ -1,0 +1,507 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/internal/testutil"
+	"github.com/apportion/apportion/rules"
+	"github.com/apportion/apportion/rules/etcdstore"
+	"github.com/apportion/apportion/sync/ledger"
+	"github.com/apportion/apportion/sync/usage"
+	"github.com/apportion/apportion/sync/wire"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+const (
+	testRule = "orders"
+	testKey  = "rl:{user:42}:orders"
+)
+
+func testLogger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func globalRule() rules.Rule {
+	return rules.Rule{ID: testRule, Match: map[string]string{"resource": "POST /orders"}, Key: []string{"client_key"},
+		Algorithm: rules.TokenBucket, Capacity: 100, RefillPerSecond: 100, Scope: rules.Global,
+		Regions: map[string]float64{"a": 1, "b": 1, "c": 1}, MinShare: 0.1}
+}
+
+type testRegion struct {
+	name  string
+	nats  *testutil.NATSServer
+	nc    *nats.Conn
+	store Store
+	mem   *memStore
+	agent *Agent
+	reg   *prometheus.Registry
+}
+
+func testConfig(region string, t testing.TB) Config {
+	cfg := DefaultConfig()
+	cfg.Region, cfg.Interval, cfg.Lease, cfg.Margin = region, 100*time.Millisecond, time.Second, 300*time.Millisecond
+	cfg.StoreTimeout = 200 * time.Millisecond
+	cfg.RegistryPoll = 200 * time.Millisecond
+	cfg.Logger = testLogger(t).With("region", region)
+	return cfg
+}
+
+func (r *testRegion) start(t *testing.T, ec *clientv3.Client) {
+	t.Helper()
+	cfg := testConfig(r.name, t)
+	r.reg = prometheus.NewRegistry()
+	cfg.Metrics = r.reg
+	w, err := etcdstore.NewWatcher(ec, etcdstore.WithLogger(cfg.Logger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(cfg, r.store, r.nc, NewEtcdRegistry(ec, "", cfg.ledgerConfig()), w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.agent = a
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := a.Close(ctx); err != nil {
+			t.Errorf("close %s: %v", r.name, err)
+		}
+	})
+}
+
+// stack is three regions on a NATS super-cluster sharing one etcd.
+type stack struct {
+	regions map[string]*testRegion
+	names   []string
+	etcd    *clientv3.Client
+	world   *world
+	cluster map[string]*testutil.NATSServer
+}
+
+func newStack(t *testing.T, mkStore func(name string) (Store, *memStore)) *stack {
+	names := []string{"a", "b", "c"}
+	s := &stack{regions: map[string]*testRegion{}, names: names, world: &world{}}
+	s.cluster = testutil.StartSuperCluster(t, names...)
+	s.etcd = testutil.StartEtcd(t).Client(t)
+	for _, n := range names {
+		st, mem := mkStore(n)
+		r := &testRegion{name: n, nats: s.cluster[n], nc: s.cluster[n].Connect(t), store: st, mem: mem}
+		s.regions[n] = r
+		r.start(t, s.etcd)
+	}
+	for _, x := range names {
+		for _, y := range names {
+			if x != y {
+				s.cluster[x].WaitForGatewayInterest(t, y, ReportSubject(x))
+			}
+		}
+	}
+	return s
+}
+
+func (s *stack) putRule(t *testing.T, r rules.Rule) {
+	t.Helper()
+	st, err := etcdstore.New(s.etcd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Put(context.Background(), r, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// loadGen publishes usage for testKey in one region at a time.
+type loadGen struct {
+	region atomic.Value // string; "" for none
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+func startLoad(t *testing.T, s *stack) *loadGen {
+	g := &loadGen{stop: make(chan struct{}), done: make(chan struct{})}
+	g.region.Store("")
+	ncs := map[string]*nats.Conn{}
+	for _, n := range s.names {
+		ncs[n] = s.cluster[n].Connect(t)
+	}
+	go func() {
+		defer close(g.done)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		seq := uint64(0)
+		for {
+			select {
+			case <-g.stop:
+				return
+			case <-t.C:
+			}
+			r := g.region.Load().(string)
+			if r == "" {
+				continue
+			}
+			seq++
+			// 400/s of demand against a global 100/s: saturating.
+			b, _ := usage.Encode(usage.Batch{Region: r, Enforcer: "test", Seq: seq,
+				Deltas: []usage.Delta{{Rule: testRule, Key: testKey, Admitted: 15, Rejected: 5}}})
+			ncs[r].Publish(usage.Subject(r), b)
+		}
+	}()
+	t.Cleanup(func() { close(g.stop); <-g.done })
+	return g
+}
+
+// sampler checks at every sample that the regions' stores together enforce
+// at most the whole limit for testKey.
+type sampler struct {
+	samples, violations atomic.Int64
+	worst               atomic.Int64
+	stop, done          chan struct{}
+}
+
+func startSampler(t *testing.T, s *stack, spec Spec) *sampler {
+	cfg := spec.ledgerConfig(ledger.DefaultConfig())
+	floors, _ := ledger.Split(cfg, spec.Regions)
+	floor := map[string]int64{}
+	for i, r := range spec.Regions {
+		floor[r.Name] = floors[i]
+	}
+	sm := &sampler{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(sm.done)
+		for {
+			select {
+			case <-sm.stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			s.world.mu.Lock()
+			var sum int64
+			for _, n := range s.names {
+				sum += s.regions[n].mem.enforcedLocked(testRule, testKey, floor[n])
+			}
+			s.world.mu.Unlock()
+			sm.samples.Add(1)
+			if sum > cfg.Units {
+				sm.violations.Add(1)
+			}
+			if sum > sm.worst.Load() {
+				sm.worst.Store(sum)
+			}
+		}
+	}()
+	t.Cleanup(func() { sm.finish() })
+	return sm
+}
+
+func (sm *sampler) finish() {
+	select {
+	case <-sm.stop:
+	default:
+		close(sm.stop)
+	}
+	<-sm.done
+}
+
+func (s *stack) enforced(n, key string, floor int64) int64 {
+	s.world.mu.Lock()
+	defer s.world.mu.Unlock()
+	return s.regions[n].mem.enforcedLocked(testRule, key, floor)
+}
+
+func TestAgentsShareFollowsDemandAndReclaim(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	s := newStack(t, func(n string) (Store, *memStore) {
+		m := newMemStore(nil, n)
+		return m, m
+	})
+	for _, n := range s.names {
+		s.regions[n].mem.w = s.world
+	}
+	rule := globalRule()
+	s.putRule(t, rule)
+	spec := s.regions["a"].agent.specOf(rule)
+	lc := spec.ledgerConfig(ledger.DefaultConfig())
+	floors, initial := ledger.Split(lc, spec.Regions)
+	U := lc.Units
+	for _, n := range s.names {
+		testutil.WaitFor(t, 20*time.Second, "incarnation of "+n, func() bool { return s.regions[n].agent.Incarnation(testRule) > 0 })
+		testutil.WaitFor(t, 20*time.Second, "marker of "+n, func() bool { return s.regions[n].mem.markerValid(testRule) })
+	}
+	sm := startSampler(t, s, spec)
+	load := startLoad(t, s)
+
+	// Demand in a: a's share grows well above its initial part.
+	load.region.Store("a")
+	high := initial[0] + floors[0] + (U-initial[0]-floors[0])/2
+	testutil.WaitFor(t, 30*time.Second, "a's enforced share to grow", func() bool {
+		return s.enforced("a", testKey, floors[0]) > high
+	})
+	t.Logf("demand in a: enforced a=%d b=%d c=%d", s.enforced("a", testKey, floors[0]), s.enforced("b", testKey, floors[1]), s.enforced("c", testKey, floors[2]))
+
+	// Demand moves to b: shares follow.
+	t0 := time.Now()
+	load.region.Store("b")
+	testutil.WaitFor(t, 30*time.Second, "b's enforced share to grow and a's to shrink", func() bool {
+		return s.enforced("b", testKey, floors[1]) > high && s.enforced("a", testKey, floors[0]) < initial[0]+floors[0]
+	})
+	t.Logf("demand moved to b: converged in %v: enforced a=%d b=%d c=%d", time.Since(t0).Round(time.Millisecond),
+		s.enforced("a", testKey, floors[0]), s.enforced("b", testKey, floors[1]), s.enforced("c", testKey, floors[2]))
+	if g := metricValue(s.regions["a"].agent.m.gifts); g < 1 {
+		t.Errorf("a made no gifts: %v", g)
+	}
+
+	// Bad input: dropped, counted, harmless.
+	s.badInput(t)
+
+	// Demand moves to c, then c's agent stops: its marker lapses (store at
+	// the floor) and the survivors reclaim what c held.
+	load.region.Store("c")
+	testutil.WaitFor(t, 30*time.Second, "c's enforced share to grow", func() bool {
+		return s.enforced("c", testKey, floors[2]) > high
+	})
+	load.region.Store("")
+	c := s.regions["c"]
+	cHeld := s.enforced("c", testKey, floors[2])
+	beforeAB := s.regions["a"].agent.Shares(testRule)[testKey] + s.regions["b"].agent.Shares(testRule)[testKey]
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if err := c.agent.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	t1 := time.Now()
+	testutil.WaitFor(t, 10*time.Second, "c's marker lease to lapse", func() bool { return !c.mem.markerValid(testRule) })
+	t.Logf("c stopped: marker lapsed after %v (c held %d units)", time.Since(t1).Round(time.Millisecond), cHeld)
+	testutil.WaitFor(t, 30*time.Second, "a and b to reclaim c's share", func() bool {
+		sa, sb := s.regions["a"].agent.Shares(testRule)[testKey], s.regions["b"].agent.Shares(testRule)[testKey]
+		return sa+sb >= U-floors[2]-lc.Hysteresis && sa+sb > beforeAB
+	})
+	t.Logf("reclaimed after %v: a=%d b=%d (before %d)", time.Since(t1).Round(time.Millisecond),
+		s.regions["a"].agent.Shares(testRule)[testKey], s.regions["b"].agent.Shares(testRule)[testKey], beforeAB)
+	testutil.WaitFor(t, 10*time.Second, "reclaims_total", func() bool {
+		return metricValue(s.regions["a"].agent.m.reclaims) >= 1 && metricValue(s.regions["b"].agent.m.reclaims) >= 1
+	})
+
+	sm.finish()
+	t.Logf("invariant: %d samples, worst sum %d of %d units", sm.samples.Load(), sm.worst.Load(), U)
+	if v := sm.violations.Load(); v > 0 {
+		t.Fatalf("sum of enforced units exceeded %d in %d of %d samples (worst %d)", U, v, sm.samples.Load(), sm.worst.Load())
+	}
+	if sm.samples.Load() < 100 {
+		t.Fatalf("only %d samples", sm.samples.Load())
+	}
+}
+
+// badInput publishes a malformed message, a report from an unknown region
+// and a report whose counter went backwards, and checks each is counted.
+func (s *stack) badInput(t *testing.T) {
+	t.Helper()
+	b := s.regions["b"]
+	nc := s.cluster["a"].Connect(t)
+	// Capture a report of a that carries a gift to b.
+	var mu sync.Mutex
+	var captured *wire.Message
+	sub, err := nc.Subscribe(ReportSubject("a"), func(m *nats.Msg) {
+		d, err := wire.Decode(m.Data)
+		if err != nil {
+			return
+		}
+		for _, rr := range d.Rules {
+			for _, k := range rr.Report.Keys {
+				for _, g := range k.Gave {
+					if g.Region == "b" && g.Units > 0 {
+						mu.Lock()
+						if captured == nil {
+							captured = &d
+						}
+						mu.Unlock()
+					}
+				}
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 20*time.Second, "a report of a with a gift to b", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return captured != nil
+	})
+	sub.Unsubscribe()
+	counter := func(reason string) float64 {
+		return metricValue(b.agent.m.rejected.WithLabelValues(reason))
+	}
+	// Wait for b's interest in the forged subjects to reach a's server.
+	s.cluster["a"].WaitForGatewayInterest(t, "b", ReportSubject("zz"))
+
+	m0 := counter(ReasonMalformed)
+	nc.Publish(ReportSubject("a"), []byte{0xB1, 0xff, 0xff})
+	nc.Publish(ReportSubject("a"), []byte("garbage"))
+	testutil.WaitFor(t, 10*time.Second, "malformed reports counted", func() bool { return counter(ReasonMalformed) >= m0+2 })
+
+	u0 := counter(ReasonUnknownReg)
+	forged := *captured
+	forged.From = "zz"
+	forged.Rules = nil
+	for _, rr := range captured.Rules {
+		rr.Report.From = "zz"
+		forged.Rules = append(forged.Rules, rr)
+	}
+	data, err := wire.Encode(forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Publish(ReportSubject("zz"), data)
+	testutil.WaitFor(t, 10*time.Second, "unknown-region report counted", func() bool { return counter(ReasonUnknownReg) >= u0+1 })
+
+	k0 := counter(ReasonBackwards)
+	before := b.agent.Shares(testRule)[testKey]
+	back := wire.Message{From: "a"}
+	for _, rr := range captured.Rules {
+		rr.Report.Seq += 1_000_000
+		var keys []ledger.KeyReport
+		for _, k := range rr.Report.Keys {
+			var gave []ledger.Counter
+			for _, g := range k.Gave {
+				if g.Region == "b" {
+					g.Units = 0
+				}
+				gave = append(gave, g)
+			}
+			k.Gave = gave
+			keys = append(keys, k)
+		}
+		rr.Report.Keys = keys
+		back.Rules = append(back.Rules, rr)
+	}
+	data, err = wire.Encode(back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Publish(ReportSubject("a"), data)
+	testutil.WaitFor(t, 10*time.Second, "backwards report counted", func() bool { return counter(ReasonBackwards) >= k0+1 })
+	if after := b.agent.Shares(testRule)[testKey]; after < before {
+		t.Errorf("b's share dropped from %d to %d after a rejected report", before, after)
+	}
+	t.Logf("bad input rejected: malformed=%v unknown_region=%v backwards=%v", counter(ReasonMalformed), counter(ReasonUnknownReg), counter(ReasonBackwards))
+}
+
+func TestEtcdRegistryConcurrentStarts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	ec := testutil.StartEtcd(t).Client(t)
+	reg := NewEtcdRegistry(ec, "", ledger.DefaultConfig())
+	spec := Spec{Units: 1_000_000, MinShare: 0.1, Regions: []ledger.RegionSpec{{Name: "a", Weight: 1}, {Name: "b", Weight: 2}}}
+	var wg sync.WaitGroup
+	incs := make(chan uint64, 20)
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, used, err := reg.Start(context.Background(), "r1", spec, "a")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if !used.equal(spec) {
+				t.Errorf("spec %+v", used)
+			}
+			incs <- st.Inc
+		}()
+	}
+	wg.Wait()
+	close(incs)
+	seen := map[uint64]bool{}
+	for inc := range incs {
+		if seen[inc] {
+			t.Fatalf("incarnation %d allocated twice", inc)
+		}
+		seen[inc] = true
+	}
+	for i := uint64(1); i <= 20; i++ {
+		if !seen[i] {
+			t.Fatalf("incarnations not 1..20: %v", seen)
+		}
+	}
+	// A second spec does not replace the first.
+	other := spec
+	other.MinShare = 0.5
+	if _, used, err := reg.Start(context.Background(), "r1", other, "b"); err != nil || !used.equal(spec) {
+		t.Fatalf("start with another spec: %v %+v", err, used)
+	}
+	// Contributions complete a record that Records then shows.
+	if _, err := reg.Contribute(context.Background(), "r1", ledger.Contribution{Of: ledger.Incarnation{Region: "a", Inc: 20},
+		From: ledger.Incarnation{Region: "b", Inc: 1}, Q: []ledger.KeyUnits{{Key: "k", Units: 5}}}); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := reg.Records(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := recs["r1"]
+	if len(rr.Records) != 1 || !rr.Records[0].Complete || rr.Revision == 0 {
+		t.Fatalf("records: %+v", rr)
+	}
+	if _, err := reg.Contribute(context.Background(), "nope", ledger.Contribution{}); err == nil {
+		t.Fatal("contribution to a rule without registry accepted")
+	}
+}
+
+func TestAllocatorSumsToPool(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Region = "a"
+	lc := cfg.ledgerConfig()
+	for _, tc := range []struct {
+		pool  int64
+		wants []ledger.Want
+	}{
+		{900_000, []ledger.Want{{Weight: 1, Demand: 0}, {Weight: 1, Demand: 0}, {Weight: 1, Demand: 0}}},
+		{900_000, []ledger.Want{{Weight: 1, Demand: 2_000_000}, {Weight: 1, Demand: 0}, {Weight: 2, Demand: 10}}},
+		{7, []ledger.Want{{Weight: 1, Demand: 5}, {Weight: 3, Demand: 5}}},
+	} {
+		t.Run(fmt.Sprint(tc.pool, tc.wants), func(t *testing.T) {
+			got := lc.Allocate(tc.pool, tc.wants)
+			var sum int64
+			for _, x := range got {
+				if x < 0 {
+					t.Fatalf("negative target %v", got)
+				}
+				sum += x
+			}
+			if sum != tc.pool || len(got) != len(tc.wants) {
+				t.Fatalf("targets %v sum %d, want %d", got, sum, tc.pool)
+			}
+		})
+	}
+}
+
+// metricValue reads a counter or gauge.
+func metricValue(c prometheus.Metric) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
+}

@@ -1,0 +1,131 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/apportion/apportion/allocation"
+	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/sync/ledger"
+	"github.com/apportion/apportion/sync/usage"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ErrConfig is wrapped by Config.Validate errors.
+var ErrConfig = errors.New("agent: invalid config")
+
+// Store is the region's Redis as the agent uses it (*redisstore.Store).
+type Store interface {
+	// WriteMarker applies m to rule's marker and returns the version the
+	// store holds afterwards.
+	WriteMarker(ctx context.Context, rule string, m redisstore.Marker) (redisstore.Version, error)
+	// WriteShares applies the records and returns, per record, the version
+	// the store holds for its key afterwards.
+	WriteShares(ctx context.Context, rule string, recs []redisstore.ShareRecord) ([]redisstore.Version, error)
+	// RunID identifies the store's current contents; it changes when Redis
+	// restarts (empty).
+	RunID(ctx context.Context) (string, error)
+}
+
+// Config configures an Agent.
+type Config struct {
+	// Region is this agent's region: one NATS subject token (required).
+	Region string
+	// Interval is the sync interval (default 100ms).
+	Interval time.Duration
+	// Lease is the ledger lease L (default 3s): a region no peer has
+	// acknowledged within it falls back to its floor; survivors reclaim it
+	// after L(1+Rho)/(1-Rho) + Margin.
+	Lease time.Duration
+	// Rho bounds every clock's rate error (default 0.01).
+	Rho float64
+	// Margin is added to the reclaim wait (default 500ms).
+	Margin time.Duration
+	// StoreTimeout bounds one Redis write call (default 100ms); it is the
+	// ledger's StoreTimeout. See the package doc.
+	StoreTimeout time.Duration
+	// Units is the integer size of every global limit (default 1,000,000).
+	Units int64
+	// Strategy names the allocation strategy (allocation.ByName; default max_min_fair).
+	Strategy string
+	// RegistryPoll is how often the reclaim registry is read (default 500ms).
+	RegistryPoll time.Duration
+	// EtcdTimeout bounds one registry operation (default 5s).
+	EtcdTimeout time.Duration
+	// MaxUsageKeys bounds the usage deltas buffered between two ticks
+	// (default usage.DefaultMaxKeys); further keys are dropped.
+	MaxUsageKeys int
+	// HotKeys bounds the keys apportion_sync_share_units exports (default 20).
+	HotKeys int
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// Metrics, if set, gets the agent's metrics, labelled with Region.
+	Metrics prometheus.Registerer
+}
+
+// DefaultConfig returns the defaults documented on Config (Region unset).
+func DefaultConfig() Config {
+	lc := ledger.DefaultConfig()
+	return Config{
+		Interval:     100 * time.Millisecond,
+		Lease:        lc.Lease,
+		Rho:          lc.Rho,
+		Margin:       lc.Margin,
+		StoreTimeout: lc.StoreTimeout,
+		Units:        lc.Units,
+		Strategy:     allocation.NameMaxMinFair,
+		RegistryPoll: 500 * time.Millisecond,
+		EtcdTimeout:  5 * time.Second,
+		MaxUsageKeys: usage.DefaultMaxKeys,
+		HotKeys:      20,
+	}
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	if err := usage.ValidRegion(c.Region); err != nil {
+		return fmt.Errorf("%w: Region: %v", ErrConfig, err)
+	}
+	if _, err := allocation.ByName(c.Strategy); err != nil {
+		return fmt.Errorf("%w: Strategy: %v", ErrConfig, err)
+	}
+	switch {
+	case c.Units > redisstore.MaxUnits:
+		return fmt.Errorf("%w: Units above %d", ErrConfig, redisstore.MaxUnits)
+	case c.RegistryPoll <= 0 || c.EtcdTimeout <= 0:
+		return fmt.Errorf("%w: RegistryPoll and EtcdTimeout must be positive", ErrConfig)
+	case c.MaxUsageKeys <= 0 || c.HotKeys < 0:
+		return fmt.Errorf("%w: MaxUsageKeys must be positive, HotKeys not negative", ErrConfig)
+	}
+	if err := c.ledgerConfig().Validate(); err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	return nil
+}
+
+// ledgerConfig returns the ledger settings; Units and MinShare are set per
+// rule from its Spec.
+func (c Config) ledgerConfig() ledger.Config {
+	lc := ledger.DefaultConfig()
+	lc.Units, lc.Interval, lc.Lease, lc.Rho, lc.Margin, lc.StoreTimeout = c.Units, c.Interval, c.Lease, c.Rho, c.Margin, c.StoreTimeout
+	lc.Hysteresis = max(1, c.Units/10000)
+	f, _ := allocation.ByName(c.Strategy)
+	lc.Allocate = Allocator(f)
+	return lc
+}
+
+// Allocator adapts an allocation strategy to the ledger: the wants (demand
+// above the floor, in units) become allocation.Regions with a zero floor,
+// and SplitUnits returns integer targets summing exactly to the pool.
+func Allocator(f allocation.Func) ledger.Allocator {
+	return func(pool int64, wants []ledger.Want) []int64 {
+		rs := make([]allocation.Region, len(wants))
+		for i, w := range wants {
+			rs[i] = allocation.Region{Weight: w.Weight, Demand: float64(w.Demand)}
+		}
+		return allocation.SplitUnits(f, pool, rs)
+	}
+}

@@ -1,0 +1,123 @@
+package agent
+
+import (
+	"sort"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Reasons of apportion_sync_reports_rejected_total.
+const (
+	ReasonMalformed   = "malformed"          // does not decode, or sender differs from the subject
+	ReasonUnknownRule = "unknown_rule"       // a rule this region does not coordinate
+	ReasonUnknownReg  = "unknown_region"     // sender or a named region not in the rule
+	ReasonStale       = "stale_incarnation"  // an older incarnation than the one paired with
+	ReasonFrozen      = "frozen_incarnation" // an incarnation frozen for reclaim
+	ReasonBackwards   = "backwards"          // a cumulative counter went down
+	ReasonOverflow    = "overflow"           // the agent's input queue was full
+	ReasonOther       = "other"
+)
+
+type metrics struct {
+	reports      *prometheus.CounterVec
+	bytes        *prometheus.CounterVec
+	rejected     *prometheus.CounterVec
+	peersSeen    prometheus.Gauge
+	peerLag      *prometheus.GaugeVec
+	coordinated  prometheus.Gauge
+	gifts        prometheus.Counter
+	fenced       prometheus.Gauge
+	reclaims     prometheus.Counter
+	tickDuration prometheus.Histogram
+	usageDropped prometheus.Counter
+	storeErrors  prometheus.Counter
+}
+
+func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
+	cl := prometheus.Labels{"region": region}
+	m := &metrics{
+		reports: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_reports_total",
+			Help: "Report messages sent and received (own messages are not counted as received).", ConstLabels: cl}, []string{"direction"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_report_bytes_total",
+			Help: "Bytes of report messages sent and received.", ConstLabels: cl}, []string{"direction"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_reports_rejected_total",
+			Help: "Rule reports dropped without effect, by reason.", ConstLabels: cl}, []string{"reason"}),
+		peersSeen: prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_sync_peers_seen",
+			Help: "Peer regions heard from within the lease.", ConstLabels: cl}),
+		peerLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "apportion_sync_peer_lag_seconds",
+			Help: "Seconds since the last accepted report of each peer region.", ConstLabels: cl}, []string{"peer"}),
+		coordinated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_sync_keys_coordinated",
+			Help: "Keys of global rules under coordination (not on static shares).", ConstLabels: cl}),
+		gifts: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_gifts_total",
+			Help: "Share writes that lowered a coordinated key's units (gifts to other regions).", ConstLabels: cl}),
+		fenced: prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_sync_fenced",
+			Help: "1 while a rule's ledger is fenced or waiting for a new incarnation.", ConstLabels: cl}),
+		reclaims: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_reclaims_total",
+			Help: "Completed reclaim records applied to this region's ledgers.", ConstLabels: cl}),
+		tickDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "apportion_sync_tick_duration_seconds",
+			Help: "Duration of one sync interval's work (ledger ticks, store writes, publish).", ConstLabels: cl,
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}}),
+		usageDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_usage_dropped_total",
+			Help: "Usage deltas dropped (buffer full or undecodable).", ConstLabels: cl}),
+		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_store_errors_total",
+			Help: "Failed Redis calls (writes and run id reads).", ConstLabels: cl}),
+	}
+	for _, d := range []string{"sent", "received"} {
+		m.reports.WithLabelValues(d)
+		m.bytes.WithLabelValues(d)
+	}
+	if reg != nil {
+		reg.MustRegister(m.reports, m.bytes, m.rejected, m.peersSeen, m.peerLag, m.coordinated, m.gifts, m.fenced,
+			m.reclaims, m.tickDuration, m.usageDropped, m.storeErrors, newShareCollector(a, region))
+	}
+	return m
+}
+
+// shareCollector exports apportion_sync_share_units for the hottest keys,
+// computed at scrape time from the agent's last snapshot.
+type shareCollector struct {
+	a    *Agent
+	desc *prometheus.Desc
+}
+
+func newShareCollector(a *Agent, region string) *shareCollector {
+	return &shareCollector{a: a, desc: prometheus.NewDesc("apportion_sync_share_units",
+		"Units (of the agent's Units per global limit) this region may enforce, for the hottest keys by demand.",
+		[]string{"rule", "key"}, prometheus.Labels{"region": region})}
+}
+
+func (c *shareCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *shareCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, k := range c.a.hottest(c.a.cfg.HotKeys) {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(k.Units), k.Rule, k.Key)
+	}
+}
+
+// KeyShare is one key's state in a Snapshot.
+type KeyShare struct {
+	Rule, Key string
+	Units     int64 // units this region may enforce (its ledger position)
+	Demand    int64 // demand estimate, units
+	Active    bool
+}
+
+func (a *Agent) hottest(n int) []KeyShare {
+	a.snapMu.Lock()
+	var all []KeyShare
+	for _, ks := range a.snap {
+		all = append(all, ks...)
+	}
+	a.snapMu.Unlock()
+	sort.Slice(all, func(i, j int) bool {
+		x, y := all[i], all[j]
+		if x.Demand != y.Demand {
+			return x.Demand > y.Demand
+		}
+		if x.Rule != y.Rule {
+			return x.Rule < y.Rule
+		}
+		return x.Key < y.Key
+	})
+	return all[:min(n, len(all))]
+}

@@ -1,0 +1,192 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/apportion/apportion/sync/ledger"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// DefaultRegistryPrefix is where EtcdRegistry keeps one document per global rule.
+const DefaultRegistryPrefix = "/ratelimit/registry/"
+
+// ErrRegistry is wrapped by registry errors other than etcd's own.
+var ErrRegistry = errors.New("agent: registry")
+
+// Spec is what a rule's ledgers must agree on in every region: the number
+// of units and the floors and initial parts (MinShare and the regions'
+// weights). The first agent to create a rule's registry document fixes it;
+// every agent builds its ledger from the document's Spec (see the package
+// doc on rule changes).
+type Spec struct {
+	Units    int64               `json:"units"`
+	MinShare float64             `json:"min_share"`
+	Regions  []ledger.RegionSpec `json:"regions"`
+}
+
+func (s Spec) equal(o Spec) bool {
+	return s.Units == o.Units && s.MinShare == o.MinShare && slices.Equal(s.Regions, o.Regions)
+}
+
+// ledgerConfig returns base with the spec's Units and MinShare.
+func (s Spec) ledgerConfig(base ledger.Config) ledger.Config {
+	base.Units, base.MinShare = s.Units, s.MinShare
+	return base
+}
+
+// Registry is the reclaim registry as the agent uses it: one ledger.Registry
+// per global rule, every change atomic (EtcdRegistry: compare-and-swap).
+type Registry interface {
+	// Start allocates region's next incarnation for rule, creating the rule's
+	// registry with spec if it has none; it returns the spec in force.
+	Start(ctx context.Context, rule string, spec Spec, region string) (ledger.Start, Spec, error)
+	// Contribute adds c to rule's registry and returns the record of c.Of.
+	Contribute(ctx context.Context, rule string, c ledger.Contribution) (ledger.Record, error)
+	// Records returns, per rule with a registry, a revision that changes
+	// whenever the rule's registry does, and every reclaim record in it.
+	Records(ctx context.Context) (map[string]RuleRecords, error)
+}
+
+// RuleRecords is one rule's registry as Records sees it.
+type RuleRecords struct {
+	Revision int64
+	Records  []ledger.Record
+}
+
+// registryDoc is the JSON document of one rule's registry.
+type registryDoc struct {
+	Spec  Spec                 `json:"spec"`
+	State ledger.RegistryState `json:"state"`
+}
+
+// EtcdRegistry keeps each rule's ledger.Registry as one JSON document under
+// a prefix and changes it with a compare-and-swap loop on the key's
+// ModRevision, so concurrent agents never lose an update.
+type EtcdRegistry struct {
+	kv     clientv3.KV
+	prefix string
+	base   ledger.Config
+}
+
+// NewEtcdRegistry returns a registry over kv under prefix (default
+// DefaultRegistryPrefix when empty). base supplies the ledger settings the
+// registry validates with (Units and MinShare come from each rule's Spec).
+func NewEtcdRegistry(kv clientv3.KV, prefix string, base ledger.Config) *EtcdRegistry {
+	if prefix == "" {
+		prefix = DefaultRegistryPrefix
+	}
+	if !strings.HasSuffix(prefix, "/") {
+		prefix += "/"
+	}
+	return &EtcdRegistry{kv: kv, prefix: prefix, base: base}
+}
+
+// Key returns the etcd key of rule's registry document.
+func (r *EtcdRegistry) Key(rule string) string { return r.prefix + rule }
+
+func (r *EtcdRegistry) decode(b []byte) (*ledger.Registry, Spec, error) {
+	var doc registryDoc
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return nil, Spec{}, fmt.Errorf("%w: document: %v", ErrRegistry, err)
+	}
+	reg, err := ledger.RestoreRegistry(doc.Spec.ledgerConfig(r.base), doc.Spec.Regions, doc.State)
+	if err != nil {
+		return nil, Spec{}, fmt.Errorf("%w: document: %v", ErrRegistry, err)
+	}
+	return reg, doc.Spec, nil
+}
+
+// update runs fn on rule's registry (created with spec when absent, if spec
+// is not nil) and writes it back if the document did not change meanwhile,
+// retrying otherwise.
+func (r *EtcdRegistry) update(ctx context.Context, rule string, spec *Spec, fn func(*ledger.Registry, Spec) error) error {
+	key := r.Key(rule)
+	for {
+		resp, err := r.kv.Get(ctx, key)
+		if err != nil {
+			return err
+		}
+		var reg *ledger.Registry
+		var cur Spec
+		var cmp clientv3.Cmp
+		if len(resp.Kvs) == 0 {
+			if spec == nil {
+				return fmt.Errorf("%w: rule %q has no registry", ErrRegistry, rule)
+			}
+			cur = *spec
+			if reg, err = ledger.NewRegistry(cur.ledgerConfig(r.base), cur.Regions); err != nil {
+				return fmt.Errorf("%w: %v", ErrRegistry, err)
+			}
+			cmp = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+		} else {
+			if reg, cur, err = r.decode(resp.Kvs[0].Value); err != nil {
+				return err
+			}
+			cmp = clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)
+		}
+		if err := fn(reg, cur); err != nil {
+			return err
+		}
+		b, err := json.Marshal(registryDoc{Spec: cur, State: reg.State()})
+		if err != nil {
+			return err
+		}
+		tr, err := r.kv.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(b))).Commit()
+		if err != nil {
+			return err
+		}
+		if tr.Succeeded {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
+
+// Start implements Registry.
+func (r *EtcdRegistry) Start(ctx context.Context, rule string, spec Spec, region string) (ledger.Start, Spec, error) {
+	var st ledger.Start
+	var used Spec
+	err := r.update(ctx, rule, &spec, func(reg *ledger.Registry, cur Spec) error {
+		var err error
+		st, err = reg.Start(region)
+		used = cur
+		return err
+	})
+	return st, used, err
+}
+
+// Contribute implements Registry.
+func (r *EtcdRegistry) Contribute(ctx context.Context, rule string, c ledger.Contribution) (ledger.Record, error) {
+	var rec ledger.Record
+	err := r.update(ctx, rule, nil, func(reg *ledger.Registry, _ Spec) error {
+		var err error
+		rec, err = reg.Contribute(c)
+		return err
+	})
+	return rec, err
+}
+
+// Records implements Registry with one range read of the prefix. Documents
+// that do not decode are left out.
+func (r *EtcdRegistry) Records(ctx context.Context) (map[string]RuleRecords, error) {
+	resp, err := r.kv.Get(ctx, r.prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]RuleRecords, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		reg, _, err := r.decode(kv.Value)
+		if err != nil {
+			continue
+		}
+		out[strings.TrimPrefix(string(kv.Key), r.prefix)] = RuleRecords{Revision: kv.ModRevision, Records: reg.Records()}
+	}
+	return out, nil
+}

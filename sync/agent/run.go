@@ -1,0 +1,350 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/apportion/apportion/internal/flagenv"
+	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/rules/etcdstore"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+)
+
+type options struct {
+	region         string
+	redisAddr      string
+	redisPassword  string
+	redisTLS       bool
+	natsURL        string
+	natsCreds      string
+	etcdEndpoints  string
+	etcdPrefix     string
+	etcdUsername   string
+	etcdPassword   string
+	registryPrefix string
+	httpAddr       string
+	interval       time.Duration
+	lease          time.Duration
+	rho            float64
+	standby        bool
+	logLevel       string
+	logFormat      string
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	def := DefaultConfig()
+	fs := flag.NewFlagSet("syncagent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.region, "region", "", "this agent's region (required), e.g. us-east")
+	fs.StringVar(&o.redisAddr, "redis-addr", "127.0.0.1:6379", "the region's Redis; several comma-separated addresses mean Redis Cluster")
+	fs.StringVar(&o.redisPassword, "redis-password", "", "Redis password (prefer APPORTION_REDIS_PASSWORD)")
+	fs.BoolVar(&o.redisTLS, "redis-tls", false, "connect to Redis over TLS")
+	fs.StringVar(&o.natsURL, "nats-url", nats.DefaultURL, "NATS URL of the region's server (reports cross regions through the super-cluster)")
+	fs.StringVar(&o.natsCreds, "nats-creds", "", "NATS credentials file")
+	fs.StringVar(&o.etcdEndpoints, "etcd-endpoints", "", "comma-separated etcd endpoints (required): rules and the reclaim registry")
+	fs.StringVar(&o.etcdPrefix, "etcd-prefix", "/ratelimit/rules/", "etcd key prefix of the rules")
+	fs.StringVar(&o.etcdUsername, "etcd-username", "", "etcd user name")
+	fs.StringVar(&o.etcdPassword, "etcd-password", "", "etcd password (prefer APPORTION_ETCD_PASSWORD)")
+	fs.StringVar(&o.registryPrefix, "registry-prefix", DefaultRegistryPrefix, "etcd key prefix of the reclaim registry (one document per global rule)")
+	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:9091", "HTTP listen address for /metrics, /healthz, /readyz")
+	fs.DurationVar(&o.interval, "interval", def.Interval, "sync interval")
+	fs.DurationVar(&o.lease, "lease", def.Lease, "lease: a region unheard for this long falls back to its floor and is reclaimed")
+	fs.Float64Var(&o.rho, "clock-rate-bound", def.Rho, "bound on every clock's rate error (0.01: within 1% of real time)")
+	fs.BoolVar(&o.standby, "standby", false, "campaign for the region's agent role in etcd and act only while leader")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.logFormat, "log-format", "text", "text or json")
+	if err := flagenv.Parse(fs, args, nil); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	switch {
+	case o.region == "":
+		return nil, errors.New("--region is required")
+	case o.etcdEndpoints == "":
+		return nil, errors.New("--etcd-endpoints is required")
+	}
+	return o, nil
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %v", err)
+	}
+	ho := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, ho)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, ho)), nil
+	}
+	return nil, fmt.Errorf("--log-format: want text or json, got %q", format)
+}
+
+// RunCommand parses the syncagent command line, runs the agent and blocks
+// until ctx is done, then shuts down. It prints "ready region=NAME
+// http=ADDR" to stdout once the agent runs (with --standby: once it serves
+// HTTP and campaigns). cmd/syncagent and rlstack both run it.
+func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, o.logLevel, o.logFormat)
+	if err != nil {
+		return err
+	}
+	log = log.With("component", "syncagent", "region", o.region)
+	cfg := DefaultConfig()
+	cfg.Region, cfg.Interval, cfg.Lease, cfg.Rho, cfg.Logger = o.region, o.interval, o.lease, o.rho, log
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	leaderGauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_sync_leader",
+		Help: "1 while this process acts as its region's agent.", ConstLabels: prometheus.Labels{"region": o.region}})
+	reg.MustRegister(leaderGauge)
+
+	ropts := &redis.UniversalOptions{
+		Addrs:        strings.Split(o.redisAddr, ","),
+		Password:     o.redisPassword,
+		DialTimeout:  time.Second,
+		ReadTimeout:  time.Second,
+		WriteTimeout: time.Second,
+		// Share writes are idempotent (versioned), but a retry delayed past
+		// StoreTimeout could land a marker late: no client retries.
+		MaxRetries: -1,
+	}
+	if o.redisTLS {
+		ropts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	rc := redis.NewUniversalClient(ropts)
+	defer rc.Close()
+	store, err := redisstore.New(rc)
+	if err != nil {
+		return fmt.Errorf("redis store: %w", err)
+	}
+	defer store.Close()
+
+	nopts := []nats.Option{nats.Name("syncagent-" + o.region), nats.MaxReconnects(-1),
+		nats.RetryOnFailedConnect(true), nats.ReconnectWait(250 * time.Millisecond)}
+	if o.natsCreds != "" {
+		nopts = append(nopts, nats.UserCredentials(o.natsCreds))
+	}
+	nc, err := nats.Connect(o.natsURL, nopts...)
+	if err != nil {
+		return fmt.Errorf("nats: %w", err)
+	}
+	defer nc.Close()
+
+	ec, err := clientv3.New(clientv3.Config{
+		Endpoints:   strings.Split(o.etcdEndpoints, ","),
+		Username:    o.etcdUsername,
+		Password:    o.etcdPassword,
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		return fmt.Errorf("etcd: %w", err)
+	}
+	defer ec.Close()
+
+	hl, err := net.Listen("tcp", o.httpAddr)
+	if err != nil {
+		return fmt.Errorf("http listen: %w", err)
+	}
+	var current atomic.Pointer[Agent]
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		a := current.Load()
+		switch {
+		case a != nil && a.Ready():
+			io.WriteString(w, "ready\n")
+		case o.standby && a == nil:
+			http.Error(w, "standby", http.StatusServiceUnavailable)
+		default:
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+		}
+	})
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() {
+		err := hs.Serve(hl)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		serveErr <- err
+	}()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		hs.Shutdown(sctx)
+	}()
+
+	// One registration of the agent's metrics for the whole process: under
+	// --standby the agent is rebuilt on each term, so its collectors go
+	// through a forwarding registerer that replaces the previous term's.
+	fwd := newSwapRegisterer(reg)
+	runAgent := func(ctx context.Context) error {
+		w, err := etcdstore.NewWatcher(ec, etcdstore.WithPrefix(o.etcdPrefix), etcdstore.WithLogger(log))
+		if err != nil {
+			return err
+		}
+		acfg := cfg
+		acfg.Metrics = fwd.next()
+		a, err := New(acfg, store, nc, NewEtcdRegistry(ec, o.registryPrefix, acfg.ledgerConfig()), w)
+		if err != nil {
+			return err
+		}
+		if err := a.Start(); err != nil {
+			return err
+		}
+		current.Store(a)
+		leaderGauge.Set(1)
+		<-ctx.Done()
+		leaderGauge.Set(0)
+		current.Store(nil)
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return a.Close(cctx)
+	}
+
+	fmt.Fprintf(stdout, "ready region=%s http=%s\n", o.region, hl.Addr())
+	log.Info("running", "http", hl.Addr().String(), "standby", o.standby)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() {
+		if !o.standby {
+			done <- runAgent(runCtx)
+			return
+		}
+		done <- campaign(runCtx, ec, "/ratelimit/syncagent/"+o.region+"/leader", log, runAgent)
+	}()
+	select {
+	case err := <-done:
+		if ctx.Err() == nil && err != nil {
+			return err
+		}
+	case err := <-serveErr:
+		stop()
+		<-done
+		return fmt.Errorf("http server stopped: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// campaign runs fn while this process leads the election at key, and
+// campaigns again when a term ends, until ctx is done.
+func campaign(ctx context.Context, ec *clientv3.Client, key string, log *slog.Logger, fn func(context.Context) error) error {
+	host, _ := os.Hostname()
+	id := fmt.Sprintf("%s-%d", host, os.Getpid())
+	backoff := 200 * time.Millisecond
+	for ctx.Err() == nil {
+		err := func() error {
+			sess, err := concurrency.NewSession(ec, concurrency.WithTTL(5), concurrency.WithContext(ctx))
+			if err != nil {
+				return err
+			}
+			defer sess.Close()
+			el := concurrency.NewElection(sess, key)
+			log.Info("standby: campaigning", "key", key)
+			if err := el.Campaign(ctx, id); err != nil {
+				return err
+			}
+			log.Info("standby: elected; acting as the region's agent")
+			term, cancel := context.WithCancel(ctx)
+			defer cancel()
+			go func() {
+				select {
+				case <-sess.Done():
+					log.Warn("standby: etcd session lost; stepping down")
+				case <-term.Done():
+				}
+				cancel()
+			}()
+			err = fn(term)
+			rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+			el.Resign(rctx)
+			rcancel()
+			return err
+		}()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			log.Warn("standby: campaign failed; retrying", "err", err, "retry_in", backoff)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, maxBackoff)
+			continue
+		}
+		backoff = 200 * time.Millisecond
+	}
+	return nil
+}
+
+// swapRegisterer registers one agent term's collectors at a time: next
+// unregisters the previous term's.
+type swapRegisterer struct {
+	reg *prometheus.Registry
+	cur []prometheus.Collector
+}
+
+func newSwapRegisterer(reg *prometheus.Registry) *swapRegisterer { return &swapRegisterer{reg: reg} }
+
+// next drops the previous term's collectors. Terms do not overlap.
+func (s *swapRegisterer) next() prometheus.Registerer {
+	for _, c := range s.cur {
+		s.reg.Unregister(c)
+	}
+	s.cur = nil
+	return s
+}
+
+func (s *swapRegisterer) Register(c prometheus.Collector) error {
+	if err := s.reg.Register(c); err != nil {
+		return err
+	}
+	s.cur = append(s.cur, c)
+	return nil
+}
+
+func (s *swapRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := s.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (s *swapRegisterer) Unregister(c prometheus.Collector) bool { return s.reg.Unregister(c) }
