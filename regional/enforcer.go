@@ -13,6 +13,7 @@ import (
 	"github.com/apportion/apportion/internal/logsample"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
+	"github.com/apportion/apportion/sync/ledger"
 	"github.com/sony/gobreaker/v2"
 )
 
@@ -53,6 +54,18 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics, when non-nil, records checks, latency, store errors and breaker state.
 	Metrics *Metrics
+	// StaticGlobal makes global rules enforce their static share (weight /
+	// sum of weights) instead of the share the region's sync agent writes.
+	// Only for regions that run no sync agent: with agents, a region whose
+	// store lost its state would re-grant what it gave away. Default false:
+	// a global token bucket enforces the agent's share, and its floor while
+	// no agent holds a valid lease.
+	StaticGlobal bool
+	// Usage, when non-nil, receives the admitted and rejected cost of every
+	// check of a global rule, per rule and bucket key, for the region's sync
+	// agent (usage.Recorder.Add). It is called on the request path and must
+	// not block.
+	Usage func(rule, key string, admitted, rejected int64)
 }
 
 // DefaultConfig returns a Config with every default filled in.
@@ -167,6 +180,7 @@ type compiled struct {
 }
 
 type bucketParams struct {
+	global    *redisstore.Global // coordinated global token bucket; nil otherwise
 	algorithm rules.Algorithm
 	capacity  int64 // thousandths
 	rate      int64 // thousandths per second
@@ -260,6 +274,19 @@ func (e *Enforcer) params(r rules.Rule) (bucketParams, bool) {
 		frac = f
 	}
 	p := bucketParams{algorithm: r.Algorithm}
+	if r.Scope == rules.Global && r.Algorithm == rules.TokenBucket && !e.cfg.StaticGlobal {
+		// The store enforces floor(global x units / Units): the agent's share,
+		// or this region's floor while no agent lease is valid.
+		floor, ok := globalFloor(r, e.cfg.Region)
+		if !ok {
+			return bucketParams{}, false
+		}
+		p.capacity = r.Capacity * 1000
+		p.rate = int64(r.RefillPerSecond * 1000)
+		p.windowMs = p.capacity * 1000 / max(p.rate, 1)
+		p.global = &redisstore.Global{Rule: r.ID, Units: ledger.DefaultConfig().Units, Floor: floor}
+		return p, true
+	}
 	switch r.Algorithm {
 	case rules.TokenBucket, rules.LeakyBucket:
 		p.capacity = int64(float64(r.Capacity) * 1000 * frac)
@@ -273,6 +300,31 @@ func (e *Enforcer) params(r rules.Rule) (bucketParams, bool) {
 		p.windowMs = p.window.Milliseconds()
 	}
 	return p, true
+}
+
+// globalFloor is the region's floor units of a global rule, computed exactly
+// as the sync agent's ledger does (regions sorted by name).
+func globalFloor(r rules.Rule, region string) (int64, bool) {
+	names := make([]string, 0, len(r.Regions))
+	for n := range r.Regions {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	specs := make([]ledger.RegionSpec, len(names))
+	idx := -1
+	for i, n := range names {
+		specs[i] = ledger.RegionSpec{Name: n, Weight: r.Regions[n]}
+		if n == region {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		return 0, false
+	}
+	cfg := ledger.DefaultConfig()
+	cfg.MinShare = r.MinShare
+	floor, _ := ledger.Split(cfg, specs)
+	return floor[idx], true
 }
 
 // validate checks a request and fills cost's default.
@@ -354,7 +406,7 @@ func (e *Enforcer) Check(ctx context.Context, req Request) (Response, error) {
 	} else {
 		resp = e.fromStore(ms, ans)
 	}
-	e.record(ms, &resp)
+	e.record(ms, &resp, req.Cost)
 	e.observe(start, decision(resp))
 	return resp, nil
 }
@@ -399,6 +451,7 @@ func (e *Enforcer) match(c *compiled, req *Request) []matched {
 			Limit:     p.limit,
 			Window:    p.window,
 			Shadow:    r.Shadow,
+			Global:    p.global,
 		}})
 	}
 	return out
@@ -488,6 +541,9 @@ func (e *Enforcer) failurePolicy(ms []matched, cost int64, cause error) Response
 }
 
 func (m matched) limitTokens() int64 {
+	if g := m.params.global; g != nil {
+		return m.params.capacity * g.Floor / g.Units / 1000
+	}
 	if m.params.algorithm == rules.TokenBucket || m.params.algorithm == rules.LeakyBucket {
 		return m.params.capacity / 1000
 	}
@@ -503,6 +559,10 @@ func (m matched) localSpec(frac float64) localSpec {
 		if ms := m.params.window.Milliseconds(); ms > 0 {
 			s.rate = m.params.limit * 1000 * 1000 / ms
 		}
+	}
+	if g := m.params.global; g != nil {
+		// Without the store there is no agent share to read: use the floor.
+		frac *= float64(g.Floor) / float64(g.Units)
 	}
 	s.capacity = int64(float64(s.capacity) * frac)
 	s.rate = int64(float64(s.rate) * frac)
@@ -548,9 +608,18 @@ func (e *Enforcer) bind(resp *Response) {
 	}
 }
 
-// record counts the decision per rule and logs shadow rejections.
-func (e *Enforcer) record(ms []matched, resp *Response) {
+// record counts the decision per rule, logs shadow rejections and reports
+// the usage of global rules.
+func (e *Enforcer) record(ms []matched, resp *Response, cost int64) {
 	for i, st := range resp.Statuses {
+		if e.cfg.Usage != nil && ms[i].rule.Scope == rules.Global {
+			switch {
+			case st.Allowed && resp.Allowed:
+				e.cfg.Usage(st.RuleID, ms[i].bucket.Key, cost, 0)
+			case !st.Allowed && !st.Shadow:
+				e.cfg.Usage(st.RuleID, ms[i].bucket.Key, 0, cost)
+			}
+		}
 		d := "allowed"
 		switch {
 		case st.Shadow && !st.Allowed:

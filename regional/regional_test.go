@@ -471,3 +471,53 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string, want map[
 }
 
 var _ = errors.New
+
+// A global token bucket enforces the region's floor while no sync agent
+// holds a valid marker, and the marker's units once one does; its usage
+// goes to the Usage hook.
+func TestGlobalRuleFloorThenAgentShare(t *testing.T) {
+	g := tokenBucket("global", 100, 0.001)
+	g.Scope = rules.Global
+	g.Regions = map[string]float64{"us-east": 2, "eu-west": 1, "ap-south": 1}
+	g.MinShare = 0.1
+	var mu sync.Mutex
+	used := map[string][2]int64{}
+	e := newEnv(t, []rules.Rule{g}, func(c *Config) {
+		c.Usage = func(rule, key string, admitted, rejected int64) {
+			mu.Lock()
+			u := used[rule+" "+key]
+			used[rule+" "+key] = [2]int64{u[0] + admitted, u[1] + rejected}
+			mu.Unlock()
+		}
+	})
+	count := func(key string, n int) int {
+		allowed := 0
+		for i := 0; i < n; i++ {
+			if e.check(t, key, "GET /", 1).Allowed {
+				allowed++
+			}
+		}
+		return allowed
+	}
+	// Floor of us-east: 10% of the limit x weight 2/4 = 5% of capacity 100 = 5.
+	if a := count("a", 8); a != 5 {
+		t.Fatalf("without an agent marker: %d of 8 allowed, want the floor of 5", a)
+	}
+	mu.Lock()
+	if u := used["global "+redisstore.Key("a", "global")]; u != [2]int64{5, 3} {
+		t.Fatalf("usage of key a = %v, want 5 admitted and 3 rejected", u)
+	}
+	mu.Unlock()
+	ctx := context.Background()
+	run, err := e.store.RunID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent's marker: the base share of us-east (half the limit) for keys without a record.
+	if _, err := e.store.WriteMarker(ctx, "global", redisstore.Marker{Inc: 1, Seq: 1, Units: 500000, Lease: time.Minute, Create: true, RunID: run}); err != nil {
+		t.Fatal(err)
+	}
+	if a := count("b", 60); a != 50 {
+		t.Fatalf("with the agent's marker: %d of 60 allowed, want 50", a)
+	}
+}

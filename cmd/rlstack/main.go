@@ -2,7 +2,7 @@
 // process tree and prints its addresses; Ctrl-C stops everything and leaves
 // nothing behind. See internal/stack.
 //
-//	rlstack [--regions N]
+//	rlstack [--regions N] [--load] [--view=false]
 package main
 
 import (
@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/apportion/apportion/internal/flagenv"
 	"github.com/apportion/apportion/internal/stack"
@@ -33,6 +34,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	regions := fs.Int("regions", 3, "number of regions")
 	verbose := fs.Bool("verbose", false, "show the components' logs")
+	load := fs.Bool("load", false, "drive demo traffic on the global rule that moves between regions every 20s")
+	view := fs.Bool("view", true, "print a live per-region view every second")
 	if err := flagenv.Parse(fs, args, nil); err != nil {
 		return err
 	}
@@ -47,7 +50,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprint(stdout, s.Summary())
 	fmt.Fprintln(stdout, "\nCtrl-C stops everything.")
+	done := make(chan struct{}, 2)
+	if *load {
+		go func() { s.Load(ctx); done <- struct{}{} }()
+	} else {
+		done <- struct{}{}
+	}
+	if *view {
+		go func() { s.View(ctx, stdout, time.Second); done <- struct{}{} }()
+	} else {
+		done <- struct{}{}
+	}
 	<-ctx.Done()
+	<-done
+	<-done
 	fmt.Fprintln(stdout, "stopping ...")
 	return s.Close()
 }

@@ -1,7 +1,8 @@
 // Package stack runs a complete local multi-region apportion stack in one
-// process tree: one embedded etcd, and per region a redis-server child
-// process and an enforcer (regional/enforcerd) in-process. cmd/rlstack is its
-// command line.
+// process tree: one embedded etcd, and per region an embedded NATS server
+// (the regions joined by gateways into a super-cluster), a redis-server child
+// process and an enforcer (regional/enforcerd) in-process. cmd/rlstack is
+// its command line.
 //
 // Invariant: Close stops everything Start started — child processes are
 // killed and waited for (and get SIGKILL if this process dies first), the
@@ -32,6 +33,7 @@ import (
 	"github.com/apportion/apportion/regional/enforcerd"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/etcdstore"
+	"github.com/nats-io/nats-server/v2/server"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -55,10 +57,13 @@ type Config struct {
 // Region is one running region.
 type Region struct {
 	Name      string
+	NATSURL   string
 	RedisAddr string
 	GRPCAddr  string
 	HTTPAddr  string
 	AdminAddr string // only the first region serves the admin API
+	// AgentHTTPAddr is the sync agent's /metrics address ("" without an agent).
+	AgentHTTPAddr string
 }
 
 // Stack is a running local stack.
@@ -69,15 +74,17 @@ type Stack struct {
 	Dir           string
 	RedisEmbedded bool // true when no redis-server was on PATH
 
-	cfg    Config
-	log    *slog.Logger
-	etcd   *embed.Etcd
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	procs  []*exec.Cmd
-	mu     sync.Mutex
-	errs   []error // guarded by mu
-	closed sync.Once
+	cfg     Config
+	log     *slog.Logger
+	etcd    *embed.Etcd
+	nats    []*server.Server
+	natsURL map[string]string
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	procs   []*exec.Cmd
+	mu      sync.Mutex
+	errs    []error // guarded by mu
+	closed  sync.Once
 }
 
 // Start brings the stack up and returns once every enforcer serves. On error
@@ -107,7 +114,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	s := &Stack{Dir: dir, cfg: cfg, log: cfg.Logger, cancel: cancel, AdminToken: randomToken()}
+	s := &Stack{Dir: dir, cfg: cfg, log: cfg.Logger, cancel: cancel, AdminToken: randomToken(), natsURL: map[string]string{}}
 	if err := s.start(ctx, runCtx, rs); err != nil {
 		s.Close()
 		return nil, err
@@ -128,8 +135,11 @@ func (s *Stack) start(ctx, runCtx context.Context, rs []rules.Rule) error {
 	if err := s.loadRules(ctx, rs); err != nil {
 		return err
 	}
+	if err := s.startNATS(DefaultRegions[:s.cfg.Regions]); err != nil {
+		return err
+	}
 	for i := 0; i < s.cfg.Regions; i++ {
-		r := Region{Name: DefaultRegions[i]}
+		r := Region{Name: DefaultRegions[i], NATSURL: s.natsURL[DefaultRegions[i]]}
 		addr, err := s.startRedis(r.Name)
 		if err != nil {
 			return err
@@ -248,7 +258,7 @@ var readyRE = regexp.MustCompile(`ready grpc=(\S+) http=(\S+)(?: admin=(\S+))?`)
 // startEnforcer runs an enforcer in-process and waits for its ready line.
 func (s *Stack) startEnforcer(ctx, runCtx context.Context, r *Region, admin bool) error {
 	args := []string{"--region", r.Name, "--redis-addr", r.RedisAddr, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-		"--etcd-endpoints", s.EtcdEndpoint, "--timeout", "50ms"}
+		"--etcd-endpoints", s.EtcdEndpoint, "--timeout", "50ms", "--nats-url", r.NATSURL}
 	if admin {
 		args = append(args, "--admin-addr", "127.0.0.1:0", "--admin-token", s.AdminToken)
 	}
@@ -320,6 +330,10 @@ func (s *Stack) Close() error {
 				<-waited
 			}
 		}
+		for _, n := range s.nats {
+			n.Shutdown()
+			n.WaitForShutdown()
+		}
 		if s.etcd != nil {
 			s.etcd.Close()
 		}
@@ -336,9 +350,9 @@ func (s *Stack) Close() error {
 func (s *Stack) Summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "apportion local stack: %d regions, etcd %s\n\n", len(s.Regions), s.EtcdEndpoint)
-	fmt.Fprintf(&b, "%-10s %-22s %-22s %-22s\n", "region", "grpc", "http", "redis")
+	fmt.Fprintf(&b, "%-10s %-20s %-20s %-20s %-26s\n", "region", "grpc", "http", "redis", "nats")
 	for _, r := range s.Regions {
-		fmt.Fprintf(&b, "%-10s %-22s %-22s %-22s\n", r.Name, r.GRPCAddr, r.HTTPAddr, r.RedisAddr)
+		fmt.Fprintf(&b, "%-10s %-20s %-20s %-20s %-26s\n", r.Name, r.GRPCAddr, r.HTTPAddr, r.RedisAddr, r.NATSURL)
 	}
 	r0 := s.Regions[0]
 	fmt.Fprintf(&b, "\nadmin API: http://%s  (token %s)\n\n", r0.AdminAddr, s.AdminToken)

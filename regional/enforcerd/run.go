@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,8 @@ import (
 	"github.com/apportion/apportion/regional"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
+	"github.com/apportion/apportion/sync/usage"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
@@ -48,6 +51,7 @@ type options struct {
 	adminToken    string
 	adminNoAuth   bool
 	natsURL       string
+	staticGlobal  bool
 	timeout       time.Duration
 	maxCost       int64
 	localFraction float64
@@ -80,6 +84,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token the admin API requires (prefer APPORTION_ADMIN_TOKEN)")
 	fs.BoolVar(&o.adminNoAuth, "admin-no-auth", false, "serve the admin API without authentication (loopback test stacks only)")
 	fs.StringVar(&o.natsURL, "nats-url", "", "NATS URL for usage reports to the region's sync agent (empty: off)")
+	fs.BoolVar(&o.staticGlobal, "static-global", false, "global rules enforce their static share; ONLY for regions without a sync agent (see README)")
 	fs.DurationVar(&o.timeout, "timeout", def.Timeout, "timeout of each Redis call before the failure policy answers")
 	fs.Int64Var(&o.maxCost, "max-cost", def.MaxCost, "largest cost one request may ask for")
 	fs.Float64Var(&o.localFraction, "local-fraction", def.LocalFraction, "share of a rule's limit that failure_mode local admits per process while Redis is down")
@@ -172,9 +177,36 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer store.Close()
 	reg.MustRegister(regional.ScriptLoadsCollector(o.region, store.ScriptLoads))
 
+	var rec *usage.Recorder
+	if o.natsURL != "" {
+		nc, err := nats.Connect(o.natsURL, nats.Name("ratelimitd-"+o.region), nats.MaxReconnects(-1),
+			nats.RetryOnFailedConnect(true), nats.ReconnectWait(250*time.Millisecond))
+		if err != nil {
+			return fmt.Errorf("nats: %w", err)
+		}
+		defer nc.Close()
+		host, _ := os.Hostname()
+		rec = usage.NewRecorder(usage.DefaultMaxKeys)
+		pub, err := usage.NewPublisher(nc, rec, o.region, fmt.Sprintf("%s-%d-%d", host, os.Getpid(), time.Now().UnixNano()),
+			usage.WithLogger(log), usage.WithMetrics(reg))
+		if err != nil {
+			return err
+		}
+		pub.Start()
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			pub.Close(cctx)
+		}()
+	}
+
 	cfg := regional.DefaultConfig()
 	cfg.Region, cfg.Timeout, cfg.MaxCost, cfg.LocalFraction = o.region, o.timeout, o.maxCost, o.localFraction
 	cfg.Logger, cfg.Metrics = log, metrics
+	cfg.StaticGlobal = o.staticGlobal
+	if rec != nil {
+		cfg.Usage = rec.Add
+	}
 	enf, err := regional.New(cfg, store)
 	if err != nil {
 		return err

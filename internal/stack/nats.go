@@ -1,0 +1,76 @@
+package stack
+
+import (
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// startNATS starts one embedded NATS server per region, each its own cluster,
+// joined by gateways into a super-cluster, and waits until every gateway is
+// connected.
+func (s *Stack) startNATS(regions []string) error {
+	gw := map[string]int{}
+	for _, r := range regions {
+		p, err := freePort()
+		if err != nil {
+			return err
+		}
+		gw[r] = p
+	}
+	for _, r := range regions {
+		cp, err := freePort()
+		if err != nil {
+			return err
+		}
+		o := &server.Options{ServerName: "nats-" + r, Host: "127.0.0.1", Port: cp, NoLog: true, NoSigs: true}
+		o.Cluster.Name = r
+		o.Gateway = server.GatewayOpts{Name: r, Host: "127.0.0.1", Port: gw[r]}
+		for _, other := range regions {
+			if other == r {
+				continue
+			}
+			u := &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", gw[other])}
+			o.Gateway.Gateways = append(o.Gateway.Gateways, &server.RemoteGatewayOpts{Name: other, URLs: []*url.URL{u}})
+		}
+		srv, err := server.NewServer(o)
+		if err != nil {
+			return fmt.Errorf("stack: nats %s: %w", r, err)
+		}
+		srv.Start()
+		s.nats = append(s.nats, srv)
+		if !srv.ReadyForConnections(10 * time.Second) {
+			return fmt.Errorf("stack: nats %s not ready within 10s", r)
+		}
+		s.natsURL[r] = srv.ClientURL()
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if s.gatewaysUp(len(regions) - 1) {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("stack: NATS gateways did not connect within 15s")
+}
+
+func (s *Stack) gatewaysUp(peers int) bool {
+	for _, srv := range s.nats {
+		gwz, err := srv.Gatewayz(nil)
+		if err != nil || len(gwz.OutboundGateways) < peers {
+			return false
+		}
+		in := 0
+		for _, conns := range gwz.InboundGateways {
+			if len(conns) > 0 {
+				in++
+			}
+		}
+		if in < peers {
+			return false
+		}
+	}
+	return true
+}

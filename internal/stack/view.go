@@ -1,0 +1,125 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// counters are the cumulative figures the live view differentiates.
+type counters struct {
+	allowed, rejected, failOpen float64
+	share                       float64 // units of the hottest key of the global rule, -1 if unknown
+}
+
+func scrape(ctx context.Context, url string) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return p.TextToMetricFamilies(resp.Body)
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// read scrapes one region's enforcer (and agent, when it has one).
+func (s *Stack) read(ctx context.Context, r Region) counters {
+	var c counters
+	c.share = -1
+	if mfs, err := scrape(ctx, "http://"+r.HTTPAddr+"/metrics"); err == nil {
+		if mf := mfs["apportion_requests_total"]; mf != nil {
+			for _, m := range mf.GetMetric() {
+				switch label(m, "result") {
+				case "allowed":
+					c.allowed += m.GetCounter().GetValue()
+				case "rejected":
+					c.rejected += m.GetCounter().GetValue()
+				}
+			}
+		}
+		if mf := mfs["apportion_checks_total"]; mf != nil {
+			for _, m := range mf.GetMetric() {
+				if strings.HasPrefix(label(m, "decision"), "fail_") {
+					c.failOpen += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if r.AgentHTTPAddr != "" {
+		if mfs, err := scrape(ctx, "http://"+r.AgentHTTPAddr+"/metrics"); err == nil {
+			if mf := mfs["apportion_sync_share_units"]; mf != nil {
+				for _, m := range mf.GetMetric() {
+					if label(m, "rule") == GlobalRule && strings.Contains(label(m, "key"), DemoKey) {
+						c.share = m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+	}
+	return c
+}
+
+// View writes a refreshing per-region table to w every interval until ctx
+// is done: checks/s, allowed/s, rejected/s, failure-policy answers/s, and
+// the region's share of the global demo rule for the demo key.
+func (s *Stack) View(ctx context.Context, w io.Writer, interval time.Duration) {
+	prev := make([]counters, len(s.Regions))
+	for i, r := range s.Regions {
+		prev[i] = s.read(ctx, r)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "\n%s  %-10s %9s %9s %9s %9s   %s\n", time.Now().Format("15:04:05"), "region", "checks/s", "allowed", "rejected", "fail", "share of "+GlobalRule+" for "+DemoKey)
+		for i, r := range s.Regions {
+			cur := s.read(ctx, r)
+			sec := interval.Seconds()
+			allowed, rejected := (cur.allowed-prev[i].allowed)/sec, (cur.rejected-prev[i].rejected)/sec
+			share := "n/a (no traffic coordinated yet)"
+			if cur.share >= 0 {
+				share = fmt.Sprintf("%5.1f%%  %s", cur.share/10000, bar(cur.share/1e6, 30))
+			}
+			fmt.Fprintf(&b, "          %-10s %9.0f %9.0f %9.0f %9.0f   %s\n", r.Name, allowed+rejected, allowed, rejected,
+				(cur.failOpen-prev[i].failOpen)/sec, share)
+			prev[i] = cur
+		}
+		io.WriteString(w, b.String())
+	}
+}
+
+func bar(frac float64, width int) string {
+	if frac < 0 {
+		frac = 0
+	}
+	if frac > 1 {
+		frac = 1
+	}
+	n := int(frac*float64(width) + 0.5)
+	return strings.Repeat("#", n) + strings.Repeat(".", width-n)
+}
