@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/testutil"
+	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/etcdstore"
 	"github.com/apportion/apportion/sync/ledger"
@@ -19,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -36,7 +38,7 @@ func testLogger(t testing.TB) *slog.Logger {
 
 func globalRule() rules.Rule {
 	return rules.Rule{ID: testRule, Match: map[string]string{"resource": "POST /orders"}, Key: []string{"client_key"},
-		Algorithm: rules.TokenBucket, Capacity: 100, RefillPerSecond: 100, Scope: rules.Global,
+		Algorithm: rules.TokenBucket, Capacity: 1_000_000, RefillPerSecond: 1_000_000, Scope: rules.Global,
 		Regions: map[string]float64{"a": 1, "b": 1, "c": 1}, MinShare: 0.1}
 }
 
@@ -92,6 +94,15 @@ type stack struct {
 	etcd    *clientv3.Client
 	world   *world
 	cluster map[string]*testutil.NATSServer
+	probe   probe
+}
+
+// probe reads what the regions' stores enforce.
+type probe interface {
+	// enforced is the units region's store enforces for key now.
+	enforced(region, key string) int64
+	// sum is one sample of the regions' enforced units for key together.
+	sum(key string) int64
 }
 
 func newStack(t *testing.T, mkStore func(name string) (Store, *memStore)) *stack {
@@ -156,9 +167,9 @@ func startLoad(t *testing.T, s *stack) *loadGen {
 				continue
 			}
 			seq++
-			// 400/s of demand against a global 100/s: saturating.
+			// 2,000,000/s of demand against a global 1,000,000/s: saturating.
 			b, _ := usage.Encode(usage.Batch{Region: r, Enforcer: "test", Seq: seq,
-				Deltas: []usage.Delta{{Rule: testRule, Key: testKey, Admitted: 15, Rejected: 5}}})
+				Deltas: []usage.Delta{{Rule: testRule, Key: testKey, Admitted: 75_000, Rejected: 25_000}}})
 			ncs[r].Publish(usage.Subject(r), b)
 		}
 	}()
@@ -174,13 +185,7 @@ type sampler struct {
 	stop, done          chan struct{}
 }
 
-func startSampler(t *testing.T, s *stack, spec Spec) *sampler {
-	cfg := spec.ledgerConfig(ledger.DefaultConfig())
-	floors, _ := ledger.Split(cfg, spec.Regions)
-	floor := map[string]int64{}
-	for i, r := range spec.Regions {
-		floor[r.Name] = floors[i]
-	}
+func startSampler(t *testing.T, s *stack, units int64) *sampler {
 	sm := &sampler{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(sm.done)
@@ -190,14 +195,9 @@ func startSampler(t *testing.T, s *stack, spec Spec) *sampler {
 				return
 			case <-time.After(2 * time.Millisecond):
 			}
-			s.world.mu.Lock()
-			var sum int64
-			for _, n := range s.names {
-				sum += s.regions[n].mem.enforcedLocked(testRule, testKey, floor[n])
-			}
-			s.world.mu.Unlock()
+			sum := s.probe.sum(testKey)
 			sm.samples.Add(1)
-			if sum > cfg.Units {
+			if sum > units {
 				sm.violations.Add(1)
 			}
 			if sum > sm.worst.Load() {
@@ -218,52 +218,88 @@ func (sm *sampler) finish() {
 	<-sm.done
 }
 
-func (s *stack) enforced(n, key string, floor int64) int64 {
-	s.world.mu.Lock()
-	defer s.world.mu.Unlock()
-	return s.regions[n].mem.enforcedLocked(testRule, key, floor)
+func (s *stack) enforced(n, key string) int64 { return s.probe.enforced(n, key) }
+
+// floorsOf returns every region's floor units for rule.
+func floorsOf(spec Spec) map[string]int64 {
+	floors, _ := ledger.Split(spec.ledgerConfig(ledger.DefaultConfig()), spec.Regions)
+	out := map[string]int64{}
+	for i, r := range spec.Regions {
+		out[r.Name] = floors[i]
+	}
+	return out
 }
 
-func TestAgentsShareFollowsDemandAndReclaim(t *testing.T) {
+// memProbe reads memStores under the world lock: a sample is one instant.
+type memProbe struct {
+	s      *stack
+	floors map[string]int64
+}
+
+func (p memProbe) enforced(n, key string) int64 {
+	p.s.world.mu.Lock()
+	defer p.s.world.mu.Unlock()
+	return p.s.regions[n].mem.enforcedLocked(testRule, key, p.floors[n])
+}
+
+func (p memProbe) sum(key string) int64 {
+	p.s.world.mu.Lock()
+	defer p.s.world.mu.Unlock()
+	var sum int64
+	for _, n := range p.s.names {
+		sum += p.s.regions[n].mem.enforcedLocked(testRule, key, p.floors[n])
+	}
+	return sum
+}
+
+func TestAgentsWithContractStore(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	w := &world{}
 	s := newStack(t, func(n string) (Store, *memStore) {
-		m := newMemStore(nil, n)
+		m := newMemStore(w, n)
 		return m, m
 	})
-	for _, n := range s.names {
-		s.regions[n].mem.w = s.world
-	}
+	s.world = w
+	s.probe = memProbe{s: s, floors: floorsOf(s.regions["a"].agent.specOf(globalRule()))}
+	runScenario(t, s)
+}
+
+// runScenario puts a global rule, moves demand from a to b to c, injects
+// bad reports, stops c and waits for the reclaim, while a sampler checks
+// that the regions never enforce more than the whole limit together.
+func runScenario(t *testing.T, s *stack) {
 	rule := globalRule()
 	s.putRule(t, rule)
 	spec := s.regions["a"].agent.specOf(rule)
 	lc := spec.ledgerConfig(ledger.DefaultConfig())
 	floors, initial := ledger.Split(lc, spec.Regions)
 	U := lc.Units
-	for _, n := range s.names {
+	for i, n := range s.names {
 		testutil.WaitFor(t, 20*time.Second, "incarnation of "+n, func() bool { return s.regions[n].agent.Incarnation(testRule) > 0 })
-		testutil.WaitFor(t, 20*time.Second, "marker of "+n, func() bool { return s.regions[n].mem.markerValid(testRule) })
+		base := floors[i] + initial[i]
+		testutil.WaitFor(t, 20*time.Second, "marker of "+n, func() bool { return s.enforced(n, "rl:{probe}:orders") == base })
 	}
-	sm := startSampler(t, s, spec)
+	sm := startSampler(t, s, U)
 	load := startLoad(t, s)
 
 	// Demand in a: a's share grows well above its initial part.
 	load.region.Store("a")
 	high := initial[0] + floors[0] + (U-initial[0]-floors[0])/2
 	testutil.WaitFor(t, 30*time.Second, "a's enforced share to grow", func() bool {
-		return s.enforced("a", testKey, floors[0]) > high
+		return s.enforced("a", testKey) > high
 	})
-	t.Logf("demand in a: enforced a=%d b=%d c=%d", s.enforced("a", testKey, floors[0]), s.enforced("b", testKey, floors[1]), s.enforced("c", testKey, floors[2]))
+	t.Logf("demand in a: enforced a=%d b=%d c=%d", s.enforced("a", testKey), s.enforced("b", testKey), s.enforced("c", testKey))
 
 	// Demand moves to b: shares follow.
 	t0 := time.Now()
 	load.region.Store("b")
 	testutil.WaitFor(t, 30*time.Second, "b's enforced share to grow and a's to shrink", func() bool {
-		return s.enforced("b", testKey, floors[1]) > high && s.enforced("a", testKey, floors[0]) < initial[0]+floors[0]
+		return s.enforced("b", testKey) > high && s.enforced("a", testKey) < initial[0]+floors[0]
 	})
 	t.Logf("demand moved to b: converged in %v: enforced a=%d b=%d c=%d", time.Since(t0).Round(time.Millisecond),
-		s.enforced("a", testKey, floors[0]), s.enforced("b", testKey, floors[1]), s.enforced("c", testKey, floors[2]))
+		s.enforced("a", testKey), s.enforced("b", testKey), s.enforced("c", testKey))
 	if g := metricValue(s.regions["a"].agent.m.gifts); g < 1 {
 		t.Errorf("a made no gifts: %v", g)
 	}
@@ -275,11 +311,11 @@ func TestAgentsShareFollowsDemandAndReclaim(t *testing.T) {
 	// the floor) and the survivors reclaim what c held.
 	load.region.Store("c")
 	testutil.WaitFor(t, 30*time.Second, "c's enforced share to grow", func() bool {
-		return s.enforced("c", testKey, floors[2]) > high
+		return s.enforced("c", testKey) > high
 	})
 	load.region.Store("")
 	c := s.regions["c"]
-	cHeld := s.enforced("c", testKey, floors[2])
+	cHeld := s.enforced("c", testKey)
 	beforeAB := s.regions["a"].agent.Shares(testRule)[testKey] + s.regions["b"].agent.Shares(testRule)[testKey]
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	if err := c.agent.Close(ctx); err != nil {
@@ -287,7 +323,9 @@ func TestAgentsShareFollowsDemandAndReclaim(t *testing.T) {
 	}
 	cancel()
 	t1 := time.Now()
-	testutil.WaitFor(t, 10*time.Second, "c's marker lease to lapse", func() bool { return !c.mem.markerValid(testRule) })
+	testutil.WaitFor(t, 10*time.Second, "c's marker lease to lapse", func() bool {
+		return s.enforced("c", "rl:{probe}:orders") == floors[2] && s.enforced("c", testKey) == floors[2]
+	})
 	t.Logf("c stopped: marker lapsed after %v (c held %d units)", time.Since(t1).Round(time.Millisecond), cHeld)
 	testutil.WaitFor(t, 30*time.Second, "a and b to reclaim c's share", func() bool {
 		sa, sb := s.regions["a"].agent.Shares(testRule)[testKey], s.regions["b"].agent.Shares(testRule)[testKey]
@@ -504,4 +542,80 @@ func metricValue(c prometheus.Metric) float64 {
 		return m.Counter.GetValue()
 	}
 	return m.Gauge.GetValue()
+}
+
+// redisProbe reads what each region's real Redis enforces with the
+// enforcer's own script: a check of cost above the capacity is rejected,
+// consumes nothing and reports the enforced capacity, which for
+// globalRule (capacity 10^6 tokens, 10^6 units) is the units.
+//
+// Three servers cannot be read at one instant. sum reads a, b, c and then
+// c, b, a and takes each region's lower reading: a gift lowers the giver
+// before it raises the receiver, so a plain sequential read that sees the
+// giver before its lowering and the receiver after its raise would count
+// the gift twice; with both orders, one of the two readings of the pair
+// falls on the safe side.
+type redisProbe struct {
+	s      *stack
+	stores map[string]*redisstore.Store
+	floors map[string]int64
+}
+
+func (p redisProbe) enforced(n, key string) int64 {
+	r := globalRule()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, res, err := p.stores[n].Check(ctx, redisstore.MaxCost, []redisstore.Bucket{{Key: key, Algorithm: rules.TokenBucket,
+		Capacity: r.Capacity * 1000, Rate: int64(r.RefillPerSecond * 1000),
+		Global: &redisstore.Global{Rule: testRule, Units: 1_000_000, Floor: p.floors[n]}}})
+	if err != nil || len(res) != 1 {
+		return -1
+	}
+	return res[0].Limit
+}
+
+func (p redisProbe) sum(key string) int64 {
+	low := map[string]int64{}
+	names := p.s.names
+	for i := range 2 * len(names) {
+		var n string
+		if i < len(names) {
+			n = names[i]
+		} else {
+			n = names[2*len(names)-1-i]
+		}
+		v := p.enforced(n, key)
+		if v < 0 {
+			return 0 // a failed read: no sample
+		}
+		if old, ok := low[n]; !ok || v < old {
+			low[n] = v
+		}
+	}
+	var sum int64
+	for _, v := range low {
+		sum += v
+	}
+	return sum
+}
+
+func TestAgentsWithRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	stores := map[string]*redisstore.Store{}
+	s := newStack(t, func(n string) (Store, *memStore) {
+		r := testutil.StartRedis(t)
+		rc := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
+		t.Cleanup(func() { rc.Close() })
+		st, err := redisstore.New(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		stores[n] = st
+		return st, nil
+	})
+	s.probe = redisProbe{s: s, stores: stores, floors: floorsOf(s.regions["a"].agent.specOf(globalRule()))}
+	runScenario(t, s)
 }
