@@ -1,0 +1,28 @@
+// Command rlsim runs the simulations of simulations/: a scenario in virtual
+// time against every strategy (run), one setting swept over values (sweep),
+// and, later, the scenario against the real binaries (live).
+//
+//	rlsim run SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--quiet]
+//	rlsim sweep SCENARIO.yaml --param rtt|interval|lease --values a,b,c [--out DIR] [--seed N] [--duration D]
+//	rlsim live SCENARIO.yaml
+//
+// Every flag also reads APPORTION_<FLAG> from the environment.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "rlsim:", err)
+		os.Exit(1)
+	}
+}

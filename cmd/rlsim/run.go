@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/apportion/apportion/internal/flagenv"
+	"github.com/apportion/apportion/simulations"
+	"github.com/apportion/apportion/simulations/report"
+	"github.com/apportion/apportion/simulations/scenario"
+	"github.com/apportion/apportion/simulations/sim"
+)
+
+const usage = `usage:
+  rlsim run SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--quiet]
+  rlsim sweep SCENARIO.yaml --param rtt|interval|lease --values a,b,c [--out DIR] [--seed N] [--duration D]
+  rlsim live SCENARIO.yaml`
+
+// ErrLiveUnavailable is returned by "rlsim live" until cmd/syncagent exists.
+var ErrLiveUnavailable = errors.New("live mode is not available yet: it runs the real binaries (ratelimitd and syncagent per region), and cmd/syncagent has not landed; use 'rlsim run' for the simulator")
+
+type common struct {
+	out      string
+	seed     uint64
+	duration time.Duration
+	quiet    bool
+	param    string
+	values   string
+}
+
+// parse parses flags that may come before or after the one positional
+// argument (the scenario file).
+func parse(fs *flag.FlagSet, args []string) (string, error) {
+	var pos []string
+	for {
+		if err := flagenv.Parse(fs, args, os.LookupEnv); err != nil {
+			return "", err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	if len(pos) != 1 {
+		return "", fmt.Errorf("want exactly one scenario file, got %d arguments\n%s", len(pos), usage)
+	}
+	return pos[0], nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return errors.New(usage)
+	}
+	cmd, args := args[0], args[1:]
+	var c common
+	fs := flag.NewFlagSet("rlsim "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.out, "out", "", "directory for the CSV, JSON, SVG and PNG outputs (default: none, table only)")
+	fs.Uint64Var(&c.seed, "seed", 0, "seed (default: the scenario's)")
+	fs.DurationVar(&c.duration, "duration", 0, "override the scenario's duration (default: the scenario's)")
+	switch cmd {
+	case "run":
+		fs.BoolVar(&c.quiet, "quiet", false, "no progress bar on stderr")
+	case "sweep":
+		fs.StringVar(&c.param, "param", "", "setting to sweep: rtt (factor of the delay matrix, or a round trip such as 100ms), interval or lease")
+		fs.StringVar(&c.values, "values", "", "comma-separated values, e.g. 0.5,1,2 or 100ms,250ms,1s")
+	case "live":
+	case "help", "-h", "--help":
+		fmt.Fprintln(stdout, usage)
+		return nil
+	default:
+		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+	}
+	path, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	sc, err := scenario.Load(path)
+	if err != nil {
+		return err
+	}
+	opt := sim.Options{Seed: c.seed, Duration: c.duration}
+	switch cmd {
+	case "live":
+		return ErrLiveUnavailable
+	case "run":
+		return runOne(ctx, sc, c, opt, stdout, stderr)
+	default:
+		return sweep(ctx, sc, c, opt, stdout)
+	}
+}
+
+func progress(w io.Writer) func(float64) {
+	last := -1
+	return func(done float64) {
+		p := int(done * 100)
+		if p == last {
+			return
+		}
+		last = p
+		n := p / 2
+		fmt.Fprintf(w, "\r[%s%s] %3d%%", strings.Repeat("#", n), strings.Repeat(".", 50-n), p)
+		if p >= 100 {
+			fmt.Fprintln(w)
+		}
+	}
+}
+
+func runOne(ctx context.Context, sc *scenario.Scenario, c common, opt sim.Options, stdout, stderr io.Writer) error {
+	dur := sc.Duration.D()
+	if opt.Duration > 0 {
+		dur = opt.Duration
+	}
+	if !c.quiet && dur >= 10*time.Minute {
+		opt.Progress = progress(stderr)
+	}
+	start := time.Now()
+	res, err := simulations.Run(ctx, sc, opt)
+	if err != nil {
+		return err
+	}
+	if opt.Progress != nil {
+		opt.Progress(1)
+	}
+	if !c.quiet {
+		fmt.Fprintf(stderr, "simulated %v in %v (%d events)\n", dur, time.Since(start).Round(time.Millisecond), res.Events)
+	}
+	fmt.Fprint(stdout, report.Table(res))
+	if c.out == "" {
+		return nil
+	}
+	files, err := report.RunFiles(res)
+	if err != nil {
+		return err
+	}
+	return report.Write(c.out, files)
+}
+
+func sweep(ctx context.Context, sc *scenario.Scenario, c common, opt sim.Options, stdout io.Writer) error {
+	if c.param == "" || c.values == "" {
+		return fmt.Errorf("sweep needs --param and --values\n%s", usage)
+	}
+	pts, err := simulations.Sweep(ctx, sc, c.param, strings.Split(c.values, ","), opt)
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, report.SweepTable(pts))
+	if c.out == "" {
+		return nil
+	}
+	files, err := report.SweepFiles(pts)
+	if err != nil {
+		return err
+	}
+	return report.Write(c.out, files)
+}

@@ -1,0 +1,441 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	"github.com/apportion/apportion/allocation"
+	"github.com/apportion/apportion/simulations/scenario"
+)
+
+// world is the state every strategy shares: the clock, the scenario, the
+// keys, the regions' clocks and the network's topology.
+type world struct {
+	eng       engine
+	sc        *Scenario
+	keys      []Key
+	agentRate []float64
+	agentOff  []time.Duration
+	storeRate []float64
+	lost      []bool
+	group     []int // partition group of each region: 0 is the main one
+	envs      []*Env
+}
+
+// Env is one strategy's view of the world. It is not safe for concurrent
+// use: the whole simulation runs on one goroutine.
+type Env struct {
+	w     *world
+	idx   int
+	rng   *rand.Rand
+	bytes int64
+}
+
+// Scenario returns the scenario being run.
+func (e *Env) Scenario() *Scenario { return e.w.sc }
+
+// Keys returns the keys (index = key id in Admit).
+func (e *Env) Keys() []Key { return e.w.keys }
+
+// Regions returns the number of regions.
+func (e *Env) Regions() int { return len(e.w.sc.Regions) }
+
+// Rand returns the strategy's own random stream.
+func (e *Env) Rand() *rand.Rand { return e.rng }
+
+// Now returns the virtual real time.
+func (e *Env) Now() time.Duration { return e.w.eng.now }
+
+// After runs fn after d of real time.
+func (e *Env) After(d time.Duration, fn func()) { e.w.eng.at(e.w.eng.now+d, fn) }
+
+// AgentNow returns region r's agent clock: a monotonic clock with an offset
+// and a rate error.
+func (e *Env) AgentNow(r int) time.Duration {
+	return e.w.agentOff[r] + time.Duration(float64(e.w.eng.now)*e.w.agentRate[r])
+}
+
+// AgentAfter runs fn after d has passed on region r's agent clock.
+func (e *Env) AgentAfter(r int, d time.Duration, fn func()) {
+	e.After(time.Duration(math.Ceil(float64(d)/e.w.agentRate[r])), fn)
+}
+
+// StoreMs returns region r's store clock (Redis TIME) in whole ms.
+func (e *Env) StoreMs(r int) int64 {
+	return int64(float64(e.w.eng.now) * e.w.storeRate[r] / 1e6)
+}
+
+// Lost reports whether region r is lost.
+func (e *Env) Lost(r int) bool { return e.w.lost[r] }
+
+// Reachable reports whether a message can travel from region a to region b now.
+func (e *Env) Reachable(a, b int) bool {
+	w := e.w
+	return !w.lost[a] && !w.lost[b] && w.group[a] == w.group[b]
+}
+
+// RegistryReachable reports whether region r can reach the registry (etcd),
+// which lives with the main partition.
+func (e *Env) RegistryReachable(r int) bool { return !e.w.lost[r] && e.w.group[r] == 0 }
+
+// Send carries a message of size bytes from region a to b: it is counted,
+// then dropped if the regions cannot reach each other (at sending or at
+// delivery) or lost with the network's loss probability, else delivered
+// after the one-way delay plus jitter.
+func (e *Env) Send(a, b, size int, deliver func()) {
+	e.bytes += int64(size)
+	if !e.Reachable(a, b) {
+		return
+	}
+	n := &e.w.sc.Network
+	if n.Loss > 0 && e.rng.Float64() < n.Loss {
+		return
+	}
+	d := e.w.sc.Delay(a, b)
+	if n.JitterMs > 0 {
+		d += time.Duration(e.rng.Float64() * n.JitterMs * 1e6)
+	}
+	e.After(d, func() {
+		if e.Reachable(a, b) {
+			deliver()
+		}
+	})
+}
+
+// Registry runs op at the registry after the one-way registry delay, if
+// region r can reach it then, and delivers its reply to r after the same delay.
+func (e *Env) Registry(r int, op func() (reply func())) {
+	d := time.Duration(*e.w.sc.Network.RegistryMs * 1e6)
+	if !e.RegistryReachable(r) {
+		return
+	}
+	e.After(d, func() {
+		if !e.RegistryReachable(r) {
+			return
+		}
+		reply := op()
+		if reply == nil {
+			return
+		}
+		e.After(d, func() {
+			if e.RegistryReachable(r) {
+				reply()
+			}
+		})
+	})
+}
+
+// RegistryDelay is the one-way delay to the registry.
+func (e *Env) RegistryDelay() time.Duration {
+	return time.Duration(*e.w.sc.Network.RegistryMs * 1e6)
+}
+
+// stream is one region's share of one demand entry.
+type stream struct {
+	region int
+	d      int // demand index
+	frac   float64
+	max    float64 // upper bound of the level (for thinning)
+	key    int     // fixed key, or the first key of a key set
+	zipf   *rand.Zipf
+	rng    *rand.Rand
+}
+
+// Options adjust a run.
+type Options struct {
+	// Seed overrides the scenario's seed when non-zero.
+	Seed uint64
+	// Duration overrides the scenario's duration when non-zero (tests).
+	Duration time.Duration
+	// Progress, if set, is called with the fraction of virtual time done,
+	// about every 1%.
+	Progress func(done float64)
+}
+
+// Run simulates sc with the strategies; strategies[0] must be the reference
+// (the centralized ideal).
+func Run(ctx context.Context, sc *Scenario, strategies []Strategy, opt Options) (*Result, error) {
+	if len(strategies) == 0 {
+		return nil, fmt.Errorf("sim: no strategies")
+	}
+	seed := sc.Seed
+	if opt.Seed != 0 {
+		seed = opt.Seed
+	}
+	dur := sc.Duration.D()
+	if opt.Duration > 0 {
+		dur = opt.Duration
+	}
+	nr := len(sc.Regions)
+	w := &world{sc: sc, lost: make([]bool, nr), group: make([]int, nr)}
+	setup := rand.New(rand.NewPCG(seed, 0x5eed))
+	for i, r := range sc.Regions {
+		e := *sc.Sync.ClockError
+		rate := 1 + e*(2*setup.Float64()-1)
+		if r.AgentClock != nil {
+			rate = 1 + *r.AgentClock
+		}
+		w.agentRate = append(w.agentRate, rate)
+		w.agentOff = append(w.agentOff, time.Duration(setup.Int64N(int64(time.Hour))))
+		w.storeRate = append(w.storeRate, 1+r.StoreClock)
+		_ = i
+	}
+	// Keys and streams.
+	keyIdx := map[string]int{}
+	addKey := func(name string) int {
+		if i, ok := keyIdx[name]; ok {
+			return i
+		}
+		keyIdx[name] = len(w.keys)
+		w.keys = append(w.keys, Key{Name: name, Rate: sc.Rule.Rate, Burst: sc.Rule.Burst})
+		return len(w.keys) - 1
+	}
+	var streams []*stream
+	for di := range sc.Demand {
+		d := &sc.Demand[di]
+		first := -1
+		if d.Keys != nil {
+			for k := 0; k < d.Keys.Count; k++ {
+				i := addKey(fmt.Sprintf("%s%d", d.Keys.Prefix, k))
+				if k == 0 {
+					first = i
+				}
+			}
+		} else {
+			first = addKey(d.Key)
+		}
+		for r, f := range sc.Fractions(d) {
+			if f <= 0 {
+				continue
+			}
+			st := &stream{region: r, d: di, frac: f, max: maxLevel(d), key: first,
+				rng: rand.New(rand.NewPCG(seed, uint64(1000+len(streams))))}
+			if d.Keys != nil && d.Keys.Count > 1 {
+				st.zipf = rand.NewZipf(st.rng, d.Keys.S, 1, uint64(d.Keys.Count-1))
+			}
+			streams = append(streams, st)
+		}
+	}
+	m := newMetrics(w, strategies, dur)
+	for i, s := range strategies {
+		env := &Env{w: w, idx: i, rng: rand.New(rand.NewPCG(seed, uint64(1_000_000+i)))}
+		w.envs = append(w.envs, env)
+		if err := s.Start(env); err != nil {
+			return nil, fmt.Errorf("sim: %s: %w", s.Name(), err)
+		}
+	}
+	// Request streams.
+	for _, st := range streams {
+		startStream(w, m, st)
+	}
+	// Disruptions.
+	for ei, ev := range sc.Events {
+		ei, ev := ei, ev
+		var regions []int
+		for _, n := range ev.Regions {
+			regions = append(regions, sc.Index(n))
+		}
+		end := ev.At.D() + ev.For.D()
+		switch ev.Kind {
+		case "partition":
+			w.eng.at(ev.At.D(), func() {
+				for _, r := range regions {
+					w.group[r] = ei + 1
+				}
+			})
+			if ev.For > 0 {
+				w.eng.at(end, func() {
+					for _, r := range regions {
+						w.group[r] = 0
+					}
+				})
+			}
+		case "region_loss":
+			w.eng.at(ev.At.D(), func() {
+				for _, r := range regions {
+					w.lost[r] = true
+					for _, s := range strategies {
+						if x, ok := s.(Disrupted); ok {
+							x.RegionLost(r)
+						}
+					}
+				}
+			})
+			if ev.For > 0 {
+				w.eng.at(end, func() {
+					for _, r := range regions {
+						w.lost[r] = false
+						for _, s := range strategies {
+							if x, ok := s.(Disrupted); ok {
+								x.RegionBack(r)
+							}
+						}
+					}
+				})
+			}
+		case "agent_restart":
+			w.eng.at(ev.At.D(), func() {
+				for _, r := range regions {
+					for _, s := range strategies {
+						if x, ok := s.(Disrupted); ok {
+							x.AgentDown(r)
+						}
+					}
+				}
+			})
+			w.eng.at(end, func() {
+				for _, r := range regions {
+					for _, s := range strategies {
+						if x, ok := s.(Disrupted); ok {
+							x.AgentUp(r)
+						}
+					}
+				}
+			})
+		}
+	}
+	m.schedule()
+	// The loop.
+	var n int
+	step := max(dur/100, 1)
+	nextProgress := step
+	for {
+		ev, ok := w.eng.pop()
+		if !ok || ev.at > dur {
+			break
+		}
+		if opt.Progress != nil && ev.at >= nextProgress {
+			opt.Progress(float64(ev.at) / float64(dur))
+			nextProgress = (ev.at/step + 1) * step
+		}
+		w.eng.now = ev.at
+		ev.fn()
+		n++
+		if n&0xffff == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	w.eng.now = dur
+	res := m.result(seed, dur, n)
+	res.Targets = targets(sc, w, dur)
+	m.convergence(res)
+	return res, nil
+}
+
+func maxLevel(d *scenario.Demand) float64 {
+	switch d.Shape {
+	case "steps":
+		v := 0.0
+		for _, s := range d.Steps {
+			v = math.Max(v, s.Level)
+		}
+		return v
+	case "ramp":
+		return math.Max(d.From, d.To)
+	case "sinusoid":
+		return d.Level + math.Abs(d.Amplitude)
+	}
+	return d.Level
+}
+
+// Shift is a demand change and the shares the allocation targets after it.
+type Shift struct {
+	At      float64   `json:"at_s"`
+	Targets []float64 `json:"targets"` // fraction of the limit, per region
+}
+
+// targets returns the demand shifts of the tracked key (key 0) and the
+// allocation's targets after each: floors min_share x weight, the rest split
+// by the rule's allocation over the true demand levels of the regions not lost.
+func targets(sc *Scenario, w *world, dur time.Duration) []Shift {
+	var times []time.Duration
+	seen := map[time.Duration]bool{}
+	for i := range sc.Demand {
+		d := &sc.Demand[i]
+		if d.Keys != nil || d.Key != w.keys[0].Name {
+			continue
+		}
+		for _, t := range d.Changes() {
+			if t < dur && !seen[t] {
+				seen[t] = true
+				times = append(times, t)
+			}
+		}
+	}
+	sort.Slice(times, func(a, b int) bool { return times[a] < times[b] })
+	f, _ := allocation.ByName(sc.Rule.Allocation)
+	wts := sc.Weights()
+	var out []Shift
+	for _, t := range times {
+		lv := make([]float64, len(sc.Regions))
+		for i := range sc.Demand {
+			d := &sc.Demand[i]
+			if d.Keys != nil || d.Key != w.keys[0].Name {
+				continue
+			}
+			for r, fr := range sc.Fractions(d) {
+				lv[r] += fr * d.LevelAt(t)
+			}
+		}
+		regs := make([]allocation.Region, len(lv))
+		for r := range lv {
+			regs[r] = allocation.Region{Weight: wts[r], Floor: sc.Rule.MinShare * wts[r], Demand: lv[r]}
+		}
+		out = append(out, Shift{At: t.Seconds(), Targets: allocation.Targets(f, 1-sc.Rule.MinShare, regs)})
+	}
+	return out
+}
+
+// startStream schedules a stream's requests: Poisson arrivals by thinning
+// (candidates at the stream's peak rate, each kept with probability
+// level/peak), or evenly spaced ones at the current level.
+func startStream(w *world, m *metrics, st *stream) {
+	sc := w.sc
+	d := &sc.Demand[st.d]
+	perLevel := st.frac * sc.Rule.Rate / float64(d.Cost) // requests/s per unit of level
+	emit := func() {
+		if w.lost[st.region] {
+			return
+		}
+		key := st.key
+		if st.zipf != nil {
+			key += int(st.zipf.Uint64())
+		}
+		m.request(st.region, key, d.Cost)
+	}
+	if d.Arrivals == "uniform" {
+		var next func()
+		next = func() {
+			lvl := d.LevelAt(w.eng.now) * perLevel
+			if lvl <= 0 {
+				w.eng.at(w.eng.now+100*time.Millisecond, next)
+				return
+			}
+			w.eng.at(w.eng.now+time.Duration(1e9/lvl), func() {
+				emit()
+				next()
+			})
+		}
+		w.eng.at(0, next)
+		return
+	}
+	peak := st.max * perLevel
+	if peak <= 0 {
+		return
+	}
+	var cand func()
+	cand = func() {
+		now := w.eng.now
+		w.eng.at(now+time.Duration(st.rng.ExpFloat64()/peak*1e9), cand)
+		if st.rng.Float64()*st.max < d.LevelAt(now) {
+			emit()
+		}
+	}
+	w.eng.at(time.Duration(st.rng.ExpFloat64()/peak*1e9), cand)
+}

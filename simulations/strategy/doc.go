@@ -1,0 +1,22 @@
+// Package strategy holds the ways of enforcing a global limit across regions
+// that the simulator compares, one file each: the centralized ideal (the
+// reference), a static split, independent regions, async usage sync without a
+// ledger (the common industry approach) and the share ledger of this project
+// (sync/ledger driven as the sync agent drives it).
+//
+// Invariant: every strategy enforces each region's requests with the same
+// token bucket arithmetic as the enforcer's Redis script (sim.Bucket), so the
+// strategies differ only in how they set and feed those buckets.
+package strategy
+
+import "github.com/apportion/apportion/simulations/sim"
+
+// All returns the five strategies in report order, the ideal first.
+func All() []sim.Strategy {
+	return []sim.Strategy{&Ideal{}, &Static{}, &Independent{}, &Async{}, &Ledger{}}
+}
+
+// buckets is one region's buckets, one per key, allocated on first use.
+type buckets []sim.Bucket
+
+func newBuckets(n int) buckets { return make(buckets, n) }
