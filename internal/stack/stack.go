@@ -1,7 +1,8 @@
 // Package stack runs a complete local multi-region apportion stack in one
 // process tree: one embedded etcd, and per region an embedded NATS server
 // (the regions joined by gateways into a super-cluster), a redis-server child
-// process and an enforcer (regional/enforcerd) in-process. cmd/rlstack is
+// process, an enforcer (regional/enforcerd) and a sync agent (sync/agent),
+// both in-process. cmd/rlstack is
 // its command line.
 //
 // Invariant: Close stops everything Start started — child processes are
@@ -33,6 +34,7 @@ import (
 	"github.com/apportion/apportion/regional/enforcerd"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/etcdstore"
+	"github.com/apportion/apportion/sync/agent"
 	"github.com/nats-io/nats-server/v2/server"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -148,6 +150,9 @@ func (s *Stack) start(ctx, runCtx context.Context, rs []rules.Rule) error {
 		if err := s.startEnforcer(ctx, runCtx, &r, i == 0); err != nil {
 			return err
 		}
+		if err := s.startAgent(ctx, runCtx, &r); err != nil {
+			return err
+		}
 		s.Regions = append(s.Regions, r)
 	}
 	return nil
@@ -253,7 +258,10 @@ func (s *Stack) startRedis(region string) (string, error) {
 	return "", fmt.Errorf("stack: redis-server for %s did not listen on %s", region, addr)
 }
 
-var readyRE = regexp.MustCompile(`ready grpc=(\S+) http=(\S+)(?: admin=(\S+))?`)
+var (
+	readyRE      = regexp.MustCompile(`ready grpc=(\S+) http=(\S+)(?: admin=(\S+))?`)
+	agentReadyRE = regexp.MustCompile(`ready region=(\S+) http=(\S+)`)
+)
 
 // startEnforcer runs an enforcer in-process and waits for its ready line.
 func (s *Stack) startEnforcer(ctx, runCtx context.Context, r *Region, admin bool) error {
@@ -262,13 +270,37 @@ func (s *Stack) startEnforcer(ctx, runCtx context.Context, r *Region, admin bool
 	if admin {
 		args = append(args, "--admin-addr", "127.0.0.1:0", "--admin-token", s.AdminToken)
 	}
+	m, err := s.runDaemon(ctx, runCtx, "enforcer "+r.Name, r.Name, readyRE, args, enforcerd.Run)
+	if err != nil {
+		return err
+	}
+	r.GRPCAddr, r.HTTPAddr, r.AdminAddr = m[1], m[2], m[3]
+	return nil
+}
+
+// startAgent runs the region's sync agent in-process and waits for its ready line.
+func (s *Stack) startAgent(ctx, runCtx context.Context, r *Region) error {
+	args := []string{"--region", r.Name, "--redis-addr", r.RedisAddr, "--nats-url", r.NATSURL,
+		"--etcd-endpoints", s.EtcdEndpoint, "--http-addr", "127.0.0.1:0"}
+	m, err := s.runDaemon(ctx, runCtx, "sync agent "+r.Name, r.Name+"/agent", agentReadyRE, args, agent.RunCommand)
+	if err != nil {
+		return err
+	}
+	r.AgentHTTPAddr = m[2]
+	return nil
+}
+
+// runDaemon runs a daemon's Run function in-process until runCtx is done and
+// returns the submatches of its ready line.
+func (s *Stack) runDaemon(ctx, runCtx context.Context, name, logPrefix string, ready *regexp.Regexp, args []string,
+	run func(context.Context, []string, io.Writer, io.Writer) error) ([]string, error) {
 	pr, pw := io.Pipe()
-	ready := make(chan []string, 1)
+	readyc := make(chan []string, 1)
 	go func() {
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
-			if m := readyRE.FindStringSubmatch(sc.Text()); m != nil {
-				ready <- m
+			if m := ready.FindStringSubmatch(sc.Text()); m != nil {
+				readyc <- m
 			}
 		}
 	}()
@@ -276,25 +308,24 @@ func (s *Stack) startEnforcer(ctx, runCtx context.Context, r *Region, admin bool
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		err := enforcerd.Run(runCtx, args, pw, prefixWriter(s.cfg.LogWriter, r.Name))
+		err := run(runCtx, args, pw, prefixWriter(s.cfg.LogWriter, logPrefix))
 		pw.Close()
 		if err != nil {
 			s.mu.Lock()
-			s.errs = append(s.errs, fmt.Errorf("enforcer %s: %w", r.Name, err))
+			s.errs = append(s.errs, fmt.Errorf("%s: %w", name, err))
 			s.mu.Unlock()
 		}
 		done <- err
 	}()
 	select {
-	case m := <-ready:
-		r.GRPCAddr, r.HTTPAddr, r.AdminAddr = m[1], m[2], m[3]
-		return nil
+	case m := <-readyc:
+		return m, nil
 	case err := <-done:
-		return fmt.Errorf("stack: enforcer %s stopped before it was ready: %v", r.Name, err)
+		return nil, fmt.Errorf("stack: %s stopped before it was ready: %v", name, err)
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	case <-time.After(30 * time.Second):
-		return fmt.Errorf("stack: enforcer %s not ready within 30s", r.Name)
+		return nil, fmt.Errorf("stack: %s not ready within 30s", name)
 	}
 }
 
