@@ -1,0 +1,92 @@
+// Package agent is a region's sync agent: it wraps one pure share ledger
+// (sync/ledger) per global token-bucket rule with NATS, Redis and etcd, and
+// thereby keeps the sum of the shares that the regions' Redis servers enforce
+// at or below each global limit while moving share to where the demand is.
+//
+// Key invariant: the agent adds no path around the ledger. Every store write
+// is one the ledger emitted, applied in emission order per key (versions make
+// replays and reorderings harmless); a confirmation (ShareApplied) is
+// reported only with the version the store says it holds afterwards; every
+// report published is one the ledger returned; and every input the ledger
+// rejects (a malformed message, an unknown region, a stale or frozen
+// incarnation, a counter that went backwards) is dropped, counted in
+// apportion_sync_reports_rejected_total{reason} and logged at a limited
+// rate, and changes nothing. No-overshoot therefore rests on the ledger's
+// proof and on the store contract of the ledger package doc, which
+// regional/redisstore implements.
+//
+// # Inputs and outputs
+//
+//   - Rules: a rules.Source (rules/etcdstore.Watcher). A rule is coordinated
+//     here when it is global, token_bucket, and lists this region in Regions.
+//   - Usage: usage.Subscribe on "ratelimit.usage.<region>"; each delta of a
+//     coordinated rule goes to Ledger.Usage with the delta's Key (the Redis
+//     bucket key) as the ledger key and the rule's refill_per_second.
+//   - Reports: one message per tick on "ratelimit.report.<region>" carrying the
+//     report of every ledger that has one (sync/wire; split by EncodeSplit
+//     when larger than the connection's max payload); the agent subscribes
+//     to "ratelimit.report.*", ignores its own subject and feeds the rest to
+//     Ledger.Receive. A message whose From differs from its subject token is
+//     malformed.
+//   - Store: Store (regional/redisstore.Store). Marker writes go to
+//     WriteMarker(rule), key writes to WriteShares(rule) with the rule's
+//     global capacity and rate in thousandths, Total = Units, Floor = this
+//     region's floor units (ledger.Split). RunID is read every tick; a change
+//     calls StoreReset on every ledger.
+//   - Registry: Registry (EtcdRegistry: one JSON document per rule under
+//     /ratelimit/registry/<rule>, holding the rule's Spec and its
+//     ledger.RegistryState, changed only by a Txn comparing ModRevision, so
+//     concurrent agents never lose an update). Start allocates incarnations;
+//     Contributions are submitted as the ledger emits them (it re-emits
+//     pending ones, so a failed submission is retried); every agent reads the
+//     whole prefix every RegistryPoll and feeds the records of a document
+//     whose revision changed to ReclaimRecorded.
+//
+// # Time and goroutines
+//
+// The ledgers' clock is time.Since(agent start): monotonic, never the wall
+// clock. The ledgers and all per-rule state belong to one goroutine (the
+// loop): it runs ticks, merges received reports, and runs the closures that
+// registry calls (on goroutines the agent owns, bounded by EtcdTimeout) post
+// back. Store writes of one tick run in parallel across rules and are awaited
+// before the confirmations go back to the ledgers. The loop never waits on
+// etcd, so an etcd outage stops reclaims and new incarnations only; a Redis
+// outage costs each write its StoreTimeout. Start and Close(ctx) own every
+// goroutine; Close is safe twice.
+//
+// A fenced ledger (its lease lapsed, or a peer froze it) is dropped and a new
+// incarnation started through the registry; meanwhile the store enforces the
+// floor (its marker lapses or the new marker floors the old records).
+//
+// # Decisions
+//
+//   - The reclaim registry is polled (one range read per RegistryPoll), not
+//     watched: it changes rarely, a poll needs no reconnect logic, and the
+//     ledger tolerates a late record (it only delays a reclaim).
+//   - A rule's Spec (Units, MinShare, regions and weights) is fixed by the
+//     first agent that creates the rule's registry document, and every agent
+//     builds its ledger from the document's Spec, so all regions always agree.
+//     Changing a live global rule's regions, weights or min_share therefore
+//     needs a new rule id; capacity and rate changes apply at once (shares
+//     are fractions of the limit).
+//   - The contract store in the tests (memstore_test.go) implements the store
+//     contract in memory under one lock shared by the regions, so its sampler
+//     checks the sum at true instants; the same scenario runs against real
+//     Redis, where the regions are read in both orders (see redisProbe).
+//   - Standby (RunCommand --standby): the process campaigns on an etcd
+//     election (/ratelimit/syncagent/<region>/leader) and runs an agent only
+//     while leader; each term starts new incarnations (state is not carried
+//     over, as the ledger package doc requires). A deposed leader cut off from
+//     etcd but not from Redis can still renew its marker until the new
+//     leader's marker (a Create with a higher incarnation) replaces it, after
+//     which its renewals are refused by the store.
+//
+// # Limits
+//
+//   - A store write that takes effect later than StoreTimeout after it was
+//     issued breaks the ledger's lease arithmetic; the agent bounds its own
+//     calls by StoreTimeout and disables client retries, but cannot stop a
+//     request already sent from being applied late.
+//   - Shares and the metrics snapshot are recomputed every tick for every
+//     key a ledger holds: O(keys x regions) per tick.
+package agent

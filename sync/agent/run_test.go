@@ -1,0 +1,162 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/internal/testutil"
+)
+
+// lineWriter is a concurrency-safe stdout capture.
+type lineWriter struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Write(p)
+}
+
+func (w *lineWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+var readyLine = regexp.MustCompile(`ready region=(\S+) http=(\S+)\n`)
+
+type runningCommand struct {
+	http   string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startCommand(t *testing.T, args ...string) *runningCommand {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &lineWriter{}
+	rc := &runningCommand{cancel: cancel, done: make(chan error, 1)}
+	go func() { rc.done <- RunCommand(ctx, args, out, io.Discard) }()
+	testutil.WaitFor(t, 20*time.Second, "the ready line", func() bool {
+		select {
+		case err := <-rc.done:
+			t.Fatalf("RunCommand returned early: %v", err)
+		default:
+		}
+		return readyLine.MatchString(out.String())
+	})
+	rc.http = readyLine.FindStringSubmatch(out.String())[2]
+	t.Cleanup(func() { rc.stop(t) })
+	return rc
+}
+
+func (rc *runningCommand) stop(t *testing.T) {
+	rc.cancel()
+	select {
+	case err, ok := <-rc.done:
+		if ok && err != nil {
+			t.Errorf("RunCommand: %v", err)
+		}
+		if ok {
+			close(rc.done)
+		}
+	case <-time.After(20 * time.Second):
+		t.Errorf("RunCommand did not stop")
+	}
+}
+
+func (rc *runningCommand) get(path string) (int, string) {
+	resp, err := http.Get("http://" + rc.http + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestRunCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	r := testutil.StartRedis(t)
+	ns := testutil.StartNATS(t)
+	e := testutil.StartEtcd(t)
+	t.Setenv("APPORTION_REGION", "us-east") // every flag also reads the environment
+	rc := startCommand(t, "--redis-addr", r.Addr, "--nats-url", ns.ClientURL(), "--etcd-endpoints", e.Endpoint,
+		"--http-addr", "127.0.0.1:0", "--interval", "50ms")
+	testutil.WaitFor(t, 20*time.Second, "/readyz 200", func() bool { c, _ := rc.get("/readyz"); return c == 200 })
+	if c, _ := rc.get("/healthz"); c != 200 {
+		t.Fatalf("/healthz %d", c)
+	}
+	_, body := rc.get("/metrics")
+	for _, name := range []string{
+		`apportion_sync_reports_total{direction="sent",region="us-east"}`,
+		`apportion_sync_report_bytes_total{direction="received",region="us-east"}`,
+		"apportion_sync_peers_seen", "apportion_sync_keys_coordinated", "apportion_sync_gifts_total",
+		"apportion_sync_fenced", "apportion_sync_reclaims_total", "apportion_sync_tick_duration_seconds_bucket",
+		`apportion_sync_leader{region="us-east"} 1`,
+	} {
+		if !strings.Contains(body, name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}
+
+func TestRunCommandFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no region", []string{"--etcd-endpoints", "http://127.0.0.1:1"}, "--region is required"},
+		{"no etcd", []string{"--region", "a"}, "--etcd-endpoints is required"},
+		{"bad region", []string{"--region", "a.b", "--etcd-endpoints", "x"}, "Region"},
+		{"bad log level", []string{"--region", "a", "--etcd-endpoints", "x", "--log-level", "loud"}, "--log-level"},
+		{"bad lease", []string{"--region", "a", "--etcd-endpoints", "x", "--lease", "100ms"}, "Lease"},
+		{"extra args", []string{"--region", "a", "--etcd-endpoints", "x", "more"}, "unexpected arguments"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := RunCommand(context.Background(), tc.args, io.Discard, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRunCommandStandby(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	r := testutil.StartRedis(t)
+	ns := testutil.StartNATS(t)
+	e := testutil.StartEtcd(t)
+	args := []string{"--region", "a", "--redis-addr", r.Addr, "--nats-url", ns.ClientURL(), "--etcd-endpoints", e.Endpoint,
+		"--http-addr", "127.0.0.1:0", "--standby"}
+	p1 := startCommand(t, args...)
+	p2 := startCommand(t, args...)
+	leader := func(rc *runningCommand) bool {
+		_, body := rc.get("/metrics")
+		return strings.Contains(body, `apportion_sync_leader{region="a"} 1`)
+	}
+	testutil.WaitFor(t, 20*time.Second, "one leader", func() bool { return leader(p1) != leader(p2) })
+	first, second := p1, p2
+	if leader(p2) {
+		first, second = p2, p1
+	}
+	if c, _ := second.get("/readyz"); c != http.StatusServiceUnavailable {
+		t.Fatalf("standby /readyz %d, want 503", c)
+	}
+	first.stop(t)
+	testutil.WaitFor(t, 20*time.Second, "the standby to take over", func() bool { return leader(second) })
+}
