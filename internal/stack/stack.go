@@ -386,6 +386,7 @@ func (s *Stack) Summary() string {
 		fmt.Fprintf(&b, "%-10s %-20s %-20s %-20s %-26s\n", r.Name, r.GRPCAddr, r.HTTPAddr, r.RedisAddr, r.NATSURL)
 	}
 	r0 := s.Regions[0]
+	fmt.Fprintf(&b, "temp dir: %s\n", s.Dir)
 	fmt.Fprintf(&b, "\nadmin API: http://%s  (token %s)\n\n", r0.AdminAddr, s.AdminToken)
 	fmt.Fprintf(&b, "try:\n")
 	fmt.Fprintf(&b, "  grpcurl -plaintext -d '{\"client_key\":\"user:42\",\"resource\":\"POST /orders\",\"attributes\":{\"tier\":\"free\"}}' %s ratelimit.v1.RateLimiter/CheckLimit\n", r0.GRPCAddr)
