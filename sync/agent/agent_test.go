@@ -283,6 +283,9 @@ func runScenario(t *testing.T, s *stack) {
 	}
 	sm := startSampler(t, s, U)
 	load := startLoad(t, s)
+	tStart := time.Now()
+	b0 := metricValue(s.regions["a"].agent.m.bytes.WithLabelValues("sent"))
+	n0 := metricValue(s.regions["a"].agent.m.reports.WithLabelValues("sent"))
 
 	// Demand in a: a's share grows well above its initial part.
 	load.region.Store("a")
@@ -337,6 +340,10 @@ func runScenario(t *testing.T, s *stack) {
 		return metricValue(s.regions["a"].agent.m.reclaims) >= 1 && metricValue(s.regions["b"].agent.m.reclaims) >= 1
 	})
 
+	el := time.Since(tStart).Seconds()
+	bytesSent := metricValue(s.regions["a"].agent.m.bytes.WithLabelValues("sent")) - b0
+	msgs := metricValue(s.regions["a"].agent.m.reports.WithLabelValues("sent")) - n0
+	t.Logf("a sent %.0f messages, %.0f bytes in %.1fs: %.0f bytes/s for one active key (%.1f bytes/message)", msgs, bytesSent, el, bytesSent/el, bytesSent/max(msgs, 1))
 	sm.finish()
 	t.Logf("invariant: %d samples, worst sum %d of %d units", sm.samples.Load(), sm.worst.Load(), U)
 	if v := sm.violations.Load(); v > 0 {
@@ -604,8 +611,10 @@ func TestAgentsWithRedis(t *testing.T) {
 		t.Skip("integration test")
 	}
 	stores := map[string]*redisstore.Store{}
+	servers := map[string]*testutil.Redis{}
 	s := newStack(t, func(n string) (Store, *memStore) {
 		r := testutil.StartRedis(t)
+		servers[n] = r
 		rc := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
 		t.Cleanup(func() { rc.Close() })
 		st, err := redisstore.New(rc)
@@ -616,6 +625,26 @@ func TestAgentsWithRedis(t *testing.T) {
 		stores[n] = st
 		return st, nil
 	})
-	s.probe = redisProbe{s: s, stores: stores, floors: floorsOf(s.regions["a"].agent.specOf(globalRule()))}
+	floors := floorsOf(s.regions["a"].agent.specOf(globalRule()))
+	s.probe = redisProbe{s: s, stores: stores, floors: floors}
 	runScenario(t, s)
+
+	// a's Redis restarts empty: until a's agent has re-asserted its shares
+	// and re-created its marker (new run id), a enforces its floor; then
+	// its share comes back.
+	want := s.regions["a"].agent.Shares(testRule)[testKey]
+	if want <= floors["a"] {
+		t.Fatalf("a holds only its floor (%d) before the restart", want)
+	}
+	sm := startSampler(t, s, 1_000_000)
+	servers["a"].Restart(t)
+	t0 := time.Now()
+	testutil.WaitFor(t, 20*time.Second, "a's share re-asserted after the Redis restart", func() bool {
+		return s.enforced("a", testKey) == s.regions["a"].agent.Shares(testRule)[testKey] && s.enforced("a", testKey) > floors["a"]
+	})
+	t.Logf("a's Redis restarted: share %d re-asserted after %v", s.enforced("a", testKey), time.Since(t0).Round(time.Millisecond))
+	sm.finish()
+	if v := sm.violations.Load(); v > 0 {
+		t.Fatalf("after the restart the sum exceeded the limit in %d of %d samples (worst %d)", v, sm.samples.Load(), sm.worst.Load())
+	}
 }
