@@ -39,7 +39,7 @@ func (e *Error) Error() string {
 	b.WriteString("scenario: ")
 	if e.File != "" {
 		b.WriteString(e.File)
-		b.WriteString(":")
+		b.WriteString(": ")
 	}
 	if e.Line > 0 {
 		fmt.Fprintf(&b, "line %d: ", e.Line)
@@ -499,7 +499,7 @@ func (sc *Scenario) Validate() error {
 		}
 	}
 	if math.Abs(sum-1) > 1e-6 {
-		return bad("rule.weights", "weights add up to %v, not 1", sum)
+		return bad("rule.weights", "weights add up to %.6g, not 1", sum)
 	}
 	// Sync.
 	s := &sc.Sync
@@ -577,7 +577,7 @@ func (sc *Scenario) validateDemand(i int) error {
 			sum += d.Split[k]
 		}
 		if math.Abs(sum-1) > 1e-6 {
-			return bad(f+".split", "fractions add up to %v, not 1", sum)
+			return bad(f+".split", "fractions add up to %.6g, not 1", sum)
 		}
 	}
 	if d.Key != "" && d.Keys != nil {

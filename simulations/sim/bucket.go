@@ -43,11 +43,17 @@ func (b *Bucket) Refill(ms int64) {
 	b.Tokens, b.Last = t, ms
 }
 
-// Take refills and takes cost whole tokens if they are there.
+// Take refills and takes cost whole tokens if they are there. Like the
+// script, a rejection writes nothing unless the clock is behind the bucket's
+// time (then the bucket takes the clock's time as its own).
 func (b *Bucket) Take(ms, cost int64) bool {
+	tokens, last := b.Tokens, b.Last
 	b.Refill(ms)
 	c := cost * 1_000_000
 	if c > b.Tokens {
+		if ms >= last {
+			b.Tokens, b.Last = tokens, last
+		}
 		return false
 	}
 	b.Tokens -= c

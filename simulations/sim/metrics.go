@@ -40,16 +40,16 @@ func (x *win) add(t, cost int64, bounds *[3]float64, max *[3]float64) {
 }
 
 type smetric struct {
-	offered, admitted   int64 // cost
-	requests, admReq    int64
-	wrong               int64 // requests rejected here but admitted by the ideal
-	wins                map[int]*win
-	max                 [3]float64
-	series              []float64 // admitted cost of key 0 per sample
-	shares              [][]float64
-	conv                [][]float64
-	activeSum           float64 // key-seconds of coordinated keys
-	activeMax, activeN  int
+	offered, admitted  int64 // cost
+	requests, admReq   int64
+	wrong              int64 // requests rejected here but admitted by the ideal
+	wins               map[int]*win
+	max                [3]float64
+	series             []float64 // admitted cost of key 0 per sample
+	shares             [][]float64
+	conv               [][]float64
+	activeSum          float64 // key-seconds of coordinated keys
+	activeMax, activeN int
 }
 
 type metrics struct {

@@ -1,0 +1,148 @@
+package simulations_test
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/simulations"
+	"github.com/apportion/apportion/simulations/report"
+	"github.com/apportion/apportion/simulations/scenario"
+	"github.com/apportion/apportion/simulations/sim"
+)
+
+// testDuration shortens the long scenarios for the test (the README's table
+// comes from full runs); scenarios not listed run in full.
+var testDuration = map[string]time.Duration{
+	"skewed":         3 * time.Minute,
+	"shift":          6 * time.Minute,
+	"follow-the-sun": 30 * time.Minute,
+	"hot-key":        90 * time.Second,
+}
+
+func load(t testing.TB, name string) *scenario.Scenario {
+	t.Helper()
+	sc, err := scenario.Load(filepath.Join("scenarios", name+".yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
+func byName(res *sim.Result, name string) sim.StrategyResult {
+	for _, s := range res.Strategies {
+		if s.Name == name {
+			return s
+		}
+	}
+	panic("no strategy " + name)
+}
+
+// TestShippedScenarios smoke-runs every shipped scenario and checks the
+// ledger never overshoots (every window, partition and region loss
+// included), the ideal never does, and the ledger keeps >= 97% of the
+// ideal's utilization in the shift scenario.
+func TestShippedScenarios(t *testing.T) {
+	files, err := filepath.Glob("scenarios/*.yaml")
+	if err != nil || len(files) < 7 {
+		t.Fatalf("scenarios: %v %v", files, err)
+	}
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".yaml")
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			sc := load(t, name)
+			res, err := simulations.Run(context.Background(), sc, sim.Options{Duration: testDuration[name]})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("\n%s", report.Table(res))
+			for _, s := range res.Strategies {
+				if s.Admitted <= 0 || s.Requests != res.Strategies[0].Requests {
+					t.Errorf("%s: admitted %d of %d requests", s.Name, s.Admitted, s.Requests)
+				}
+			}
+			for _, n := range []string{"ideal", "ledger"} {
+				for i, o := range byName(res, n).Overshoot {
+					if o > 0 {
+						t.Errorf("%s overshoots by %.4f%% in the %v window", n, 100*o, sim.Windows[i])
+					}
+				}
+			}
+			led := byName(res, "ledger")
+			switch name {
+			case "shift":
+				if led.Utilization < 0.97 {
+					t.Errorf("ledger utilization %.4f < 0.97", led.Utilization)
+				}
+				for i, c := range led.Convergence {
+					if c < 0 || c > 5 {
+						t.Errorf("shift %d: convergence %v s", i, c)
+					}
+				}
+			case "partition":
+				if byName(res, "async").Overshoot[1] <= 0 {
+					t.Errorf("async usage sync should overshoot across a partition")
+				}
+			case "skewed":
+				if byName(res, "independent").Overshoot[1] <= 0 {
+					t.Errorf("independent regions should overshoot")
+				}
+			}
+		})
+	}
+}
+
+func files(t *testing.T, res *sim.Result) []report.File {
+	t.Helper()
+	fs, err := report.RunFiles(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(fs, report.File{Name: "table", Data: []byte(report.Table(res))})
+}
+
+// TestDeterministic: the same seed gives byte-identical outputs (table, CSV,
+// JSON, plots); another seed gives other ones.
+func TestDeterministic(t *testing.T) {
+	sc := load(t, "region-loss")
+	run := func(seed uint64) []report.File {
+		res, err := simulations.Run(context.Background(), sc, sim.Options{Seed: seed, Duration: 150 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return files(t, res)
+	}
+	a, b, c := run(7), run(7), run(8)
+	for i := range a {
+		if !bytes.Equal(a[i].Data, b[i].Data) {
+			t.Errorf("%s differs between two runs with the same seed", a[i].Name)
+		}
+	}
+	if bytes.Equal(a[4].Data, c[4].Data) || a[4].Name != "result.json" {
+		t.Errorf("seeds 7 and 8 gave the same %s", a[4].Name)
+	}
+}
+
+func TestSweep(t *testing.T) {
+	sc := load(t, "flash-crowd")
+	pts, err := simulations.Sweep(context.Background(), sc, "rtt", []string{"0.5", "2", "400ms"}, sim.Options{Duration: 40 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pts) != 3 || pts[2].X != 400 {
+		t.Fatalf("points %+v", pts)
+	}
+	fs, err := report.SweepFiles(pts)
+	if err != nil || len(fs) != 9 {
+		t.Fatalf("%d files, %v", len(fs), err)
+	}
+	for _, bad := range [][2]string{{"rtt", "fast"}, {"interval", "-1s"}, {"lease", "10ms"}, {"jitter", "1"}} {
+		if _, err := simulations.Sweep(context.Background(), sc, bad[0], []string{bad[1]}, sim.Options{Duration: time.Second}); err == nil {
+			t.Errorf("%s=%s accepted", bad[0], bad[1])
+		}
+	}
+}
