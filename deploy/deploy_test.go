@@ -29,6 +29,8 @@ import (
 
 	"github.com/apportion/apportion/regional"
 	"github.com/apportion/apportion/regional/enforcerd"
+	"github.com/apportion/apportion/rules"
+	"github.com/apportion/apportion/sync/agent"
 	"github.com/apportion/apportion/sync/usage"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -40,36 +42,6 @@ import (
 const image = "apportion/apportion"
 
 var regions = []string{"us-east", "eu-west", "ap-south"}
-
-// CONTRACT (syncagent): the sync agent was being written (cmd/syncagent,
-// sync/agent, not committed yet) when these files were; these lists are its
-// contract (docs/operations.md). To switch to the real ones once sync/agent
-// is committed: parse the flags from `agent.RunCommand(ctx, []string{"-h"},
-// io.Discard, &buf)` as ratelimitdFlags does, and describe the agent's
-// collectors as enforcerMetrics does.
-var syncagentFlags = map[string]string{ // flag -> default
-	"region": "", "redis-addr": "", "redis-password": "", "redis-tls": "false",
-	"nats-url": "", "nats-creds": "", "etcd-endpoints": "", "etcd-prefix": "/ratelimit/rules/",
-	"etcd-username": "", "etcd-password": "", "http-addr": "127.0.0.1:9091",
-	"interval": "100ms", "lease": "3s", "clock-rate-bound": "0.01", "standby": "false",
-	"log-level": "", "log-format": "",
-}
-
-// CONTRACT (syncagent): metric name -> variable labels (every metric also
-// carries the constant label region).
-var syncagentMetrics = map[string][]string{
-	"apportion_sync_reports_total":          {"direction"},
-	"apportion_sync_report_bytes_total":     {"direction"},
-	"apportion_sync_reports_rejected_total": {"reason"},
-	"apportion_sync_peers_seen":             nil,
-	"apportion_sync_peer_lag_seconds":       {"peer"},
-	"apportion_sync_keys_coordinated":       nil,
-	"apportion_sync_gifts_total":            nil,
-	"apportion_sync_fenced":                 nil,
-	"apportion_sync_reclaims_total":         nil,
-	"apportion_sync_share_units":            {"rule", "key"},
-	"apportion_sync_tick_duration_seconds":  nil, // histogram
-}
 
 // rlctl is a main package too: its flags (global and per command), read from
 // cmd/rlctl/run.go and commands.go. Switch to the real flag set the same way
@@ -85,7 +57,7 @@ var histograms = []string{regional.MetricLatency, "apportion_sync_tick_duration_
 
 // pendingBinaries are named by DESIGN.md section 10 but may not be in cmd/
 // yet (other work in progress); deploy files may reference them.
-var pendingBinaries = []string{"syncagent", "rlsim"}
+var pendingBinaries = []string{"rlsim"}
 
 // ---------------------------------------------------------------------------
 // Flags of the binaries.
@@ -97,12 +69,24 @@ var flagDefault = regexp.MustCompile(`\(default "?([^")]*)"?\)`)
 // usage text (enforcerd.Run with -h).
 func ratelimitdFlags(t testing.TB) map[string]string {
 	t.Helper()
+	return daemonFlags(t, "enforcerd.Run", enforcerd.Run)
+}
+
+// syncagentFlags returns syncagent's flags and defaults, parsed from its
+// usage text (agent.RunCommand with -h).
+func syncagentFlags(t testing.TB) map[string]string {
+	t.Helper()
+	return daemonFlags(t, "agent.RunCommand", agent.RunCommand)
+}
+
+func daemonFlags(t testing.TB, name string, run func(context.Context, []string, io.Writer, io.Writer) error) map[string]string {
+	t.Helper()
 	var buf bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := enforcerd.Run(ctx, []string{"-h"}, io.Discard, &buf)
+	err := run(ctx, []string{"-h"}, io.Discard, &buf)
 	if !errors.Is(err, flag.ErrHelp) {
-		t.Fatalf("enforcerd.Run -h: want flag.ErrHelp, got %v\n%s", err, buf.String())
+		t.Fatalf("%s -h: want flag.ErrHelp, got %v\n%s", name, err, buf.String())
 	}
 	flags := map[string]string{}
 	var cur string
@@ -128,7 +112,7 @@ func ratelimitdFlags(t testing.TB) map[string]string {
 func binaryFlags(t testing.TB) map[string]map[string]string {
 	return map[string]map[string]string{
 		"ratelimitd": ratelimitdFlags(t),
-		"syncagent":  syncagentFlags,
+		"syncagent":  syncagentFlags(t),
 		"rlctl":      rlctlFlags,
 	}
 }
@@ -856,7 +840,7 @@ func TestPortsMatchFlags(t *testing.T) {
 	want := map[string]map[string]int{
 		"ratelimitd": {"grpc-addr": portOf(t, "ratelimitd --grpc-addr default", rl["grpc-addr"]),
 			"http-addr": portOf(t, "ratelimitd --http-addr default", rl["http-addr"]), "admin-addr": 9090},
-		"syncagent": {"http-addr": portOf(t, "syncagent --http-addr default", syncagentFlags["http-addr"])},
+		"syncagent": {"http-addr": portOf(t, "syncagent --http-addr default", syncagentFlags(t)["http-addr"])},
 	}
 	if want["ratelimitd"]["grpc-addr"] != 8081 || want["ratelimitd"]["http-addr"] != 8080 || want["syncagent"]["http-addr"] != 9091 {
 		t.Errorf("flag default ports changed (%v): update the deploy files and this test", want)
@@ -1060,16 +1044,23 @@ var descRE = regexp.MustCompile(`^Desc\{fqName: "([^"]+)", .*constLabels: \{([^}
 
 // enforcerMetrics returns the metrics ratelimitd exports, by name, with
 // their labels.
-func enforcerMetrics(t testing.TB) map[string][]string {
+// agentMetrics returns the sync agent's metric names and labels, from the
+// collectors agent.New registers.
+func agentMetrics(t testing.TB) map[string][]string {
 	t.Helper()
 	reg := &recorder{Registry: prometheus.NewRegistry()}
-	regional.NewMetrics(reg, "r")
-	reg.MustRegister(regional.ScriptLoadsCollector("r", func() uint64 { return 0 }))
-	// The usage publisher's metrics (ratelimitd with --nats-url). NewPublisher
-	// does not use the connection before Start.
-	if _, err := usage.NewPublisher(&nats.Conn{}, usage.NewRecorder(16), "r", "e", usage.WithMetrics(reg)); err != nil {
+	cfg := agent.DefaultConfig()
+	cfg.Region, cfg.Metrics = "r", reg
+	if _, err := agent.New(cfg, noStore{}, &nats.Conn{}, noRegistry{}, rules.StaticSource(nil)); err != nil {
 		t.Fatal(err)
 	}
+	return describe(t, reg)
+}
+
+// describe parses the name and labels of every metric the collectors
+// registered on reg describe.
+func describe(t testing.TB, reg *recorder) map[string][]string {
+	t.Helper()
 	out := map[string][]string{}
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
@@ -1096,6 +1087,24 @@ func enforcerMetrics(t testing.TB) map[string][]string {
 		}
 		out[m[1]] = labels
 	}
+	return out
+}
+
+// noStore and noRegistry only let agent.New register its metrics.
+type noStore struct{ agent.Store }
+type noRegistry struct{ agent.Registry }
+
+func enforcerMetrics(t testing.TB) map[string][]string {
+	t.Helper()
+	reg := &recorder{Registry: prometheus.NewRegistry()}
+	regional.NewMetrics(reg, "r")
+	reg.MustRegister(regional.ScriptLoadsCollector("r", func() uint64 { return 0 }))
+	// The usage publisher's metrics (ratelimitd with --nats-url). NewPublisher
+	// does not use the connection before Start.
+	if _, err := usage.NewPublisher(&nats.Conn{}, usage.NewRecorder(16), "r", "e", usage.WithMetrics(reg)); err != nil {
+		t.Fatal(err)
+	}
+	out := describe(t, reg)
 	// Registered by regional/enforcerd when rules come from etcd.
 	const invalid = "apportion_rule_invalid_documents_total"
 	src, err := os.ReadFile(filepath.Join("..", "regional", "enforcerd", "source.go"))
@@ -1115,8 +1124,8 @@ var matcher = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)`)
 
 func TestMetricNamesExist(t *testing.T) {
 	known := enforcerMetrics(t)
-	for name, labels := range syncagentMetrics {
-		known[name] = append([]string{"region"}, labels...)
+	for name, labels := range agentMetrics(t) {
+		known[name] = labels
 	}
 	// Labels Prometheus adds to every series, and le of histogram buckets.
 	extra := []string{"job", "instance", "le"}

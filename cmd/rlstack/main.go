@@ -36,10 +36,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	verbose := fs.Bool("verbose", false, "show the components' logs")
 	load := fs.Bool("load", false, "drive demo traffic on the global rule that moves between regions every 20s")
 	view := fs.Bool("view", true, "print a live per-region view every second")
+	embedded := fs.Bool("embedded-redis", false, "use an in-process miniredis per region even when redis-server is on PATH")
 	if err := flagenv.Parse(fs, args, nil); err != nil {
 		return err
 	}
-	cfg := stack.Config{Regions: *regions}
+	cfg := stack.Config{Regions: *regions, EmbeddedRedis: *embedded}
 	if *verbose {
 		cfg.LogWriter = stderr
 	}

@@ -30,6 +30,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/apportion/apportion/deploy"
 	"github.com/apportion/apportion/regional/enforcerd"
 	"github.com/apportion/apportion/rules"
@@ -54,6 +55,9 @@ type Config struct {
 	Logger *slog.Logger
 	// LogWriter receives the enforcers' own log output (default: discard).
 	LogWriter io.Writer
+	// EmbeddedRedis uses an in-process miniredis even when redis-server is on
+	// PATH (it is used anyway when it is not).
+	EmbeddedRedis bool
 }
 
 // Region is one running region.
@@ -84,6 +88,7 @@ type Stack struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	procs   []*exec.Cmd
+	minis   []*miniredis.Miniredis
 	mu      sync.Mutex
 	errs    []error // guarded by mu
 	closed  sync.Once
@@ -225,11 +230,19 @@ func (s *Stack) loadRules(ctx context.Context, rs []rules.Rule) error {
 	return nil
 }
 
-// startRedis starts a redis-server child on a free port.
+// startRedis starts a redis-server child on a free port, or, when there is
+// no redis-server on PATH (or Config.EmbeddedRedis), an in-process
+// miniredis: enough to try things out, not to measure anything.
 func (s *Stack) startRedis(region string) (string, error) {
 	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return "", errors.New("stack: redis-server not found on PATH; install it (Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis)")
+	if err != nil || s.cfg.EmbeddedRedis {
+		m := miniredis.NewMiniRedis()
+		if err := m.StartAddr("127.0.0.1:0"); err != nil {
+			return "", fmt.Errorf("stack: embedded redis: %w", err)
+		}
+		s.minis = append(s.minis, m)
+		s.RedisEmbedded = true
+		return m.Addr(), nil
 	}
 	port, err := freePort()
 	if err != nil {
@@ -361,6 +374,9 @@ func (s *Stack) Close() error {
 				<-waited
 			}
 		}
+		for _, m := range s.minis {
+			m.Close()
+		}
 		for _, n := range s.nats {
 			n.Shutdown()
 			n.WaitForShutdown()
@@ -386,6 +402,10 @@ func (s *Stack) Summary() string {
 		fmt.Fprintf(&b, "%-10s %-20s %-20s %-20s %-26s\n", r.Name, r.GRPCAddr, r.HTTPAddr, r.RedisAddr, r.NATSURL)
 	}
 	r0 := s.Regions[0]
+	if s.RedisEmbedded {
+		fmt.Fprintf(&b, "note: no redis-server on PATH, so each region uses an in-process miniredis: fine for trying\n"+
+			"things out, not for measuring anything. Install redis-server (apt-get install redis-server) for the real thing.\n")
+	}
 	fmt.Fprintf(&b, "temp dir: %s\n", s.Dir)
 	fmt.Fprintf(&b, "\nadmin API: http://%s  (token %s)\n\n", r0.AdminAddr, s.AdminToken)
 	fmt.Fprintf(&b, "try:\n")
