@@ -22,8 +22,10 @@ const usage = `usage:
   rlsim sweep SCENARIO.yaml --param rtt|interval|lease --values a,b,c [--out DIR] [--seed N] [--duration D]
   rlsim live SCENARIO.yaml`
 
-// ErrLiveUnavailable is returned by "rlsim live" until cmd/syncagent exists.
-var ErrLiveUnavailable = errors.New("live mode is not available yet: it runs the real binaries (ratelimitd and syncagent per region), and cmd/syncagent has not landed; use 'rlsim run' for the simulator")
+// ErrLiveUnavailable is returned by "rlsim live": the live runner (a Redis,
+// NATS server, ratelimitd and syncagent per region on loopback, NATS gateways
+// through a delay proxy, real gRPC load) is not written yet.
+var ErrLiveUnavailable = errors.New("live mode is not available yet: the runner of the real binaries (redis-server, NATS with a delay proxy, ratelimitd and syncagent per region) is still to be written; use 'rlsim run' for the simulator")
 
 type common struct {
 	out      string

@@ -24,8 +24,9 @@ import (
 
 func pct(x float64) string { return fmt.Sprintf("%+.2f%%", 100*x) }
 
-// convergence summarises the convergence times: "mean/max s", with the
-// number of shifts that did not converge.
+// convergence summarises the convergence times: "reach R s, settle M/X s"
+// (means over the shifts that did; max), with the number of shifts whose
+// shares never settled.
 func convergence(s sim.StrategyResult, shifts int) string {
 	if !s.HasShares {
 		return "n/a"
@@ -33,23 +34,34 @@ func convergence(s sim.StrategyResult, shifts int) string {
 	if shifts == 0 {
 		return "-"
 	}
-	var sum, mx float64
-	var ok, never int
-	for _, c := range s.Convergence {
-		if c < 0 {
-			never++
-			continue
+	stat := func(xs []float64) (mean, mx float64, ok, never int) {
+		for _, c := range xs {
+			if c < 0 {
+				never++
+				continue
+			}
+			ok++
+			mean += c
+			mx = math.Max(mx, c)
 		}
-		ok++
-		sum += c
-		mx = math.Max(mx, c)
+		if ok > 0 {
+			mean /= float64(ok)
+		}
+		return
 	}
-	out := "never"
-	if ok > 0 {
-		out = fmt.Sprintf("%.1f/%.1f s", sum/float64(ok), mx)
+	rm, _, rok, _ := stat(s.Reach)
+	sm, sx, sok, snever := stat(s.Convergence)
+	out := "reach never"
+	if rok > 0 {
+		out = fmt.Sprintf("reach %.1f s", rm)
 	}
-	if never > 0 && ok > 0 {
-		out += fmt.Sprintf(" (%d never)", never)
+	switch {
+	case sok == 0:
+		out += ", settle never"
+	case snever > 0:
+		out += fmt.Sprintf(", settle %.1f/%.1f s (%d of %d never)", sm, sx, snever, shifts)
+	default:
+		out += fmt.Sprintf(", settle %.1f/%.1f s", sm, sx)
 	}
 	return out
 }
@@ -60,7 +72,7 @@ func Table(res *sim.Result) string {
 	fmt.Fprintf(&b, "scenario %s  seed %d  %v  %d regions  rate %g/s  burst %g  keys %d  shifts %d\n",
 		res.Scenario, res.Seed, time.Duration(res.DurationS*1e9), len(res.Regions), res.Rate, res.Burst, res.Keys, len(res.Targets))
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "strategy\tovershoot 1s\t10s\t60s\tutilization\twrongly rejected\tconvergence mean/max\tsync B/key/s\tactive keys")
+	fmt.Fprintln(tw, "strategy\tovershoot 1s\t10s\t60s\tutilization\twrongly rejected\tconvergence\tsync B/key/s\tactive keys")
 	for _, s := range res.Strategies {
 		bpk, keys := "0", "-"
 		if s.SyncBytes > 0 {
@@ -77,7 +89,7 @@ func Table(res *sim.Result) string {
 // Markdown writes the comparison table as a Markdown table.
 func Markdown(res *sim.Result) string {
 	var b strings.Builder
-	b.WriteString("| strategy | overshoot 1 s | 10 s | 60 s | utilization | wrongly rejected | convergence mean/max | sync B/key/s |\n")
+	b.WriteString("| strategy | overshoot 1 s | 10 s | 60 s | utilization | wrongly rejected | convergence | sync B/key/s |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range res.Strategies {
 		bpk := "0"
@@ -252,7 +264,7 @@ func RunFiles(res *sim.Result) ([]File, error) {
 func SweepTable(pts []simulations.Point) string {
 	var b bytes.Buffer
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "param\tvalue\tstrategy\tovershoot 1s\t10s\t60s\tutilization\twrongly rejected\tconvergence mean/max\tsync B/key/s")
+	fmt.Fprintln(tw, "param\tvalue\tstrategy\tovershoot 1s\t10s\t60s\tutilization\twrongly rejected\tconvergence\tsync B/key/s")
 	for _, p := range pts {
 		for _, s := range p.Result.Strategies {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.2f%%\t%.2f%%\t%s\t%.0f\n", p.Param, p.Value, s.Name, pct(s.Overshoot[0]), pct(s.Overshoot[1]), pct(s.Overshoot[2]),

@@ -119,7 +119,7 @@ func (m *metrics) request(region, key int, cost int64) {
 
 // schedule samples shares (per sample period and every 100 ms for
 // convergence) and active keys (every second).
-func (m *metrics) schedule() {
+func (m *metrics) schedule(shifts bool) {
 	nr := len(m.w.sc.Regions)
 	var shares func()
 	shares = func() {
@@ -152,7 +152,9 @@ func (m *metrics) schedule() {
 			m.w.eng.at(next, conv)
 		}
 	}
-	m.w.eng.at(0, conv)
+	if shifts {
+		m.w.eng.at(0, conv)
+	}
 	var active func()
 	active = func() {
 		for i, s := range m.strats {
@@ -247,16 +249,17 @@ func (m *metrics) convergence(res *Result) {
 				to = int(math.Ceil(res.Targets[si+1].At / convergeSample.Seconds()))
 			}
 			to = min(to, len(conv))
+			reach := -1.0
+			for k := from; k < to; k++ {
+				if within(conv[k], sh.Targets) {
+					reach = float64(k)*convergeSample.Seconds() - sh.At
+					break
+				}
+			}
+			sr.Reach = append(sr.Reach, round(reach, 3))
 			at := -1.0
 			for k := to - 1; k >= from; k-- {
-				ok := true
-				for r, v := range conv[k] {
-					if math.Abs(v-sh.Targets[r]) > ConvergeTolerance {
-						ok = false
-						break
-					}
-				}
-				if !ok {
+				if !within(conv[k], sh.Targets) {
 					break
 				}
 				at = float64(k)*convergeSample.Seconds() - sh.At
@@ -264,4 +267,13 @@ func (m *metrics) convergence(res *Result) {
 			sr.Convergence = append(sr.Convergence, round(at, 3))
 		}
 	}
+}
+
+func within(shares, targets []float64) bool {
+	for r, v := range shares {
+		if math.Abs(v-targets[r]) > ConvergeTolerance {
+			return false
+		}
+	}
+	return true
 }

@@ -34,8 +34,11 @@ type StrategyResult struct {
 	Utilization        float64 `json:"utilization"`
 	WronglyRejected    int64   `json:"wrongly_rejected"`
 	WronglyRejectedPct float64 `json:"wrongly_rejected_pct"`
-	// Convergence after each shift in seconds; -1: did not converge.
+	// Convergence after each shift in seconds (-1: never): Reach is the first
+	// sample within tolerance, Convergence the first from which the shares
+	// stay within it until the next shift.
 	HasShares   bool      `json:"has_shares"`
+	Reach       []float64 `json:"reach_s,omitempty"`
 	Convergence []float64 `json:"convergence_s,omitempty"`
 	// SyncBytes sent between regions; per active key per second.
 	SyncBytes         int64   `json:"sync_bytes"`

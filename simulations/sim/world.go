@@ -298,7 +298,8 @@ func Run(ctx context.Context, sc *Scenario, strategies []Strategy, opt Options) 
 			})
 		}
 	}
-	m.schedule()
+	shifts := targets(sc, w, dur)
+	m.schedule(len(shifts) > 0)
 	// The loop.
 	var n int
 	step := max(dur/100, 1)
@@ -323,7 +324,7 @@ func Run(ctx context.Context, sc *Scenario, strategies []Strategy, opt Options) 
 	}
 	w.eng.now = dur
 	res := m.result(seed, dur, n)
-	res.Targets = targets(sc, w, dur)
+	res.Targets = shifts
 	m.convergence(res)
 	return res, nil
 }
