@@ -20,9 +20,11 @@ import (
 // ledger.Registry, reached with the registry delay as etcd would be. Targets
 // come from allocation.SplitUnits with the rule's allocation.
 //
-// The store model is written here, not taken from the Redis scripts (which do
-// not implement the marker yet): each key's bucket is a sim.Bucket whose share
-// is floor(R*u/U), floor(C*u/U) for the units u the contract says the store
+// The store model is written here from the contract (regional/redisstore.Model
+// implements the same contract for the Lua scripts; it settles a global bucket
+// lazily at its next check, while this model settles at the instant of a
+// change or lease lapse): each key's bucket is a sim.Bucket whose share is
+// floor(R*u/U), floor(C*u/U) for the units u the contract says the store
 // enforces. Release records are kept (their units equal the marker's default,
 // so their expiry would change nothing here).
 type Ledger struct {
