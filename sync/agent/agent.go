@@ -510,12 +510,15 @@ func (a *Agent) flush(ctx context.Context, b *batch) {
 		res := a.applyWrites(ctx, writes)
 		now := a.now()
 		for _, st := range slices.SortedFunc(maps.Keys(res), func(x, y *ruleState) int { return strings.Compare(x.id, y.id) }) {
-			for _, ap := range res[st] {
-				if st.led == nil {
-					break
-				}
-				a.collect(ctx, b, st, st.led.ShareApplied(now, ap.key, ap.v))
+			if st.led == nil {
+				continue
 			}
+			cs := make([]ledger.Confirmation, len(res[st]))
+			for i, ap := range res[st] {
+				cs[i] = ledger.Confirmation{Key: ap.key, Version: ap.v}
+			}
+			// One report for the whole batch, not one per confirmed key.
+			a.collect(ctx, b, st, st.led.SharesApplied(now, cs))
 		}
 	}
 	a.publish(b.reports)

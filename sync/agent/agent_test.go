@@ -52,6 +52,10 @@ type testRegion struct {
 	reg   *prometheus.Registry
 }
 
+// testInterval, when set, overrides the agents' sync interval (the scale
+// benchmark uses a longer one: 3 agents with 100,000 keys share 2 cores).
+var testInterval time.Duration
+
 func testConfig(region string, t testing.TB) Config {
 	cfg := DefaultConfig()
 	cfg.Region, cfg.Interval, cfg.Lease, cfg.Margin = region, 100*time.Millisecond, time.Second, 300*time.Millisecond
@@ -61,9 +65,12 @@ func testConfig(region string, t testing.TB) Config {
 	return cfg
 }
 
-func (r *testRegion) start(t *testing.T, ec *clientv3.Client) {
+func (r *testRegion) start(t testing.TB, ec *clientv3.Client) {
 	t.Helper()
 	cfg := testConfig(r.name, t)
+	if testInterval > 0 {
+		cfg.Interval, cfg.Lease = testInterval, 10*testInterval
+	}
 	r.reg = prometheus.NewRegistry()
 	cfg.Metrics = r.reg
 	w, err := etcdstore.NewWatcher(ec, etcdstore.WithLogger(cfg.Logger))
@@ -105,7 +112,7 @@ type probe interface {
 	sum(key string) int64
 }
 
-func newStack(t *testing.T, mkStore func(name string) (Store, *memStore)) *stack {
+func newStack(t testing.TB, mkStore func(name string) (Store, *memStore)) *stack {
 	names := []string{"a", "b", "c"}
 	s := &stack{regions: map[string]*testRegion{}, names: names, world: &world{}}
 	s.cluster = testutil.StartSuperCluster(t, names...)
@@ -126,7 +133,7 @@ func newStack(t *testing.T, mkStore func(name string) (Store, *memStore)) *stack
 	return s
 }
 
-func (s *stack) putRule(t *testing.T, r rules.Rule) {
+func (s *stack) putRule(t testing.TB, r rules.Rule) {
 	t.Helper()
 	st, err := etcdstore.New(s.etcd)
 	if err != nil {

@@ -531,7 +531,19 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 		x, y := r.Acks[a], r.Acks[b]
 		return x.Region < y.Region || x.Region == y.Region && x.Inc < y.Inc
 	})
-	for _, n := range l.Keys() {
+	var names []string
+	if full {
+		names = l.Keys()
+	} else {
+		// Only the changed keys: a map scan, not a sort of every key.
+		for n, k := range l.keys {
+			if k.dirty {
+				names = append(names, n)
+			}
+		}
+		sort.Strings(names)
+	}
+	for _, n := range names {
 		k := l.keys[n]
 		if !(k.dirty || full && (k.active || now-k.idleAt < 3*time.Duration(l.cfg.FullEvery)*l.cfg.Interval)) {
 			continue
@@ -742,6 +754,44 @@ func (l *Ledger) ShareApplied(now time.Duration, name string, v Version) Output 
 	if l.fenced || v.Inc != l.inc {
 		return Output{Fenced: l.fenced}
 	}
+	if !l.confirm(name, v) {
+		return Output{}
+	}
+	return Output{Report: l.report(now, false)}
+}
+
+// Confirmation is one store write the store confirmed: it holds Version
+// (or a later one) for Key.
+type Confirmation struct {
+	Key     string
+	Version Version
+}
+
+// SharesApplied is ShareApplied for many confirmations at once: it applies
+// them all and returns at most one report, so an agent that confirms the
+// writes of a whole interval publishes one report, not one per key.
+func (l *Ledger) SharesApplied(now time.Duration, cs []Confirmation) Output {
+	if l.fenced {
+		return Output{Fenced: true}
+	}
+	changed := false
+	for _, c := range cs {
+		if c.Version.Inc != l.inc {
+			continue
+		}
+		if l.confirm(c.Key, c.Version) {
+			changed = true
+		}
+	}
+	if !changed {
+		return Output{}
+	}
+	return Output{Report: l.report(now, false)}
+}
+
+// confirm applies one confirmation; it reports whether a gift became
+// durable (and so a report is due).
+func (l *Ledger) confirm(name string, v Version) bool {
 	if name == MarkerKey {
 		if l.creating != (Version{}) && !v.Less(l.creating) {
 			l.markerOK, l.everOK, l.reset, l.creating = true, true, false, Version{}
@@ -749,11 +799,11 @@ func (l *Ledger) ShareApplied(now time.Duration, name string, v Version) Output 
 				k.reassert = Version{}
 			}
 		}
-		return Output{}
+		return false
 	}
 	k := l.keys[name]
 	if k == nil {
-		return Output{}
+		return false
 	}
 	if k.confirmed.Less(v) {
 		k.confirmed = v
@@ -774,11 +824,10 @@ func (l *Ledger) ShareApplied(now time.Duration, name string, v Version) Output 
 		}
 	}
 	k.pend = k.pend[:n]
-	if !changed {
-		return Output{}
+	if changed {
+		k.dirty = true
 	}
-	k.dirty = true
-	return Output{Report: l.report(now, false)}
+	return changed
 }
 
 // StoreReset tells the ledger that the local store lost its data and now runs
