@@ -1,0 +1,178 @@
+// Package middleware is the Go HTTP middleware for gateways written in Go:
+// before a request reaches the handler it asks the region's enforcer
+// (ratelimit.v1.RateLimiter/CheckLimit) and answers 429 Too Many Requests
+// itself when the request is over a limit, with the same headers as the
+// enforcer's HTTP API (X-RateLimit-*, the IETF RateLimit fields, Retry-After).
+//
+// Invariant: the enforcer being unreachable never turns into an outage of
+// the wrapped handler unless the caller asks for it (WithFailClosed): by
+// default a failed or timed-out check lets the request through.
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
+	"google.golang.org/grpc"
+)
+
+// Checker is the part of the generated RateLimiter client the middleware uses.
+type Checker interface {
+	CheckLimit(ctx context.Context, in *ratelimitv1.CheckLimitRequest, opts ...grpc.CallOption) (*ratelimitv1.CheckLimitResponse, error)
+}
+
+// Option configures the middleware.
+type Option func(*config) error
+
+type config struct {
+	key        func(*http.Request) string
+	resource   func(*http.Request) string
+	attributes func(*http.Request) map[string]string
+	cost       func(*http.Request) int64
+	timeout    time.Duration
+	failClosed bool
+	log        *slog.Logger
+}
+
+// WithKey sets how a request names its client. Default: the remote IP.
+func WithKey(f func(*http.Request) string) Option {
+	return func(c *config) error {
+		if f == nil {
+			return errors.New("middleware: nil key function")
+		}
+		c.key = f
+		return nil
+	}
+}
+
+// WithResource sets the resource of a request. Default: "METHOD /path".
+func WithResource(f func(*http.Request) string) Option {
+	return func(c *config) error {
+		if f == nil {
+			return errors.New("middleware: nil resource function")
+		}
+		c.resource = f
+		return nil
+	}
+}
+
+// WithAttributes sets the attributes used by rule matching (tier, api_key,
+// ...). Default: none.
+func WithAttributes(f func(*http.Request) map[string]string) Option {
+	return func(c *config) error { c.attributes = f; return nil }
+}
+
+// WithCost sets the cost of a request in tokens. Default: 1.
+func WithCost(f func(*http.Request) int64) Option {
+	return func(c *config) error { c.cost = f; return nil }
+}
+
+// WithTimeout bounds each check. Default: 25ms.
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("middleware: timeout must be positive, got %v", d)
+		}
+		c.timeout = d
+		return nil
+	}
+}
+
+// WithFailClosed answers 503 when the enforcer cannot be asked. Default:
+// off (fail open: the request goes through).
+func WithFailClosed() Option {
+	return func(c *config) error { c.failClosed = true; return nil }
+}
+
+// WithLogger sets the logger for failed checks. Default: slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error { c.log = l; return nil }
+}
+
+func remoteIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// New returns middleware that checks every request with c before next.
+func New(c Checker, opts ...Option) (func(http.Handler) http.Handler, error) {
+	if c == nil {
+		return nil, errors.New("middleware: nil checker")
+	}
+	cfg := &config{
+		key:      remoteIP,
+		resource: func(r *http.Request) string { return r.Method + " " + r.URL.Path },
+		timeout:  25 * time.Millisecond,
+		log:      slog.Default(),
+	}
+	for _, o := range opts {
+		if err := o(cfg); err != nil {
+			return nil, err
+		}
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			req := &ratelimitv1.CheckLimitRequest{ClientKey: cfg.key(r), Resource: cfg.resource(r)}
+			if cfg.attributes != nil {
+				req.Attributes = cfg.attributes(r)
+			}
+			if cfg.cost != nil {
+				req.Cost = cfg.cost(r)
+			}
+			ctx, cancel := context.WithTimeout(r.Context(), cfg.timeout)
+			resp, err := c.CheckLimit(ctx, req)
+			cancel()
+			if err != nil {
+				cfg.log.Warn("rate-limit check failed", "error", err, "fail_closed", cfg.failClosed)
+				if cfg.failClosed {
+					http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+					return
+				}
+				next.ServeHTTP(w, r)
+				return
+			}
+			SetHeaders(w.Header(), resp)
+			if !resp.GetAllowed() {
+				http.Error(w, "too many requests", http.StatusTooManyRequests)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}, nil
+}
+
+// SetHeaders writes the rate-limit headers of a CheckLimit answer:
+// X-RateLimit-Limit and -Remaining (tokens), X-RateLimit-Reset (whole
+// seconds until reset, rounded up), RateLimit (IETF: "<rule>";r=..;t=..) and,
+// on a rejection, Retry-After (whole seconds, rounded up, at least 1). It
+// writes nothing when no rule bound the request.
+func SetHeaders(h http.Header, resp *ratelimitv1.CheckLimitResponse) {
+	if resp.GetRuleId() == "" {
+		return
+	}
+	reset := ceilSeconds(resp.GetResetAfterMs())
+	h.Set("X-RateLimit-Limit", strconv.FormatInt(resp.GetLimit(), 10))
+	h.Set("X-RateLimit-Remaining", strconv.FormatInt(resp.GetRemaining(), 10))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
+	h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", strconv.Quote(resp.GetRuleId()), resp.GetRemaining(), reset))
+	if !resp.GetAllowed() {
+		h.Set("Retry-After", strconv.FormatInt(max(1, ceilSeconds(resp.GetRetryAfterMs())), 10))
+	}
+}
+
+func ceilSeconds(ms int64) int64 {
+	if ms <= 0 {
+		return 0
+	}
+	return (ms + 999) / 1000
+}

@@ -1,0 +1,123 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
+	"google.golang.org/grpc"
+)
+
+// fakeChecker is pure logic: it allows the first n calls per key.
+type fakeChecker struct {
+	n    int
+	seen map[string]int
+	err  error
+	last *ratelimitv1.CheckLimitRequest
+}
+
+func (f *fakeChecker) CheckLimit(_ context.Context, in *ratelimitv1.CheckLimitRequest, _ ...grpc.CallOption) (*ratelimitv1.CheckLimitResponse, error) {
+	f.last = in
+	if f.err != nil {
+		return nil, f.err
+	}
+	f.seen[in.ClientKey]++
+	used := f.seen[in.ClientKey]
+	ok := used <= f.n
+	resp := &ratelimitv1.CheckLimitResponse{Allowed: ok, Limit: int64(f.n), RuleId: "per-ip", ResetAfterMs: 1500}
+	if ok {
+		resp.Remaining = int64(f.n - used)
+	} else {
+		resp.RetryAfterMs = 1200
+	}
+	return resp, nil
+}
+
+func TestMiddleware(t *testing.T) {
+	quiet := WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	tests := []struct {
+		name       string
+		checker    *fakeChecker
+		opts       []Option
+		calls      int
+		wantStatus int
+		wantHeader map[string]string
+	}{
+		{"allowed", &fakeChecker{n: 2}, nil, 1, 200, map[string]string{"X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "1", "X-RateLimit-Reset": "2"}},
+		{"rejected with Retry-After", &fakeChecker{n: 2}, nil, 3, 429, map[string]string{"Retry-After": "2", "X-RateLimit-Remaining": "0"}},
+		{"enforcer down fails open", &fakeChecker{err: errors.New("unavailable")}, nil, 1, 200, nil},
+		{"enforcer down, fail closed", &fakeChecker{err: errors.New("unavailable")}, []Option{WithFailClosed()}, 1, 503, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.checker.seen = map[string]int{}
+			mw, err := New(tt.checker, append(tt.opts, quiet)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := mw(ok)
+			var rec *httptest.ResponseRecorder
+			for i := 0; i < tt.calls; i++ {
+				rec = httptest.NewRecorder()
+				req := httptest.NewRequest("POST", "/orders", nil)
+				req.RemoteAddr = "203.0.113.7:5555"
+				h.ServeHTTP(rec, req)
+			}
+			if rec.Code != tt.wantStatus {
+				t.Fatalf("status %d, want %d", rec.Code, tt.wantStatus)
+			}
+			for k, v := range tt.wantHeader {
+				if got := rec.Header().Get(k); got != v {
+					t.Errorf("%s = %q, want %q", k, got, v)
+				}
+			}
+			if tt.checker.last.ClientKey != "203.0.113.7" || tt.checker.last.Resource != "POST /orders" {
+				t.Errorf("request sent: %+v", tt.checker.last)
+			}
+		})
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	if _, err := New(nil); err == nil {
+		t.Error("nil checker accepted")
+	}
+	if _, err := New(&fakeChecker{}, WithTimeout(0)); err == nil {
+		t.Error("zero timeout accepted")
+	}
+	if _, err := New(&fakeChecker{}, WithKey(nil)); err == nil {
+		t.Error("nil key function accepted")
+	}
+}
+
+// ExampleNew wraps a handler with the enforcer of the local region.
+func ExampleNew() {
+	// In production: conn, _ := grpc.NewClient("127.0.0.1:8081", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	//                client := ratelimitv1.NewRateLimiterClient(conn)
+	client := &fakeChecker{n: 1, seen: map[string]int{}}
+	mw, err := New(client,
+		WithKey(func(r *http.Request) string { return r.Header.Get("X-User") }),
+		WithAttributes(func(r *http.Request) map[string]string { return map[string]string{"tier": r.Header.Get("X-Tier")} }),
+	)
+	if err != nil {
+		panic(err)
+	}
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello") }))
+	for i := 0; i < 2; i++ {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/feed", nil)
+		req.Header.Set("X-User", "user:42")
+		h.ServeHTTP(rec, req)
+		fmt.Println(rec.Code, rec.Header().Get("X-RateLimit-Remaining"))
+	}
+	// Output:
+	// 200 0
+	// 429 0
+}
