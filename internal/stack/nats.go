@@ -10,7 +10,8 @@ import (
 
 // startNATS starts one embedded NATS server per region, each its own cluster,
 // joined by gateways into a super-cluster, and waits until every gateway is
-// connected.
+// connected. A gateway connection with a delay (Config.Delay) dials a delay
+// proxy instead of the remote server.
 func (s *Stack) startNATS(regions []string) error {
 	gw := map[string]int{}
 	for _, r := range regions {
@@ -32,7 +33,16 @@ func (s *Stack) startNATS(regions []string) error {
 			if other == r {
 				continue
 			}
-			u := &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", gw[other])}
+			host := fmt.Sprintf("127.0.0.1:%d", gw[other])
+			if d := s.cfg.Delay[r][other]; d > 0 {
+				p, err := newDelayProxy(host, d)
+				if err != nil {
+					return fmt.Errorf("stack: delay proxy %s -> %s: %w", r, other, err)
+				}
+				s.proxies = append(s.proxies, p)
+				host = p.Addr()
+			}
+			u := &url.URL{Scheme: "nats", Host: host}
 			o.Gateway.Gateways = append(o.Gateway.Gateways, &server.RemoteGatewayOpts{Name: other, URLs: []*url.URL{u}})
 		}
 		srv, err := server.NewServer(o)

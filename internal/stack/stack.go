@@ -55,9 +55,23 @@ type Config struct {
 	Logger *slog.Logger
 	// LogWriter receives the enforcers' own log output (default: discard).
 	LogWriter io.Writer
+	// EnforcerTimeout is the enforcers' Redis call timeout (default 50ms).
+	EnforcerTimeout time.Duration
 	// EmbeddedRedis uses an in-process miniredis even when redis-server is on
 	// PATH (it is used anyway when it is not).
 	EmbeddedRedis bool
+	// RegionNames names the regions, in order (default: the first Regions of
+	// DefaultRegions). When set, Regions is len(RegionNames) (or must equal it).
+	RegionNames []string
+	// Delay is the one-way delay from one region to another, [from][to]
+	// (default: none). A pair with a delay > 0 has its NATS gateway
+	// connection from `from` to `to` go through a loopback TCP proxy that
+	// forwards the bytes of both directions after the delay. Give both
+	// orders for a symmetric WAN (each region dials its own connection).
+	Delay map[string]map[string]time.Duration
+	// SyncInterval and SyncLease are the sync agents' --interval and
+	// --lease (default: the agent's defaults).
+	SyncInterval, SyncLease time.Duration
 }
 
 // Region is one running region.
@@ -89,6 +103,7 @@ type Stack struct {
 	wg      sync.WaitGroup
 	procs   []*exec.Cmd
 	minis   []*miniredis.Miniredis
+	proxies []*delayProxy
 	mu      sync.Mutex
 	errs    []error // guarded by mu
 	closed  sync.Once
@@ -97,14 +112,14 @@ type Stack struct {
 // Start brings the stack up and returns once every enforcer serves. On error
 // it has already stopped whatever it started.
 func Start(ctx context.Context, cfg Config) (*Stack, error) {
-	if cfg.Regions == 0 {
-		cfg.Regions = 3
-	}
-	if cfg.Regions < 1 || cfg.Regions > len(DefaultRegions) {
-		return nil, fmt.Errorf("stack: regions must be 1..%d, got %d", len(DefaultRegions), cfg.Regions)
+	if err := resolveRegions(&cfg); err != nil {
+		return nil, err
 	}
 	if cfg.Rules == nil {
 		cfg.Rules = deploy.ExampleRules
+	}
+	if cfg.EnforcerTimeout <= 0 {
+		cfg.EnforcerTimeout = 50 * time.Millisecond
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -142,11 +157,11 @@ func (s *Stack) start(ctx, runCtx context.Context, rs []rules.Rule) error {
 	if err := s.loadRules(ctx, rs); err != nil {
 		return err
 	}
-	if err := s.startNATS(DefaultRegions[:s.cfg.Regions]); err != nil {
+	if err := s.startNATS(s.cfg.RegionNames); err != nil {
 		return err
 	}
-	for i := 0; i < s.cfg.Regions; i++ {
-		r := Region{Name: DefaultRegions[i], NATSURL: s.natsURL[DefaultRegions[i]]}
+	for i, name := range s.cfg.RegionNames {
+		r := Region{Name: name, NATSURL: s.natsURL[name]}
 		addr, err := s.startRedis(r.Name)
 		if err != nil {
 			return err
@@ -279,7 +294,7 @@ var (
 // startEnforcer runs an enforcer in-process and waits for its ready line.
 func (s *Stack) startEnforcer(ctx, runCtx context.Context, r *Region, admin bool) error {
 	args := []string{"--region", r.Name, "--redis-addr", r.RedisAddr, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-		"--etcd-endpoints", s.EtcdEndpoint, "--timeout", "50ms", "--nats-url", r.NATSURL}
+		"--etcd-endpoints", s.EtcdEndpoint, "--timeout", s.cfg.EnforcerTimeout.String(), "--nats-url", r.NATSURL}
 	if admin {
 		args = append(args, "--admin-addr", "127.0.0.1:0", "--admin-token", s.AdminToken)
 	}
@@ -295,6 +310,12 @@ func (s *Stack) startEnforcer(ctx, runCtx context.Context, r *Region, admin bool
 func (s *Stack) startAgent(ctx, runCtx context.Context, r *Region) error {
 	args := []string{"--region", r.Name, "--redis-addr", r.RedisAddr, "--nats-url", r.NATSURL,
 		"--etcd-endpoints", s.EtcdEndpoint, "--http-addr", "127.0.0.1:0"}
+	if s.cfg.SyncInterval > 0 {
+		args = append(args, "--interval", s.cfg.SyncInterval.String())
+	}
+	if s.cfg.SyncLease > 0 {
+		args = append(args, "--lease", s.cfg.SyncLease.String())
+	}
 	m, err := s.runDaemon(ctx, runCtx, "sync agent "+r.Name, r.Name+"/agent", agentReadyRE, args, agent.RunCommand)
 	if err != nil {
 		return err
@@ -380,6 +401,9 @@ func (s *Stack) Close() error {
 		for _, n := range s.nats {
 			n.Shutdown()
 			n.WaitForShutdown()
+		}
+		for _, p := range s.proxies {
+			p.Close()
 		}
 		if s.etcd != nil {
 			s.etcd.Close()

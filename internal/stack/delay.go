@@ -1,0 +1,140 @@
+package stack
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// delayProxy is a TCP proxy on loopback that forwards every byte after a
+// fixed one-way delay, in both directions: the WAN between two regions'
+// NATS gateways. Bytes keep their order; a chunk read at t is written at
+// t + delay (later if the peer is slow to read).
+//
+// Its goroutines (the accept loop and, per connection, a reader and a
+// writer per direction) are owned by the proxy: Close stops accepting,
+// closes every connection and waits for them. Safe to call twice.
+type delayProxy struct {
+	ln     net.Listener
+	target string
+	delay  time.Duration
+
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{} // guarded by mu
+	closed bool                  // guarded by mu
+}
+
+// newDelayProxy listens on a free loopback port and forwards to target.
+func newDelayProxy(target string, delay time.Duration) (*delayProxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &delayProxy{ln: ln, target: target, delay: delay, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr is the address to connect to instead of the target.
+func (p *delayProxy) Addr() string { return p.ln.Addr().String() }
+
+func (p *delayProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		c.Close()
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *delayProxy) accept() {
+	defer p.wg.Done()
+	for {
+		in, err := p.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		out, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		if err != nil {
+			in.Close()
+			continue
+		}
+		if !p.track(in) || !p.track(out) {
+			in.Close()
+			out.Close()
+			continue
+		}
+		p.wg.Add(2)
+		go p.pipe(in, out)
+		go p.pipe(out, in)
+	}
+}
+
+type chunk struct {
+	due  time.Time
+	data []byte
+}
+
+// pipe copies src to dst, each chunk delay after it was read. When either
+// side fails, both connections are closed (the other direction ends too).
+func (p *delayProxy) pipe(src, dst net.Conn) {
+	defer p.wg.Done()
+	q := make(chan chunk, 4096)
+	done := make(chan struct{})
+	go func() { // writer, owned by this pipe: it ends before pipe returns
+		defer close(done)
+		for c := range q {
+			if d := time.Until(c.due); d > 0 {
+				time.Sleep(d)
+			}
+			if _, err := dst.Write(c.data); err != nil {
+				src.Close()
+				dst.Close()
+				for range q { // drain so the reader never blocks
+				}
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			q <- chunk{due: time.Now().Add(p.delay), data: append([]byte(nil), buf[:n]...)}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				dst.Close()
+			}
+			break
+		}
+	}
+	close(q)
+	<-done
+	if tc, ok := dst.(*net.TCPConn); ok {
+		tc.CloseWrite() // pass the EOF on, after the delayed bytes
+	}
+}
+
+// Close stops the proxy and every connection through it, and waits for its
+// goroutines.
+func (p *delayProxy) Close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	p.ln.Close()
+	for c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
