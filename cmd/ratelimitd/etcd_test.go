@@ -180,7 +180,9 @@ func TestEtcdOutageUnderLoad(t *testing.T) {
 	if st.rejected == 0 {
 		t.Fatal("the rule stopped being enforced during the etcd outage")
 	}
-	if a, b := p99(st.lat), p99(base.lat); a > 2*b+5*time.Millisecond {
+	// A check that waited on etcd would take the client's dial timeout
+	// (seconds); the slack only absorbs the shared machine's noise.
+	if a, b := p99(st.lat), p99(base.lat); a > 3*b+20*time.Millisecond {
 		t.Fatalf("p99 latency rose from %v to %v during the etcd outage", b, a)
 	}
 	s.etcd.Restart(t)
