@@ -93,7 +93,8 @@
 // Redis Cluster: the marker key is per rule, not in the client's hash slot,
 // so a check of a global bucket (and WriteShares) touches two slots and
 // fails with CROSSSLOT; global rules need standalone Redis (or, future work,
-// one marker copy per slot). RunID asks one server (INFO server).
+// one marker copy per slot). RunID asks one server (INFO server; see
+// Embedded servers below).
 //
 // State layout. Token bucket, leaky bucket, fixed and sliding window state
 // is one Redis string per key of little-endian unsigned integers (6 bytes
@@ -126,6 +127,17 @@
 // no more. On NOSCRIPT the script is loaded and the call retried
 // (ScriptLoads counts the loads). The go-redis client's own retries may
 // re-run a script whose reply was lost; configure MaxRetries to taste.
+//
+// Embedded servers. The scripts also run on an in-process miniredis (the
+// local stack without redis-server), whose Lua (gopher-lua) has no struct
+// library and which answers that INFO server is not supported. The scripts
+// then pack the same bytes in plain Lua (string.byte, string.char, exact
+// arithmetic on doubles; on Redis they keep struct, which is faster), and
+// the run id is EmbeddedRunID, fixed: an embedded server's data dies with
+// its process, so no marker can come back from another run. RunID falls
+// back only on that answer; a network error is an error. miniredis expires
+// keys only as its clock advances with ClockTTL(true) (or FastForward), and
+// its MEMORY USAGE is not Redis's.
 //
 // Model is the same logic in pure Go: the specification the differential
 // test holds the scripts to, and a store for simulations in virtual time.

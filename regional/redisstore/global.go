@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -134,10 +135,21 @@ func validateRecord(i int, r ShareRecord) error {
 	return nil
 }
 
+// EmbeddedRunID is the run id of a server that answers that INFO server is
+// not supported (an embedded server such as miniredis, whose data lives and
+// dies with the process). It is not hexadecimal, so it never equals a Redis
+// run id.
+const EmbeddedRunID = "embedded"
+
 // RunID returns the store's current run id (INFO server run_id); it changes
-// when Redis restarts.
+// when Redis restarts. A server that answers that INFO server is not
+// supported has the fixed run id EmbeddedRunID (the scripts read it the
+// same way); any other error, a network one included, is returned.
 func (s *Store) RunID(ctx context.Context) (string, error) {
 	info, err := s.client.Info(ctx, "server").Result()
+	if infoUnsupported(err) {
+		return EmbeddedRunID, nil
+	}
 	if err != nil {
 		return "", fmt.Errorf("redisstore: run id: %w", err)
 	}
@@ -267,3 +279,11 @@ func parseVersion(v any) (Version, error) {
 }
 
 func (r ShareRecord) versionOf() Version { return Version{r.Inc, r.Seq} }
+
+// infoUnsupported reports whether err is the server's answer that INFO
+// server is not supported (miniredis: "section (server) is not supported"),
+// as opposed to a failure to get an answer.
+func infoUnsupported(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.Contains(rerr.Error(), "not supported")
+}

@@ -2,7 +2,9 @@ package redisstore
 
 // The Lua scripts. Every value is an integer held in a Lua double; the
 // limits in bucket.go keep every intermediate below 2^53, so the arithmetic
-// is exact. State is packed with struct.pack('<I6...') (see doc.go); numbers
+// is exact. State is packed as struct.pack('<I6...') would (see doc.go):
+// with struct where the server has it (Redis), else in plain Lua (embedded
+// servers such as miniredis have no struct library); numbers
 // that go into commands as text use string.format('%.0f'), because Lua's
 // tostring would print large integers in exponent form.
 //
@@ -24,37 +26,74 @@ local function clock(arg)
   local tm = redis.call('TIME')
   return tonumber(tm[1]) * 1000 + idiv(tonumber(tm[2]), 1000)
 end
--- state: a binary string of 6-byte little-endian unsigned integers
--- (load returns nil for a missing key, else exactly the stored values)
+-- state: a binary string of little-endian unsigned integers (every value
+-- an integer in [0, 2^48)). getle reads n of them from s, putle writes vals;
+-- f is the layout's struct format, widths its byte widths. Redis has the
+-- struct library and uses it (plain Lua costs it more than 10% of a check);
+-- where it is missing (an embedded server such as miniredis), the same
+-- bytes are read and written in plain Lua: string.byte, string.char and
+-- exact arithmetic on doubles.
+local struct = rawget(_G, 'struct')
+local function getle(s, f, widths, n)
+  if struct then
+    local v = {struct.unpack(f, s)}
+    v[n + 1] = nil -- struct.unpack's next position
+    return v
+  end
+  local v, i = {}, 0
+  for k = 1, n do
+    local w = widths[k]
+    local x = 0
+    for j = i + w, i + 1, -1 do x = x * 256 + string.byte(s, j) end
+    v[k] = x
+    i = i + w
+  end
+  return v
+end
+local function putle(vals, f, widths)
+  if struct then return struct.pack(f, unpack(vals)) end
+  local b, n = {}, 0
+  for k = 1, #vals do
+    local x = vals[k]
+    for _ = 1, widths[k] do
+      local q = math.floor(x / 256)
+      n = n + 1
+      b[n] = x - q * 256 -- the low byte (of x's two's complement if x < 0, as struct.pack)
+      x = q
+    end
+  end
+  return string.char(unpack(b, 1, n))
+end
+-- windows and markers: n 6-byte integers
+local f6 = {'<I6', '<I6I6', '<I6I6I6', '<I6I6I6I6', '<I6I6I6I6I6'}
+local w6 = {6, 6, 6, 6, 6}
+-- load returns nil for a missing key, else exactly the stored values
 local function load(key, n1, n2)
   local s = redis.call('GET', key)
   if not s then return nil end
   local n = #s / 6
   if n ~= n1 and n ~= n2 then return error('redisstore: bad state in ' .. key) end
-  local v = {struct.unpack('<' .. string.rep('I6', n), s)}
-  v[n + 1] = nil
-  return v
+  return getle(s, f6[n], w6, n)
 end
 local function save(key, vals, ttl)
-  local s = struct.pack('<' .. string.rep('I6', #vals), unpack(vals))
+  local s = putle(vals, f6[#vals], w6)
   if ttl > 0 then redis.call('SET', key, s, 'PX', ttl) else redis.call('SET', key, s, 'KEEPTTL') end
 end
 -- token bucket state: t, l (regional); t, l, c, r (global); t, l, c, r,
 -- record inc, seq, units*2+release (global with a share record)
-local tbfmt = {[12] = '<I6I6', [24] = '<I6I6I6I6', [36] = '<I6I6I6I6I3I5I4'}
+local tbfmt = {[2] = '<I6I6', [4] = '<I6I6I6I6', [7] = '<I6I6I6I6I3I5I4'}
+local tbn = {[12] = 2, [24] = 4, [36] = 7}
+local tbw = {6, 6, 6, 6, 3, 5, 4}
 local function loadtb(key)
   local s = redis.call('GET', key)
   if not s then return nil end
-  local f = tbfmt[#s]
-  if not f then return error('redisstore: bad state in ' .. key) end
-  local v = {struct.unpack(f, s)}
-  v[#v] = nil
-  return v
+  local n = tbn[#s]
+  if not n then return error('redisstore: bad state in ' .. key) end
+  return getle(s, tbfmt[n], tbw, n)
 end
 -- ttl > 0: PX ttl; 0: KEEPTTL; -1: no TTL (persistent)
-local tbpack = {[2] = tbfmt[12], [4] = tbfmt[24], [7] = tbfmt[36]}
 local function savetb(key, v, ttl)
-  local s = struct.pack(tbpack[#v], unpack(v))
+  local s = putle(v, tbfmt[#v], tbw)
   if ttl > 0 then redis.call('SET', key, s, 'PX', ttl)
   elseif ttl == 0 then redis.call('SET', key, s, 'KEEPTTL')
   else redis.call('SET', key, s) end
@@ -79,12 +118,23 @@ local function loadmarker(key)
   local s = redis.call('GET', key)
   if not s then return nil end
   if #s < 30 then return error('redisstore: bad marker in ' .. key) end
-  local inc, seq, units, at, exp = struct.unpack('<I6I6I6I6I6', s)
-  return {inc = inc, seq = seq, units = units, at = at, exp = exp, run = string.sub(s, 31)}
+  local v = getle(s, f6[5], w6, 5)
+  return {inc = v[1], seq = v[2], units = v[3], at = v[4], exp = v[5], run = string.sub(s, 31)}
 end
+-- the server's run id (INFO server); EmbeddedRunID where the server
+-- answers that INFO server is not supported (an embedded server)
 local runid
 local function currentrun()
-  if not runid then runid = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or '' end
+  if not runid then
+    local info = redis.pcall('INFO', 'server')
+    if type(info) == 'table' and info.err and string.find(info.err, 'not supported', 1, true) then
+      runid = '` + EmbeddedRunID + `'
+    else
+      -- any other error: fail as redis.call does
+      if type(info) == 'table' then info = redis.call('INFO', 'server') end
+      runid = string.match(info, 'run_id:(%x+)') or ''
+    end
+  end
   return runid
 end
 -- a marker in force: of this server run, applied at or before now, lease not over
@@ -415,6 +465,6 @@ if not ok then
   if m then return {m.inc, m.seq} end
   return {0, 0}
 end
-redis.call('SET', key, struct.pack('<I6I6I6I6I6', inc, seq, units, now, now + lease) .. cur)
+redis.call('SET', key, putle({inc, seq, units, now, now + lease}, f6[5], w6) .. cur)
 return {inc, seq}
 `
