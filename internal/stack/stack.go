@@ -252,6 +252,7 @@ func (s *Stack) startRedis(region string) (string, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil || s.cfg.EmbeddedRedis {
 		m := miniredis.NewMiniRedis()
+		m.ClockTTL(true) // expire keys in real time, as Redis does
 		if err := m.StartAddr("127.0.0.1:0"); err != nil {
 			return "", fmt.Errorf("stack: embedded redis: %w", err)
 		}

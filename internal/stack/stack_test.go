@@ -150,3 +150,48 @@ func TestGlobalLimitFollowsDemandWithoutOvershoot(t *testing.T) {
 		t.Fatalf("eu-west admitted %d of %d two seconds after the move, want >= %d (90%% of %d)", n, sent, limit*9/10, limit)
 	}
 }
+
+// Without redis-server the stack runs on an in-process miniredis per region:
+// regional rules enforce and the agents take over the global rule.
+func TestEmbeddedRedisStack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: starts the whole stack")
+	}
+	ctx := context.Background()
+	s, err := Start(ctx, Config{Regions: 2, EmbeddedRedis: true, EnforcerTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if !s.RedisEmbedded {
+		t.Fatal("RedisEmbedded is false")
+	}
+	cc, err := grpc.NewClient(s.Regions[0].GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	c := ratelimitv1.NewRateLimiterClient(cc)
+	// orders-free: capacity 20 for tier free.
+	allowed := 0
+	for i := 0; i < 25; i++ {
+		resp, err := c.CheckLimit(ctx, &ratelimitv1.CheckLimitRequest{ClientKey: "u", Resource: "POST /orders", Attributes: map[string]string{"tier": "free"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.FailOpen {
+			t.Fatal("fail-open answer from the embedded store")
+		}
+		if resp.Allowed {
+			allowed++
+		}
+	}
+	if allowed < 20 || allowed > 22 {
+		t.Fatalf("allowed %d of 25 on a capacity-20 bucket refilling 10/s", allowed)
+	}
+	// The agent's marker lifts the global rule from the floor to the base share.
+	testutil.WaitFor(t, 30*time.Second, "the agent's marker on the embedded store", func() bool {
+		resp, err := c.CheckLimit(ctx, &ratelimitv1.CheckLimitRequest{ClientKey: "probe", Resource: DemoResource})
+		return err == nil && resp.RuleId == GlobalRule && resp.Limit >= 50
+	})
+}
