@@ -38,4 +38,4 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./regional/...
 
 run:
-	$(GO) run ./cmd/rlstack
+	$(GO) run ./cmd/rlstack $(ARGS)
