@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/etcdstore"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
@@ -29,6 +31,7 @@ func commands() map[string]command {
 		create  bool
 		rate    float64
 		burst   int64
+		live    liveFlags
 		ck      checkFlags
 	)
 	return map[string]command{
@@ -62,7 +65,13 @@ func commands() map[string]command {
 			run: func(c *cli, ctx context.Context, args []string) error { return c.rulesValidate(args, file) },
 		},
 		"rules shadow": {args: "ID on|off", run: (*cli).rulesShadow},
-		"limits show":  {args: "ID", run: (*cli).limitsShow},
+		"limits show": {
+			args:  "ID",
+			flags: live.register,
+			run: func(c *cli, ctx context.Context, args []string) error {
+				return c.limitsShow(ctx, args, &live)
+			},
+		},
 		"limits set": {
 			args: "ID",
 			flags: func(fs *flag.FlagSet) {
@@ -372,12 +381,36 @@ func (c *cli) limitsSet(ctx context.Context, args []string, rate float64, burst 
 	if err != nil {
 		return err
 	}
-	return c.showLimits(ctx, r, newRev)
+	return c.showLimits(ctx, r, newRev, nil)
 }
 
-func (c *cli) limitsShow(ctx context.Context, args []string) error {
+// liveFlags are the flags of limits show that query the sync agents.
+type liveFlags struct {
+	agents string
+	top    int
+}
+
+func (f *liveFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.agents, "agents", "", "comma-separated sync agent HTTP addresses, one per region: [REGION=]URL")
+	fs.IntVar(&f.top, "top", 0, "also list each region's N keys with the largest live share (with --agents)")
+}
+
+func (c *cli) limitsShow(ctx context.Context, args []string, lf *liveFlags) error {
 	if err := wantArgs(args, 1, "ID"); err != nil {
 		return err
+	}
+	var refs []agentRef
+	if lf.agents != "" {
+		var err error
+		if refs, err = parseAgents(lf.agents); err != nil {
+			return err
+		}
+	}
+	if lf.top < 0 || lf.top > maxLiveKeys {
+		return usagef("--top must be from 0 to %d", maxLiveKeys)
+	}
+	if lf.top > 0 && refs == nil {
+		return usagef("--top needs --agents")
 	}
 	st, closeStore, err := c.g.store()
 	if err != nil {
@@ -388,7 +421,13 @@ func (c *cli) limitsShow(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return c.showLimits(ctx, r, rev)
+	return c.showLimits(ctx, r, rev, &liveQuery{agents: refs, top: lf.top})
+}
+
+// liveQuery asks showLimits for live shares.
+type liveQuery struct {
+	agents []agentRef
+	top    int
 }
 
 // regionLimit is one region's part of a rule's limit.
@@ -409,32 +448,56 @@ type limitsView struct {
 	Burst    int64         `json:"burst"`
 	MinShare float64       `json:"min_share"`
 	Regions  []regionLimit `json:"regions"`
+	// OtherAgents are the answers of agents that match none of the rule's
+	// regions (or a region another agent already answered for).
+	OtherAgents []liveShare `json:"other_agents,omitempty"`
 }
 
-func (c *cli) showLimits(ctx context.Context, r rules.Rule, rev int64) error {
+// showLimits prints r's limits; with lq and a global token-bucket rule, also
+// each region's live share from its sync agent. It fails (after printing)
+// when every agent failed.
+func (c *cli) showLimits(ctx context.Context, r rules.Rule, rev int64, lq *liveQuery) error {
 	rate, burst := r.RefillPerSecond, r.Capacity
 	if r.Algorithm != rules.TokenBucket && r.Algorithm != rules.LeakyBucket {
 		rate, burst = 0, r.Limit
 	}
 	v := limitsView{ID: r.ID, Revision: rev, Scope: r.Scope, Rate: rate, Burst: burst, MinShare: r.MinShare, Regions: []regionLimit{}}
-	var live map[string]liveShare
-	if c.liveShares != nil { // hook: live shares from the sync agent, once it exposes them
-		var err error
-		if live, err = c.liveShares(ctx, r.ID); err != nil {
-			fmt.Fprintf(c.stderr, "rlctl: live shares unavailable: %v\n", err)
-		}
+	regions := slices.Sorted(maps.Keys(r.Regions))
+	coordinated := r.Scope == rules.Global && r.Algorithm == rules.TokenBucket
+	queried := lq != nil && len(lq.agents) > 0 && coordinated
+	var live map[string]*liveShare
+	var answers []liveShare
+	if queried {
+		answers = queryAgents(ctx, &http.Client{}, lq.agents, r.ID, max(liveKeys, lq.top), lq.top)
+		live, v.OtherAgents = assignLive(regions, answers)
 	}
-	for _, name := range slices.Sorted(maps.Keys(r.Regions)) {
+	for _, name := range regions {
 		frac, _ := r.StaticShare(name)
-		rl := regionLimit{Region: name, Weight: r.Regions[name],
-			StaticRate: rate * frac, StaticBurst: float64(burst) * frac, FloorRate: rate * frac * r.MinShare}
-		if s, ok := live[name]; ok {
-			rl.Live = &s
+		v.Regions = append(v.Regions, regionLimit{Region: name, Weight: r.Regions[name],
+			StaticRate: rate * frac, StaticBurst: float64(burst) * frac, FloorRate: rate * frac * r.MinShare, Live: live[name]})
+	}
+	var liveErr error
+	if queried {
+		failed := 0
+		for _, a := range answers {
+			if !a.ok() {
+				failed++
+				region := a.Region
+				if region == "" {
+					region = "region unknown"
+				}
+				fmt.Fprintf(c.stderr, "rlctl: sync agent %s (%s): %s: %s\n", a.Agent, region, a.Status, a.Error)
+			}
 		}
-		v.Regions = append(v.Regions, rl)
+		if failed == len(answers) {
+			liveErr = fmt.Errorf("no sync agent answered with live shares (%d queried)", len(answers))
+		}
 	}
 	if c.g.output == "json" {
-		return c.json(v)
+		if err := c.json(v); err != nil {
+			return err
+		}
+		return liveErr
 	}
 	fmt.Fprintf(c.stdout, "rule %s (revision %d): %s, scope %s\n", r.ID, rev, limitText(r), r.Scope)
 	if r.Scope != rules.Global {
@@ -443,22 +506,80 @@ func (c *cli) showLimits(ctx context.Context, r rules.Rule, rev int64) error {
 	}
 	fmt.Fprintf(c.stdout, "global limit: rate %s/s, burst %d, min_share %s\n", num(rate), burst, num(r.MinShare))
 	tw := c.table()
-	fmt.Fprintln(tw, "REGION\tWEIGHT\tSTATIC RATE/S\tSTATIC BURST\tFLOOR RATE/S\tLIVE RATE/S\tLIVE BURST")
+	fmt.Fprintln(tw, "REGION\tWEIGHT\tSTATIC RATE/S\tSTATIC BURST\tFLOOR RATE/S")
 	for _, rl := range v.Regions {
-		lr, lb := "-", "-"
-		if rl.Live != nil {
-			lr, lb = num(rl.Live.Rate), num(rl.Live.Burst)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", rl.Region, num(rl.Weight), num(rl.StaticRate), num(rl.StaticBurst), num(rl.FloorRate), lr, lb)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", rl.Region, num(rl.Weight), num(rl.StaticRate), num(rl.StaticBurst), num(rl.FloorRate))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if c.liveShares == nil {
-		_, err := fmt.Fprintln(c.stdout, "live shares: not available yet (the sync agent does not expose them)")
+	switch {
+	case !coordinated:
+		_, err := fmt.Fprintf(c.stdout, "live shares: none (sync agents coordinate global token_bucket rules only)\n")
+		return err
+	case !queried:
+		_, err := fmt.Fprintln(c.stdout, "live shares: give --agents [REGION=]URL,... (or APPORTION_AGENTS) to ask the regions' sync agents")
 		return err
 	}
-	return nil
+	if err := c.printLive(v, max(liveKeys, lq.top), lq.top); err != nil {
+		return err
+	}
+	return liveErr
+}
+
+// printLive prints the live-share tables of showLimits.
+func (c *cli) printLive(v limitsView, limit, top int) error {
+	fmt.Fprintf(c.stdout, "\nlive shares (from each region's sync agent; RATE/S and BURST sum the region's shares of its top %d keys by units):\n", limit)
+	tw := c.table()
+	fmt.Fprintln(tw, "REGION\tSTATUS\tINCARNATION\tFENCED\tKEYS\tLIVE RATE/S\tLIVE BURST\tAGENT")
+	row := func(region string, l *liveShare) {
+		if l == nil {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t(no agent given)\n", region)
+			return
+		}
+		if !l.ok() {
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t%s\n", region, l.Status, l.Agent)
+			return
+		}
+		keys := fmt.Sprint(l.Keys)
+		if l.TotalKeys > l.Keys {
+			keys += fmt.Sprintf(" of %d", l.TotalKeys)
+		}
+		fenced := "no"
+		if l.Fenced {
+			fenced = "yes (floor)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", region, l.Status, l.Incarnation, fenced, keys, num(l.Rate), num(l.Burst), l.Agent)
+	}
+	for _, rl := range v.Regions {
+		row(rl.Region, rl.Live)
+	}
+	for i := range v.OtherAgents {
+		a := &v.OtherAgents[i]
+		region := a.Region
+		if region == "" {
+			region = "?"
+		}
+		row(region, a)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if top == 0 {
+		return nil
+	}
+	fmt.Fprintf(c.stdout, "\ntop %d keys per region by live share:\n", top)
+	tw = c.table()
+	fmt.Fprintln(tw, "REGION\tKEY\tUNITS\tSHARE\tRATE/S\tBURST")
+	for _, rl := range v.Regions {
+		if rl.Live == nil {
+			continue
+		}
+		for _, k := range rl.Live.Top {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s%%\t%s\t%s\n", rl.Region, k.Key, k.Units, num(100*k.Share), num(k.Rate), num(k.Burst))
+		}
+	}
+	return tw.Flush()
 }
 
 // checkFlags are the flags of the check command.
@@ -468,6 +589,8 @@ type checkFlags struct {
 	resource  string
 	cost      int64
 	attrs     attrFlag
+	tls       bool
+	tlsCA     string
 }
 
 func (f *checkFlags) register(fs *flag.FlagSet) {
@@ -477,6 +600,8 @@ func (f *checkFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&f.cost, "cost", 1, "request cost")
 	f.attrs = attrFlag{}
 	fs.Var(&f.attrs, "attr", "attribute k=v (repeatable; comma-separated pairs also accepted)")
+	fs.BoolVar(&f.tls, "tls", false, "connect over TLS (server certificate checked against the system roots)")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "PEM CA bundle that signs the enforcer's certificate (implies --tls)")
 }
 
 // attrFlag collects k=v pairs.
@@ -502,7 +627,15 @@ func (c *cli) check(ctx context.Context, args []string, f *checkFlags) error {
 	if f.addr == "" || f.clientKey == "" {
 		return usagef("check needs --addr and --client-key")
 	}
-	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if f.tls || f.tlsCA != "" {
+		tc, err := tlsConfig(f.tlsCA, "", "", "--tls-")
+		if err != nil {
+			return err
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return usagef("--addr %q: %v", f.addr, err)
 	}

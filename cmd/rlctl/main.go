@@ -1,7 +1,9 @@
 // Command rlctl is the operator CLI for apportion rules and limits: it reads
 // and writes rules in etcd directly (--etcd-endpoints) or through the admin
 // API (--admin-url, --token), validates rule files offline, flips shadow
-// mode, sets global limits, and sends a CheckLimit to an enforcer.
+// mode, sets global limits, shows each region's live share of a global
+// limit from its sync agent (limits show --agents), and sends a CheckLimit
+// to an enforcer (optionally over TLS).
 //
 // Every write is a compare-and-swap on the rule's revision when rlctl read
 // the rule first (shadow, limits set), so two operators never silently

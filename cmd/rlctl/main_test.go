@@ -159,8 +159,8 @@ func TestRulesCommands(t *testing.T) {
 			cmd("limits", "set", "orders-free").must(t, exitUsage, "--rate")
 
 			// us-east weight 2 of 4: half the rate and burst; floor 10% of that.
-			show := cmd("limits", "show", "orders-free").must(t, exitOK, "REGION", "live shares: not available").stdout
-			if !hasRow(show, "us-east", "2", "20", "40", "2", "-", "-") || !hasRow(show, "eu-west", "1", "10", "20", "1", "-", "-") {
+			show := cmd("limits", "show", "orders-free").must(t, exitOK, "REGION", "live shares: give --agents").stdout
+			if !hasRow(show, "us-east", "2", "20", "40", "2") || !hasRow(show, "eu-west", "1", "10", "20", "1") {
 				t.Fatalf("limits show:\n%s", show)
 			}
 			var view limitsView

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -36,26 +38,46 @@ Commands:
   rules delete ID [--if-match REV]                 delete a rule
   rules validate -f FILE                           validate a rule file offline (no etcd)
   rules shadow ID on|off                           flip shadow mode (compare-and-swap)
-  limits show ID                                   global limit and static share per region
+  limits show ID [--agents URLS] [--top N]         global limit, static share per region and, with
+                                                   --agents, each region's live share from its sync agent
   limits set ID [--rate N] [--burst N] [--if-match REV]
                                                    set a token-bucket rule's refill_per_second/capacity
   check --addr GRPC_ADDR --client-key K --resource R [--cost N] [--attr k=v ...]
-                                                   call RateLimiter/CheckLimit on an enforcer
+        [--tls] [--tls-ca FILE]                    call RateLimiter/CheckLimit on an enforcer
 
 Global flags (also accepted after the command):
   --etcd-endpoints URLS   comma-separated etcd client URLs (talk to etcd directly)
   --prefix PREFIX         etcd key prefix of the rules (default /ratelimit/rules/)
+  --etcd-username NAME    etcd user (secured etcd; with --etcd-password)
+  --etcd-password PASS    etcd password (prefer APPORTION_ETCD_PASSWORD)
+  --etcd-ca FILE          PEM CA bundle that signs etcd's server certificate
+                          (default: the system roots; https:// endpoints use TLS)
+  --etcd-cert FILE        PEM client certificate for etcd (with --etcd-key)
+  --etcd-key FILE         PEM private key of --etcd-cert
   --admin-url URL         admin API base URL (talk through the admin API)
   --token TOKEN           admin API bearer token
   -o, --output FORMAT     table (default) or json
   --timeout DURATION      per-command timeout (default 10s)
 
+limits show flags:
+  --agents URLS           comma-separated sync agent HTTP addresses, one per region:
+                          [REGION=]URL (http://host:9091, or host:9091); the region
+                          named is checked against the agent's answer, and names an
+                          agent that does not answer
+  --top N                 also list each region's N keys with the largest live share
+
+check flags:
+  --tls                   connect to the enforcer over TLS (system roots)
+  --tls-ca FILE           PEM CA bundle that signs the enforcer's certificate (implies --tls)
+
 Every flag also reads the environment variable APPORTION_<FLAG> in upper
-snake case (--etcd-endpoints: APPORTION_ETCD_ENDPOINTS, -o: APPORTION_OUTPUT);
-a flag on the command line wins.
+snake case (--etcd-endpoints: APPORTION_ETCD_ENDPOINTS, -o: APPORTION_OUTPUT,
+--agents: APPORTION_AGENTS); a flag on the command line wins.
 
 Exit codes: 0 ok, 1 failure or invalid rule, 2 usage error, 3 not found,
 4 conflict (the rule changed since it was read, or already exists).
+limits show --agents exits 0 when at least one agent answers (the others
+are shown as unreachable, unavailable or not-coordinated), 1 when none does.
 `
 
 // usageError is a command-line mistake (exit code 2).
@@ -86,6 +108,11 @@ type globals struct {
 	prefix        string
 	adminURL      string
 	token         string
+	etcdUsername  string
+	etcdPassword  string
+	etcdCA        string
+	etcdCert      string
+	etcdKey       string
 	output        string
 	timeout       time.Duration
 }
@@ -94,6 +121,11 @@ type globals struct {
 func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.etcdEndpoints, "etcd-endpoints", g.etcdEndpoints, "comma-separated etcd client URLs")
 	fs.StringVar(&g.prefix, "prefix", g.prefix, "etcd key prefix of the rules")
+	fs.StringVar(&g.etcdUsername, "etcd-username", g.etcdUsername, "etcd user name (secured etcd)")
+	fs.StringVar(&g.etcdPassword, "etcd-password", g.etcdPassword, "etcd password (prefer APPORTION_ETCD_PASSWORD)")
+	fs.StringVar(&g.etcdCA, "etcd-ca", g.etcdCA, "PEM CA bundle for etcd's server certificate (default: system roots)")
+	fs.StringVar(&g.etcdCert, "etcd-cert", g.etcdCert, "PEM client certificate for etcd (with --etcd-key)")
+	fs.StringVar(&g.etcdKey, "etcd-key", g.etcdKey, "PEM private key of --etcd-cert")
 	fs.StringVar(&g.adminURL, "admin-url", g.adminURL, "admin API base URL")
 	fs.StringVar(&g.token, "token", g.token, "admin API bearer token")
 	fs.StringVar(&g.output, "output", g.output, "output format: table or json (short: -o)")
@@ -122,11 +154,11 @@ func (g *globals) store() (st ruleStore, close func(), err error) {
 		}
 		return c, func() {}, nil
 	case g.etcdEndpoints != "":
-		c, err := clientv3.New(clientv3.Config{
-			Endpoints:   strings.Split(g.etcdEndpoints, ","),
-			DialTimeout: 5 * time.Second,
-			Logger:      zap.NewNop(),
-		})
+		cfg, err := g.etcdConfig()
+		if err != nil {
+			return nil, nil, err
+		}
+		c, err := clientv3.New(cfg)
 		if err != nil {
 			return nil, nil, fmt.Errorf("etcd: %w", err)
 		}
@@ -138,6 +170,69 @@ func (g *globals) store() (st ruleStore, close func(), err error) {
 		return s, func() { c.Close() }, nil
 	}
 	return nil, nil, usagef("no rule store: give --etcd-endpoints URLS or --admin-url URL (or APPORTION_ETCD_ENDPOINTS / APPORTION_ADMIN_URL)")
+}
+
+// etcdConfig returns the etcd client configuration of the global flags:
+// endpoints, credentials and TLS.
+func (g *globals) etcdConfig() (clientv3.Config, error) {
+	cfg := clientv3.Config{
+		Username:    g.etcdUsername,
+		Password:    g.etcdPassword,
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+	}
+	for _, ep := range strings.Split(g.etcdEndpoints, ",") {
+		if ep = strings.TrimSpace(ep); ep != "" {
+			cfg.Endpoints = append(cfg.Endpoints, ep)
+		}
+	}
+	if g.etcdPassword != "" && g.etcdUsername == "" {
+		return cfg, usagef("--etcd-password needs --etcd-username")
+	}
+	if g.etcdCA == "" && g.etcdCert == "" && g.etcdKey == "" {
+		return cfg, nil // https:// endpoints still use TLS, with the system roots
+	}
+	for _, ep := range cfg.Endpoints {
+		if strings.HasPrefix(ep, "http://") {
+			return cfg, usagef("--etcd-ca, --etcd-cert and --etcd-key need https:// endpoints, got %s", ep)
+		}
+	}
+	tc, err := tlsConfig(g.etcdCA, g.etcdCert, g.etcdKey, "--etcd-")
+	if err != nil {
+		return cfg, err
+	}
+	cfg.TLS = tc
+	return cfg, nil
+}
+
+// tlsConfig returns a client TLS configuration that trusts the PEM CA
+// bundle in ca (the system roots when empty) and presents the certificate
+// in cert and key (none when both are empty). flagPrefix names the flags
+// in errors.
+func tlsConfig(ca, cert, key, flagPrefix string) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, fmt.Errorf("%sca: %w", flagPrefix, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%sca: no PEM certificate in %s", flagPrefix, ca)
+		}
+		tc.RootCAs = pool
+	}
+	if (cert == "") != (key == "") {
+		return nil, usagef("give %scert and %skey together", flagPrefix, flagPrefix)
+	}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, fmt.Errorf("%scert/%skey: %w", flagPrefix, flagPrefix, err)
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	return tc, nil
 }
 
 // command is one leaf command: it registers its flags, then runs with the
@@ -153,16 +248,6 @@ type cli struct {
 	g      globals
 	stdout io.Writer
 	stderr io.Writer
-	// liveShares is the hook for live per-region shares of a global rule,
-	// to be wired to the sync agent's state (not available yet). nil: limits
-	// show prints only the static shares.
-	liveShares func(ctx context.Context, ruleID string) (map[string]liveShare, error)
-}
-
-// liveShare is a region's current dynamic share (for the liveShares hook).
-type liveShare struct {
-	Rate  float64 `json:"rate"`
-	Burst float64 `json:"burst"`
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {

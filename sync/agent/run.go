@@ -65,7 +65,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.etcdUsername, "etcd-username", "", "etcd user name")
 	fs.StringVar(&o.etcdPassword, "etcd-password", "", "etcd password (prefer APPORTION_ETCD_PASSWORD)")
 	fs.StringVar(&o.registryPrefix, "registry-prefix", DefaultRegistryPrefix, "etcd key prefix of the reclaim registry (one document per global rule)")
-	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:9091", "HTTP listen address for /metrics, /healthz, /readyz")
+	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:9091", "HTTP listen address for /metrics, /healthz, /readyz and "+SharesPath+"?rule=ID")
 	fs.DurationVar(&o.interval, "interval", def.Interval, "sync interval")
 	fs.DurationVar(&o.lease, "lease", def.Lease, "lease: a region unheard for this long falls back to its floor and is reclaimed")
 	fs.Float64Var(&o.rho, "clock-rate-bound", def.Rho, "bound on every clock's rate error (0.01: within 1% of real time)")
@@ -191,6 +191,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 		}
 	})
+	mux.Handle(SharesPath, SharesHandler(current.Load))
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() {
