@@ -22,6 +22,7 @@ import (
 
 	"github.com/apportion/apportion/internal/flagenv"
 	"github.com/apportion/apportion/regional"
+	"github.com/apportion/apportion/regional/envoy"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/sync/usage"
@@ -60,6 +61,7 @@ type options struct {
 	logLevel      string
 	logFormat     string
 	shutdown      time.Duration
+	envoy         bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -92,6 +94,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.tlsKey, "tls-key", "", "TLS key file for gRPC and HTTP")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "text or json")
+	fs.BoolVar(&o.envoy, "envoy", true, "also serve Envoy's rate-limit protocol (envoy.service.ratelimit.v3.RateLimitService) on the gRPC port")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown waits for in-flight checks")
 	if err := flagenv.Parse(fs, args, nil); err != nil {
 		return nil, err
@@ -276,6 +279,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
 	gs, svc := regional.NewGRPCServer(enf, gopts...)
+	if o.envoy {
+		envoy.Register(gs, enf)
+	}
 	var shuttingDown atomic.Bool
 	hs := &http.Server{
 		Handler:           regional.NewHTTPHandler(enf, reg, func() bool { return !shuttingDown.Load() }),
