@@ -640,6 +640,13 @@ func (e *Enforcer) record(ms []matched, resp *Response, cost int64) {
 	}
 }
 
+// CountRequest counts one answered call in apportion_requests_total under
+// protocol (grpc, http and envoy are this module's); for front ends outside
+// this package.
+func (e *Enforcer) CountRequest(protocol string, resp Response, err error) {
+	e.metrics.request(protocol, resp, err)
+}
+
 // Rules returns the active rules sorted by id.
 func (e *Enforcer) Rules() []rules.Rule {
 	c := e.index.Load()

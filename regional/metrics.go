@@ -50,7 +50,7 @@ func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
 		ruleUpdates: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricRuleUpdates, ConstLabels: cl,
 			Help: "Rule sets applied."}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRequests, ConstLabels: cl,
-			Help: "CheckLimit calls by protocol (grpc, http) and result (allowed, rejected, invalid, error)."},
+			Help: "CheckLimit calls by protocol (grpc, http, envoy: one per descriptor) and result (allowed, rejected, invalid, error)."},
 			[]string{"protocol", "result"}),
 	}
 	reg.MustRegister(m.checks, m.latency, m.storeErrors, m.breaker, m.rulesLoaded, m.ruleUpdates, m.requests)

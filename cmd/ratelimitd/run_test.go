@@ -355,6 +355,8 @@ func TestFlagErrors(t *testing.T) {
 		{"no rules", []string{"--region", "r"}, "--rules"},
 		{"both sources", []string{"--region", "r", "--rules", "x", "--etcd-endpoints", "y"}, "exclusive"},
 		{"missing rules file", []string{"--region", "r", "--rules", "/nonexistent/rules.json", "--redis-addr", "127.0.0.1:1"}, "rules"},
+		{"redis cert without key", []string{"--region", "r", "--rules", "x", "--redis-cert", "c.pem"}, "--redis-cert"},
+		{"redis CA missing", []string{"--region", "r", "--rules", "x", "--redis-ca", "/nonexistent/ca.pem"}, "--redis-ca"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

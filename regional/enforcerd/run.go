@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/flagenv"
+	"github.com/apportion/apportion/internal/tlsconfig"
 	"github.com/apportion/apportion/regional"
 	"github.com/apportion/apportion/regional/envoy"
 	"github.com/apportion/apportion/regional/redisstore"
@@ -39,6 +40,17 @@ type options struct {
 	redisAddr     string
 	redisPassword string
 	redisTLS      bool
+	redisCA       string
+	redisCert     string
+	redisKey      string
+	etcdCA        string
+	etcdCert      string
+	etcdKey       string
+	natsCreds     string
+	natsCA        string
+	envoyKeys     string
+	envoyRes      string
+	envoyHeaders  bool
 	grpcAddr      string
 	httpAddr      string
 	rulesFile     string
@@ -72,7 +84,18 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.region, "region", "", "this enforcer's region (required), e.g. us-east")
 	fs.StringVar(&o.redisAddr, "redis-addr", "127.0.0.1:6379", "Redis address; several comma-separated addresses mean Redis Cluster")
 	fs.StringVar(&o.redisPassword, "redis-password", "", "Redis password (prefer APPORTION_REDIS_PASSWORD)")
-	fs.BoolVar(&o.redisTLS, "redis-tls", false, "connect to Redis over TLS")
+	fs.BoolVar(&o.redisTLS, "redis-tls", false, "connect to Redis over TLS (implied by --redis-ca / --redis-cert)")
+	fs.StringVar(&o.redisCA, "redis-ca", "", "PEM file of the CA that signed Redis's certificate (default: the system roots)")
+	fs.StringVar(&o.redisCert, "redis-cert", "", "client certificate for Redis (mutual TLS, with --redis-key)")
+	fs.StringVar(&o.redisKey, "redis-key", "", "client key for Redis")
+	fs.StringVar(&o.etcdCA, "etcd-ca", "", "PEM file of the CA that signed etcd's certificate (TLS to etcd)")
+	fs.StringVar(&o.etcdCert, "etcd-cert", "", "client certificate for etcd (mutual TLS, with --etcd-key)")
+	fs.StringVar(&o.etcdKey, "etcd-key", "", "client key for etcd")
+	fs.StringVar(&o.natsCreds, "nats-creds", "", "NATS credentials file (JWT and NKey seed)")
+	fs.StringVar(&o.natsCA, "nats-ca", "", "PEM file of the CA that signed the NATS server's certificate")
+	fs.StringVar(&o.envoyKeys, "envoy-client-key-entries", "client_key,remote_address,generic_key,user_id,api_key", "Envoy descriptor entries that give the client key, first match wins")
+	fs.StringVar(&o.envoyRes, "envoy-resource-entries", "path,header_match", "Envoy descriptor entries that give the resource (after a \"resource\" entry)")
+	fs.BoolVar(&o.envoyHeaders, "envoy-response-headers", false, "send x-ratelimit-* headers in Envoy answers")
 	fs.StringVar(&o.grpcAddr, "grpc-addr", "127.0.0.1:8081", "gRPC listen address (port 0: any free port)")
 	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address for /v1/check, /metrics, /healthz, /readyz")
 	fs.StringVar(&o.rulesFile, "rules", "", "JSON or YAML file with a list of rules; reloaded when it changes")
@@ -161,8 +184,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// script twice and consume twice; the failure policy answers instead.
 		MaxRetries: -1,
 	}
-	if o.redisTLS {
-		ropts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	if o.redisTLS || o.redisCA != "" || o.redisCert != "" {
+		tc, err := tlsconfig.Client(o.redisCA, o.redisCert, o.redisKey)
+		if err != nil {
+			return fmt.Errorf("--redis-ca/--redis-cert/--redis-key: %w", err)
+		}
+		ropts.TLSConfig = tc
 	}
 	rc := redis.NewUniversalClient(ropts)
 	defer rc.Close()
@@ -182,8 +209,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	var rec *usage.Recorder
 	if o.natsURL != "" {
-		nc, err := nats.Connect(o.natsURL, nats.Name("ratelimitd-"+o.region), nats.MaxReconnects(-1),
-			nats.RetryOnFailedConnect(true), nats.ReconnectWait(250*time.Millisecond))
+		nopts := []nats.Option{nats.Name("ratelimitd-" + o.region), nats.MaxReconnects(-1),
+			nats.RetryOnFailedConnect(true), nats.ReconnectWait(250 * time.Millisecond)}
+		if o.natsCreds != "" {
+			nopts = append(nopts, nats.UserCredentials(o.natsCreds))
+		}
+		if o.natsCA != "" {
+			nopts = append(nopts, nats.RootCAs(o.natsCA))
+		}
+		nc, err := nats.Connect(o.natsURL, nopts...)
 		if err != nil {
 			return fmt.Errorf("nats: %w", err)
 		}
@@ -280,7 +314,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	gs, svc := regional.NewGRPCServer(enf, gopts...)
 	if o.envoy {
-		envoy.Register(gs, enf)
+		envoy.Register(gs, enf, envoy.WithClientKeyEntries(splitList(o.envoyKeys)...),
+			envoy.WithResourceEntries(splitList(o.envoyRes)...), envoy.WithResponseHeaders(o.envoyHeaders))
 	}
 	var shuttingDown atomic.Bool
 	hs := &http.Server{
@@ -361,4 +396,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	log.Info("stopped")
 	return runErr
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(v string) []string {
+	var out []string
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/apportion/apportion/internal/tlsconfig"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/admin"
 	"github.com/apportion/apportion/rules/etcdstore"
@@ -36,13 +37,21 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 		}
 		return &ruleSource{src: fs, close: func() {}}, nil
 	}
-	cli, err := clientv3.New(clientv3.Config{
+	ecfg := clientv3.Config{
 		Endpoints:   strings.Split(o.etcdEndpoints, ","),
 		DialTimeout: 2 * time.Second,
 		Username:    o.etcdUsername,
 		Password:    o.etcdPassword,
 		Logger:      zap.NewNop(),
-	})
+	}
+	if o.etcdCA != "" || o.etcdCert != "" || strings.Contains(o.etcdEndpoints, "https://") {
+		tc, err := tlsconfig.Client(o.etcdCA, o.etcdCert, o.etcdKey)
+		if err != nil {
+			return nil, fmt.Errorf("--etcd-ca/--etcd-cert/--etcd-key: %w", err)
+		}
+		ecfg.TLS = tc
+	}
+	cli, err := clientv3.New(ecfg)
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}

@@ -126,6 +126,7 @@ func (s *service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReques
 	if len(checks) == 1 {
 		if !checks[0].refund {
 			resps[0], errs[0] = s.e.Check(ctx, checks[0].req)
+			s.e.CountRequest("envoy", resps[0], errs[0])
 		}
 	} else {
 		// Independent buckets: check them concurrently, so a request's
@@ -135,7 +136,10 @@ func (s *service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReques
 			if checks[i].refund {
 				continue
 			}
-			wg.Go(func() { resps[i], errs[i] = s.e.Check(ctx, checks[i].req) })
+			wg.Go(func() {
+				resps[i], errs[i] = s.e.Check(ctx, checks[i].req)
+				s.e.CountRequest("envoy", resps[i], errs[i])
+			})
 		}
 		wg.Wait()
 	}

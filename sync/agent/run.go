@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/flagenv"
+	"github.com/apportion/apportion/internal/tlsconfig"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules/etcdstore"
 	"github.com/nats-io/nats.go"
@@ -33,6 +33,13 @@ type options struct {
 	redisAddr      string
 	redisPassword  string
 	redisTLS       bool
+	redisCA        string
+	redisCert      string
+	redisKey       string
+	natsCA         string
+	etcdCA         string
+	etcdCert       string
+	etcdKey        string
 	natsURL        string
 	natsCreds      string
 	etcdEndpoints  string
@@ -57,7 +64,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.region, "region", "", "this agent's region (required), e.g. us-east")
 	fs.StringVar(&o.redisAddr, "redis-addr", "127.0.0.1:6379", "the region's Redis; several comma-separated addresses mean Redis Cluster")
 	fs.StringVar(&o.redisPassword, "redis-password", "", "Redis password (prefer APPORTION_REDIS_PASSWORD)")
-	fs.BoolVar(&o.redisTLS, "redis-tls", false, "connect to Redis over TLS")
+	fs.BoolVar(&o.redisTLS, "redis-tls", false, "connect to Redis over TLS (implied by --redis-ca / --redis-cert)")
+	fs.StringVar(&o.redisCA, "redis-ca", "", "PEM file of the CA that signed Redis's certificate (default: the system roots)")
+	fs.StringVar(&o.redisCert, "redis-cert", "", "client certificate for Redis (mutual TLS, with --redis-key)")
+	fs.StringVar(&o.redisKey, "redis-key", "", "client key for Redis")
+	fs.StringVar(&o.natsCA, "nats-ca", "", "PEM file of the CA that signed the NATS server's certificate")
+	fs.StringVar(&o.etcdCA, "etcd-ca", "", "PEM file of the CA that signed etcd's certificate (TLS to etcd)")
+	fs.StringVar(&o.etcdCert, "etcd-cert", "", "client certificate for etcd (mutual TLS, with --etcd-key)")
+	fs.StringVar(&o.etcdKey, "etcd-key", "", "client key for etcd")
 	fs.StringVar(&o.natsURL, "nats-url", nats.DefaultURL, "NATS URL of the region's server (reports cross regions through the super-cluster)")
 	fs.StringVar(&o.natsCreds, "nats-creds", "", "NATS credentials file")
 	fs.StringVar(&o.etcdEndpoints, "etcd-endpoints", "", "comma-separated etcd endpoints (required): rules and the reclaim registry")
@@ -138,8 +152,12 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		// StoreTimeout could land a marker late: no client retries.
 		MaxRetries: -1,
 	}
-	if o.redisTLS {
-		ropts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	if o.redisTLS || o.redisCA != "" || o.redisCert != "" {
+		tc, err := tlsconfig.Client(o.redisCA, o.redisCert, o.redisKey)
+		if err != nil {
+			return fmt.Errorf("--redis-ca/--redis-cert/--redis-key: %w", err)
+		}
+		ropts.TLSConfig = tc
 	}
 	rc := redis.NewUniversalClient(ropts)
 	defer rc.Close()
@@ -154,19 +172,30 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if o.natsCreds != "" {
 		nopts = append(nopts, nats.UserCredentials(o.natsCreds))
 	}
+	if o.natsCA != "" {
+		nopts = append(nopts, nats.RootCAs(o.natsCA))
+	}
 	nc, err := nats.Connect(o.natsURL, nopts...)
 	if err != nil {
 		return fmt.Errorf("nats: %w", err)
 	}
 	defer nc.Close()
 
-	ec, err := clientv3.New(clientv3.Config{
+	ecfg := clientv3.Config{
 		Endpoints:   strings.Split(o.etcdEndpoints, ","),
 		Username:    o.etcdUsername,
 		Password:    o.etcdPassword,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
-	})
+	}
+	if o.etcdCA != "" || o.etcdCert != "" || strings.Contains(o.etcdEndpoints, "https://") {
+		tc, err := tlsconfig.Client(o.etcdCA, o.etcdCert, o.etcdKey)
+		if err != nil {
+			return fmt.Errorf("--etcd-ca/--etcd-cert/--etcd-key: %w", err)
+		}
+		ecfg.TLS = tc
+	}
+	ec, err := clientv3.New(ecfg)
 	if err != nil {
 		return fmt.Errorf("etcd: %w", err)
 	}
