@@ -80,6 +80,10 @@
 //     etcd but not from Redis can still renew its marker until the new
 //     leader's marker (a Create with a higher incarnation) replaces it, after
 //     which its renewals are refused by the store.
+//   - RunCommand's HTTP server (--http-addr) serves /metrics, /healthz,
+//     /readyz and GET /v1/shares?rule=ID (the rule's coordinated keys with
+//     their units, rate and burst, busiest first), which rlctl limits show
+//     --agents reads. It has no authentication: keep it on a private address.
 //
 // # Limits
 //
