@@ -1,10 +1,10 @@
 // Command rlsim runs the simulations of simulations/: a scenario in virtual
 // time against every strategy (run), one setting swept over values (sweep),
-// and, later, the scenario against the real binaries (live).
+// and the scenario against the real binaries on this machine (live).
 //
 //	rlsim run SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--quiet]
 //	rlsim sweep SCENARIO.yaml --param rtt|interval|lease --values a,b,c [--out DIR] [--seed N] [--duration D]
-//	rlsim live SCENARIO.yaml
+//	rlsim live SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--speed F] [--max-load N] [--quiet]
 //
 // Every flag also reads APPORTION_<FLAG> from the environment.
 package main

@@ -12,6 +12,7 @@ import (
 
 	"github.com/apportion/apportion/internal/flagenv"
 	"github.com/apportion/apportion/simulations"
+	"github.com/apportion/apportion/simulations/live"
 	"github.com/apportion/apportion/simulations/report"
 	"github.com/apportion/apportion/simulations/scenario"
 	"github.com/apportion/apportion/simulations/sim"
@@ -20,12 +21,7 @@ import (
 const usage = `usage:
   rlsim run SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--quiet]
   rlsim sweep SCENARIO.yaml --param rtt|interval|lease --values a,b,c [--out DIR] [--seed N] [--duration D]
-  rlsim live SCENARIO.yaml`
-
-// ErrLiveUnavailable is returned by "rlsim live": the live runner (a Redis,
-// NATS server, ratelimitd and syncagent per region on loopback, NATS gateways
-// through a delay proxy, real gRPC load) is not written yet.
-var ErrLiveUnavailable = errors.New("live mode is not available yet: the runner of the real binaries (redis-server, NATS with a delay proxy, ratelimitd and syncagent per region) is still to be written; use 'rlsim run' for the simulator")
+  rlsim live SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--speed F] [--max-load N] [--quiet]`
 
 type common struct {
 	out      string
@@ -34,6 +30,8 @@ type common struct {
 	quiet    bool
 	param    string
 	values   string
+	speed    float64
+	maxLoad  float64
 }
 
 // parse parses flags that may come before or after the one positional
@@ -75,6 +73,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fs.StringVar(&c.param, "param", "", "setting to sweep: rtt (factor of the delay matrix, or a round trip such as 100ms), interval or lease")
 		fs.StringVar(&c.values, "values", "", "comma-separated values, e.g. 0.5,1,2 or 100ms,250ms,1s")
 	case "live":
+		fs.Float64Var(&c.speed, "speed", 1, "play the scenario's timeline (demand changes, duration) this many times faster; rates, delays and sync settings stay")
+		fs.Float64Var(&c.maxLoad, "max-load", live.DefaultMaxLoad, "cap on the total offered load, requests/s; above it rate, burst and demand are scaled down by the same factor")
+		fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil
@@ -92,7 +93,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	opt := sim.Options{Seed: c.seed, Duration: c.duration}
 	switch cmd {
 	case "live":
-		return ErrLiveUnavailable
+		return runLive(ctx, sc, c, stdout, stderr)
 	case "run":
 		return runOne(ctx, sc, c, opt, stdout, stderr)
 	default:
@@ -159,6 +160,27 @@ func sweep(ctx context.Context, sc *scenario.Scenario, c common, opt sim.Options
 		return nil
 	}
 	files, err := report.SweepFiles(pts)
+	if err != nil {
+		return err
+	}
+	return report.Write(c.out, files)
+}
+
+func runLive(ctx context.Context, sc *scenario.Scenario, c common, stdout, stderr io.Writer) error {
+	opt := live.Options{Seed: c.seed, Duration: c.duration, Speed: c.speed, MaxLoad: c.maxLoad}
+	if !c.quiet {
+		opt.Progress = stderr
+		fmt.Fprintf(stderr, "live: starting the stack (%d regions) and playing %s\n", len(sc.Regions), sc.Name)
+	}
+	res, err := live.Run(ctx, sc, opt)
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, res.Table())
+	if c.out == "" {
+		return nil
+	}
+	files, err := res.Files()
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/apportion/apportion/simulations/live"
 )
 
 const scenarios = "../../simulations/scenarios/"
@@ -82,10 +84,10 @@ func TestErrors(t *testing.T) {
 	}
 }
 
-func TestLiveNotAvailable(t *testing.T) {
+func TestLiveRefusesEvents(t *testing.T) {
 	var out, errb bytes.Buffer
-	err := run(context.Background(), []string{"live", scenarios + "shift.yaml"}, &out, &errb)
-	if !errors.Is(err, ErrLiveUnavailable) {
+	err := run(context.Background(), []string{"live", scenarios + "partition.yaml", "--quiet"}, &out, &errb)
+	if !errors.Is(err, live.ErrUnsupported) {
 		t.Fatalf("live: %v", err)
 	}
 }

@@ -241,31 +241,7 @@ func (m *metrics) convergence(res *Result) {
 		}
 		sr := &res.Strategies[i]
 		sr.HasShares = true
-		conv := x.conv
-		for si, sh := range res.Targets {
-			from := int(math.Ceil(sh.At / convergeSample.Seconds()))
-			to := len(conv)
-			if si+1 < len(res.Targets) {
-				to = int(math.Ceil(res.Targets[si+1].At / convergeSample.Seconds()))
-			}
-			to = min(to, len(conv))
-			reach := -1.0
-			for k := from; k < to; k++ {
-				if within(conv[k], sh.Targets) {
-					reach = float64(k)*convergeSample.Seconds() - sh.At
-					break
-				}
-			}
-			sr.Reach = append(sr.Reach, round(reach, 3))
-			at := -1.0
-			for k := to - 1; k >= from; k-- {
-				if !within(conv[k], sh.Targets) {
-					break
-				}
-				at = float64(k)*convergeSample.Seconds() - sh.At
-			}
-			sr.Convergence = append(sr.Convergence, round(at, 3))
-		}
+		sr.Reach, sr.Convergence = Converge(x.conv, res.Targets)
 	}
 }
 

@@ -1,0 +1,15 @@
+// Package live plays a scenario against the real binaries on this machine:
+// internal/stack's regions (an embedded NATS server per region joined by
+// gateways through delay proxies that inject the scenario's one-way delay
+// matrix, a redis-server, the real enforcer and the real sync agent with the
+// scenario's interval and lease, one etcd), one global token-bucket rule with
+// the scenario's rate, burst, min_share and weights, and the scenario's
+// requests replayed in real time as gRPC CheckLimit calls to each region's
+// enforcer. The very requests the simulator generates for the same scenario
+// and seed are sent, so the enforcers' own decisions are scored with the
+// simulator's metrics next to its prediction (the ideal and the ledger).
+//
+// Invariant: every figure of the live column comes from the enforcers'
+// answers (and, for shares and sync bytes, the agents' metrics), timed by
+// the send time of each request; nothing of it is simulated.
+package live

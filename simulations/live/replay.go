@@ -1,0 +1,327 @@
+package live
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/apportion/apportion/internal/stack"
+	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
+	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/simulations/scenario"
+	"github.com/apportion/apportion/simulations/sim"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// The rule the live stack enforces: every scenario key is a client key of it.
+const (
+	ruleID   = "live"
+	resource = "GET /live"
+	probeKey = "live:probe"
+	// inFlight bounds the concurrent CheckLimit calls.
+	inFlight = 512
+	// callTimeout bounds one CheckLimit call.
+	callTimeout = 2 * time.Second
+	// framing is what the simulator adds per NATS message (sim.Env.Send).
+	framing = 40
+)
+
+// rulesYAML is the one global token-bucket rule of sc.
+func rulesYAML(sc *scenario.Scenario) []byte {
+	var w strings.Builder
+	wts := sc.Weights()
+	for i, r := range sc.Regions {
+		if i > 0 {
+			w.WriteString(", ")
+		}
+		fmt.Fprintf(&w, "%q: %g", r.Name, wts[i])
+	}
+	return fmt.Appendf(nil, `- id: %s
+  match: { resource: %q }
+  key: [client_key]
+  algorithm: token_bucket
+  capacity: %d
+  refill_per_second: %g
+  scope: global
+  regions: { %s }
+  min_share: %g
+`, ruleID, resource, int64(sc.Rule.Burst), sc.Rule.Rate, w.String(), sc.Rule.MinShare)
+}
+
+// decision is one request's answer; written once by the call's goroutine.
+type decision struct {
+	sent, recv time.Duration // since the replay's start
+	allowed    bool
+	failOpen   bool
+	err        error
+}
+
+type replayed struct {
+	dec        []decision
+	wall       time.Duration
+	conv       [][]float64 // shares of the tracked key per ConvergeSample (nil: not sampled)
+	syncBytes  int64
+	activeMean float64
+	activeMax  int
+	redis      string
+}
+
+// replay starts the stack, waits until every agent holds a marker, and sends
+// reqs at their times.
+func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []string, sampleShares bool, opt Options) (*replayed, error) {
+	names := make([]string, len(sc.Regions))
+	delay := map[string]map[string]time.Duration{}
+	for i, r := range sc.Regions {
+		names[i] = r.Name
+		delay[r.Name] = map[string]time.Duration{}
+		for j, o := range sc.Regions {
+			if i != j {
+				delay[r.Name][o.Name] = sc.Delay(i, j)
+			}
+		}
+	}
+	st, err := stack.Start(ctx, stack.Config{RegionNames: names, Delay: delay, Rules: rulesYAML(sc),
+		SyncInterval: sc.Sync.Interval.D(), SyncLease: sc.Sync.Lease.D(), LogWriter: opt.LogWriter})
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	rp := &replayed{dec: make([]decision, len(reqs)), redis: "redis-server"}
+	if st.RedisEmbedded {
+		rp.redis = "miniredis"
+	}
+	clients := make([]ratelimitv1.RateLimiterClient, len(st.Regions))
+	for i, r := range st.Regions {
+		cc, err := grpc.NewClient(r.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, err
+		}
+		defer cc.Close()
+		clients[i] = ratelimitv1.NewRateLimiterClient(cc)
+	}
+	if err := waitMarkers(ctx, sc, clients); err != nil {
+		return nil, err
+	}
+
+	var samplerWG sync.WaitGroup
+	defer samplerWG.Wait()
+	runCtx, cancel := context.WithCancel(ctx) // ends the sampler; deferred after Wait, so it runs first
+	defer cancel()
+	bytes0 := syncBytes(runCtx, st)
+	t0 := time.Now()
+	var activeSum float64
+	var activeN int
+	samplerWG.Add(1)
+	go func() { // owned by replay: ends with runCtx, waited for before returning
+		defer samplerWG.Done()
+		rp.conv, activeSum, activeN, rp.activeMax = sampleAgents(runCtx, st, sc, keys[0], t0, sampleShares)
+	}()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, inFlight)
+	nextProgress := 10 * time.Second
+	for i := 0; i < len(reqs); {
+		now := time.Since(t0)
+		for ; i < len(reqs) && reqs[i].at <= now; i++ {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				wg.Wait()
+				return nil, ctx.Err()
+			}
+			wg.Add(1)
+			go func(i int) {
+				defer func() { <-sem; wg.Done() }()
+				q := &reqs[i]
+				d := &rp.dec[i]
+				cctx, ccancel := context.WithTimeout(ctx, callTimeout)
+				defer ccancel()
+				d.sent = time.Since(t0)
+				resp, err := clients[q.region].CheckLimit(cctx, &ratelimitv1.CheckLimitRequest{ClientKey: keys[q.key], Resource: resource, Cost: q.cost})
+				d.recv = time.Since(t0)
+				if err != nil {
+					d.err = err
+					return
+				}
+				d.allowed, d.failOpen = resp.Allowed, resp.FailOpen
+			}(i)
+		}
+		if opt.Progress != nil && now >= nextProgress {
+			fmt.Fprintf(opt.Progress, "live: %v of %v, %d requests sent\n", nextProgress, sc.Duration.D(), i)
+			nextProgress += 10 * time.Second
+		}
+		if i < len(reqs) {
+			if d := reqs[i].at - time.Since(t0); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+				}
+			}
+		}
+	}
+	wg.Wait()
+	if end := sc.Duration.D(); time.Since(t0) < end { // sample shares to the scenario's end
+		select {
+		case <-time.After(end - time.Since(t0)):
+		case <-ctx.Done():
+		}
+	}
+	rp.wall = time.Since(t0)
+	rp.syncBytes = syncBytes(ctx, st) - bytes0
+	cancel()
+	samplerWG.Wait()
+	if activeN > 0 {
+		rp.activeMean = activeSum / float64(activeN)
+	}
+	if !sampleShares {
+		rp.conv = nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return rp, nil
+}
+
+// waitMarkers waits until every region enforces at least 90% of its base
+// share (its weight) rather than its floor: the agents hold their markers.
+func waitMarkers(ctx context.Context, sc *scenario.Scenario, clients []ratelimitv1.RateLimiterClient) error {
+	wts := sc.Weights()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ok := true
+		for i, c := range clients {
+			cctx, cancel := context.WithTimeout(ctx, callTimeout)
+			resp, err := c.CheckLimit(cctx, &ratelimitv1.CheckLimitRequest{ClientKey: probeKey, Resource: resource})
+			cancel()
+			if err != nil || float64(resp.Limit) < math.Floor(0.9*wts[i]*sc.Rule.Burst) {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("live: the agents did not hold their markers within 60s")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func scrape(ctx context.Context, addr string) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(resp.Body)
+	io.Copy(io.Discard, resp.Body)
+	return mfs, err
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// syncBytes is what the simulator counts as sync bytes: every report as
+// received by each peer, plus framing per message.
+func syncBytes(ctx context.Context, st *stack.Stack) int64 {
+	var n float64
+	for _, r := range st.Regions {
+		mfs, err := scrape(ctx, r.AgentHTTPAddr)
+		if err != nil {
+			continue
+		}
+		for name, per := range map[string]float64{"apportion_sync_report_bytes_total": 1, "apportion_sync_reports_total": framing} {
+			if mf := mfs[name]; mf != nil {
+				for _, m := range mf.GetMetric() {
+					if label(m, "direction") == "received" {
+						n += per * m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+	}
+	return int64(n)
+}
+
+// sampleAgents scrapes every agent each sim.ConvergeSample until ctx is
+// done: the tracked key's share per region (a region whose agent does not
+// coordinate the key enforces its base share, its weight) and, once per
+// second, the most keys any region coordinates.
+func sampleAgents(ctx context.Context, st *stack.Stack, sc *scenario.Scenario, key string, t0 time.Time, shares bool) (conv [][]float64, activeSum float64, activeN, activeMax int) {
+	wts := sc.Weights()
+	want := redisstore.Key(key, ruleID) // the store key the agent's ledger names
+	period := sim.ConvergeSample
+	if !shares {
+		period = time.Second
+	}
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for k := 0; ; k++ {
+		row := make([]float64, len(st.Regions))
+		active := 0
+		for r, reg := range st.Regions {
+			row[r] = wts[r]
+			mfs, err := scrape(ctx, reg.AgentHTTPAddr)
+			if err != nil {
+				continue
+			}
+			if mf := mfs["apportion_sync_share_units"]; mf != nil {
+				for _, m := range mf.GetMetric() {
+					if label(m, "rule") == ruleID && label(m, "key") == want {
+						row[r] = m.GetGauge().GetValue() / 1e6
+					}
+				}
+			}
+			if mf := mfs["apportion_sync_keys_coordinated"]; mf != nil && len(mf.GetMetric()) > 0 {
+				active = max(active, int(mf.GetMetric()[0].GetGauge().GetValue()))
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		// Index by time, so a slow scrape leaves no hole: repeat the last row.
+		idx := int(time.Since(t0) / period)
+		for len(conv) < idx {
+			if len(conv) == 0 {
+				conv = append(conv, row)
+			} else {
+				conv = append(conv, conv[len(conv)-1])
+			}
+		}
+		conv = append(conv, row)
+		if !shares || k%int(time.Second/period) == 0 {
+			activeSum += float64(active)
+			activeN++
+			activeMax = max(activeMax, active)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
