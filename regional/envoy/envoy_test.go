@@ -59,7 +59,9 @@ func newEnv(t testing.TB, rs []rules.Rule, opts ...envoy.Option) *env {
 	t.Cleanup(func() { st.Close() })
 	cfg := regional.DefaultConfig()
 	cfg.Region = "us-east"
-	cfg.Timeout = 50 * time.Millisecond // generous: the CI machine is small and shared
+	// Generous: the CI machine is small and shared, and a first call pays
+	// for the connection and the script load. Outage tests set their own.
+	cfg.Timeout = time.Second
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelError}))
 	enf, err := regional.New(cfg, st)
 	if err != nil {
@@ -375,7 +377,7 @@ func TestDaemonServesEnvoy(t *testing.T) {
 			done := make(chan error, 1)
 			go func() {
 				done <- enforcerd.Run(ctx, []string{"--region", "us-east", "--redis-addr", r.Addr, "--rules", rulesFile,
-					"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "error", fmt.Sprintf("--envoy=%v", on)},
+					"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "error", "--timeout", "2s", fmt.Sprintf("--envoy=%v", on)},
 					&stdout, io.Discard)
 			}()
 			t.Cleanup(func() {
