@@ -380,6 +380,10 @@ type matched struct {
 // failures are answered by the failure policy.
 func (e *Enforcer) Check(ctx context.Context, req Request) (Response, error) {
 	start := time.Now()
+	if e.metrics != nil {
+		e.metrics.inFlight.Inc()
+		defer e.metrics.inFlight.Dec()
+	}
 	if err := e.validate(&req); err != nil {
 		return Response{}, err
 	}

@@ -15,6 +15,7 @@ type Metrics struct {
 	rulesLoaded prometheus.Gauge
 	ruleUpdates prometheus.Counter
 	requests    *prometheus.CounterVec
+	inFlight    prometheus.Gauge
 }
 
 // Metric names, shared with deploy/ dashboards and alerts.
@@ -27,6 +28,7 @@ const (
 	MetricRuleUpdates  = "apportion_rule_updates_total"
 	MetricRequests     = "apportion_requests_total"
 	MetricScriptLoads  = "apportion_script_loads_total"
+	MetricInFlight     = "apportion_checks_in_flight"
 )
 
 // NewMetrics creates and registers the enforcer's metrics. region is a
@@ -52,8 +54,10 @@ func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRequests, ConstLabels: cl,
 			Help: "CheckLimit calls by protocol (grpc, http, envoy: one per descriptor) and result (allowed, rejected, invalid, error)."},
 			[]string{"protocol", "result"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricInFlight, ConstLabels: cl,
+			Help: "Checks being answered right now (a sign of saturation when it stays high)."}),
 	}
-	reg.MustRegister(m.checks, m.latency, m.storeErrors, m.breaker, m.rulesLoaded, m.ruleUpdates, m.requests)
+	reg.MustRegister(m.checks, m.latency, m.storeErrors, m.breaker, m.rulesLoaded, m.ruleUpdates, m.requests, m.inFlight)
 	return m
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/apportion/apportion/internal/testutil"
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -365,5 +366,73 @@ func TestFlagErrors(t *testing.T) {
 				t.Fatalf("got %v, want an error naming %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// Graceful shutdown finishes in-flight checks: Redis is made slow (DEBUG
+// SLEEP 0.7 s, under the enforcer's 1 s Redis read timeout), checks are in
+// flight when the enforcer is told to stop, and every one of them still gets
+// a store answer before run returns.
+func TestGracefulShutdownFinishesInFlightChecks(t *testing.T) {
+	integration(t)
+	r := testutil.StartRedis(t, "--enable-debug-command", "yes")
+	rulesPath := filepath.Join(t.TempDir(), "rules.json")
+	writeRules(t, rulesPath, `[{"id":"r","algorithm":"token_bucket","capacity":1000,"refill_per_second":1000}]`)
+	s := startInProcess(t, "--region", "us-east", "--redis-addr", r.Addr, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--rules", rulesPath, "--timeout", "5s")
+	c := dial(t, s.grpc)
+	if _, err := c.CheckLimit(context.Background(), &ratelimitv1.CheckLimitRequest{ClientKey: "warm"}); err != nil {
+		t.Fatal(err)
+	}
+	admin := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer admin.Close()
+	sleeping := make(chan error, 1)
+	go func() { sleeping <- admin.Do(context.Background(), "DEBUG", "SLEEP", "0.7").Err() }()
+	// Wait until Redis is inside DEBUG SLEEP: a PING on another connection blocks.
+	probe := redis.NewClient(&redis.Options{Addr: r.Addr, ReadTimeout: 50 * time.Millisecond, MaxRetries: -1})
+	defer probe.Close()
+	testutil.WaitFor(t, 5*time.Second, "Redis to be busy", func() bool { return probe.Ping(context.Background()).Err() != nil })
+
+	const n = 20
+	type answer struct {
+		resp *ratelimitv1.CheckLimitResponse
+		err  error
+	}
+	answers := make(chan answer, n)
+	for i := 0; i < n; i++ {
+		go func(i int) {
+			resp, err := c.CheckLimit(context.Background(), &ratelimitv1.CheckLimitRequest{ClientKey: fmt.Sprintf("k%d", i)})
+			answers <- answer{resp, err}
+		}(i)
+	}
+	// They cannot finish before Redis wakes up: wait until the enforcer has
+	// all of them in flight, then stop it.
+	inFlight := regexp.MustCompile(`(?m)^apportion_checks_in_flight\{region="us-east"\} (\d+)`)
+	testutil.WaitFor(t, 5*time.Second, "the checks to be in flight", func() bool {
+		resp, err := http.Get("http://" + s.http + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		m := inFlight.FindSubmatch(b)
+		return m != nil && string(m[1]) == fmt.Sprint(n)
+	})
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.stop() }()
+	for i := 0; i < n; i++ {
+		a := <-answers
+		if a.err != nil {
+			t.Fatalf("an in-flight check failed during shutdown: %v", a.err)
+		}
+		if !a.resp.Allowed || a.resp.FailOpen {
+			t.Fatalf("an in-flight check was not answered by the store: %+v", a.resp)
+		}
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if err := <-sleeping; err != nil {
+		t.Fatalf("DEBUG SLEEP: %v", err)
 	}
 }
