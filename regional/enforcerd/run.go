@@ -11,7 +11,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -20,14 +19,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/apportion/apportion/internal/backend"
 	"github.com/apportion/apportion/internal/flagenv"
-	"github.com/apportion/apportion/internal/tlsconfig"
 	"github.com/apportion/apportion/regional"
 	"github.com/apportion/apportion/regional/envoy"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/sync/usage"
-	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
@@ -37,17 +35,10 @@ import (
 
 type options struct {
 	region        string
-	redisAddr     string
-	redisPassword string
-	redisTLS      bool
-	redisCA       string
-	redisCert     string
-	redisKey      string
-	etcdCA        string
-	etcdCert      string
-	etcdKey       string
-	natsCreds     string
-	natsCA        string
+	redis         backend.Redis
+	etcd          backend.Etcd
+	nats          backend.NATS
+	log           backend.Log
 	envoyKeys     string
 	envoyRes      string
 	envoyHeaders  bool
@@ -55,23 +46,16 @@ type options struct {
 	httpAddr      string
 	rulesFile     string
 	rulesPoll     time.Duration
-	etcdEndpoints string
-	etcdPrefix    string
 	etcdCache     string
-	etcdUsername  string
-	etcdPassword  string
 	adminAddr     string
 	adminToken    string
 	adminNoAuth   bool
-	natsURL       string
 	staticGlobal  bool
 	timeout       time.Duration
 	maxCost       int64
 	localFraction float64
 	tlsCert       string
 	tlsKey        string
-	logLevel      string
-	logFormat     string
 	shutdown      time.Duration
 	envoy         bool
 }
@@ -82,17 +66,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	def := regional.DefaultConfig()
 	fs.StringVar(&o.region, "region", "", "this enforcer's region (required), e.g. us-east")
-	fs.StringVar(&o.redisAddr, "redis-addr", "127.0.0.1:6379", "Redis address; several comma-separated addresses mean Redis Cluster")
-	fs.StringVar(&o.redisPassword, "redis-password", "", "Redis password (prefer APPORTION_REDIS_PASSWORD)")
-	fs.BoolVar(&o.redisTLS, "redis-tls", false, "connect to Redis over TLS (implied by --redis-ca / --redis-cert)")
-	fs.StringVar(&o.redisCA, "redis-ca", "", "PEM file of the CA that signed Redis's certificate (default: the system roots)")
-	fs.StringVar(&o.redisCert, "redis-cert", "", "client certificate for Redis (mutual TLS, with --redis-key)")
-	fs.StringVar(&o.redisKey, "redis-key", "", "client key for Redis")
-	fs.StringVar(&o.etcdCA, "etcd-ca", "", "PEM file of the CA that signed etcd's certificate (TLS to etcd)")
-	fs.StringVar(&o.etcdCert, "etcd-cert", "", "client certificate for etcd (mutual TLS, with --etcd-key)")
-	fs.StringVar(&o.etcdKey, "etcd-key", "", "client key for etcd")
-	fs.StringVar(&o.natsCreds, "nats-creds", "", "NATS credentials file (JWT and NKey seed)")
-	fs.StringVar(&o.natsCA, "nats-ca", "", "PEM file of the CA that signed the NATS server's certificate")
+	o.redis.Register(fs)
+	o.log.Register(fs)
 	fs.StringVar(&o.envoyKeys, "envoy-client-key-entries", "client_key,remote_address,generic_key,user_id,api_key", "Envoy descriptor entries that give the client key, first match wins")
 	fs.StringVar(&o.envoyRes, "envoy-resource-entries", "path,header_match", "Envoy descriptor entries that give the resource (after a \"resource\" entry)")
 	fs.BoolVar(&o.envoyHeaders, "envoy-response-headers", false, "send x-ratelimit-* headers in Envoy answers")
@@ -100,23 +75,18 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address for /v1/check, /metrics, /healthz, /readyz")
 	fs.StringVar(&o.rulesFile, "rules", "", "JSON or YAML file with a list of rules; reloaded when it changes")
 	fs.DurationVar(&o.rulesPoll, "rules-poll", time.Second, "how often the rules file is checked for changes")
-	fs.StringVar(&o.etcdEndpoints, "etcd-endpoints", "", "comma-separated etcd endpoints to watch rules from (instead of --rules)")
-	fs.StringVar(&o.etcdPrefix, "etcd-prefix", "/ratelimit/rules/", "etcd key prefix of the rules")
+	o.etcd.Register(fs, "comma-separated etcd endpoints to watch rules from (instead of --rules)")
 	fs.StringVar(&o.etcdCache, "etcd-cache", "", "file caching the last good rule set, served when the enforcer starts while etcd is down (empty: off)")
-	fs.StringVar(&o.etcdUsername, "etcd-username", "", "etcd user name")
-	fs.StringVar(&o.etcdPassword, "etcd-password", "", "etcd password (prefer APPORTION_ETCD_PASSWORD)")
 	fs.StringVar(&o.adminAddr, "admin-addr", "", "listen address of the rules admin API (needs --etcd-endpoints; empty: off)")
 	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token the admin API requires (prefer APPORTION_ADMIN_TOKEN)")
 	fs.BoolVar(&o.adminNoAuth, "admin-no-auth", false, "serve the admin API without authentication (loopback test stacks only)")
-	fs.StringVar(&o.natsURL, "nats-url", "", "NATS URL for usage reports to the region's sync agent (empty: off)")
+	o.nats.Register(fs, "", "NATS URL for usage reports to the region's sync agent (empty: off)")
 	fs.BoolVar(&o.staticGlobal, "static-global", false, "global rules enforce their static share; ONLY for regions without a sync agent (see README)")
 	fs.DurationVar(&o.timeout, "timeout", def.Timeout, "timeout of each Redis call before the failure policy answers")
 	fs.Int64Var(&o.maxCost, "max-cost", def.MaxCost, "largest cost one request may ask for")
 	fs.Float64Var(&o.localFraction, "local-fraction", def.LocalFraction, "share of a rule's limit that failure_mode local admits per process while Redis is down")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "TLS certificate file for gRPC and HTTP (with --tls-key)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "TLS key file for gRPC and HTTP")
-	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&o.logFormat, "log-format", "text", "text or json")
 	fs.BoolVar(&o.envoy, "envoy", true, "also serve Envoy's rate-limit protocol (envoy.service.ratelimit.v3.RateLimitService) on the gRPC port")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown waits for in-flight checks")
 	if err := flagenv.Parse(fs, args, nil); err != nil {
@@ -128,29 +98,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	switch {
 	case o.region == "":
 		return nil, errors.New("--region is required")
-	case o.rulesFile == "" && o.etcdEndpoints == "":
+	case o.rulesFile == "" && o.etcd.Endpoints == "":
 		return nil, errors.New("one of --rules FILE or --etcd-endpoints URLS is required")
-	case o.rulesFile != "" && o.etcdEndpoints != "":
+	case o.rulesFile != "" && o.etcd.Endpoints != "":
 		return nil, errors.New("--rules and --etcd-endpoints are exclusive")
 	case (o.tlsCert == "") != (o.tlsKey == ""):
 		return nil, errors.New("--tls-cert and --tls-key go together")
 	}
 	return o, nil
-}
-
-func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %v", err)
-	}
-	ho := &slog.HandlerOptions{Level: l}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, ho)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, ho)), nil
-	}
-	return nil, fmt.Errorf("--log-format: want text or json, got %q", format)
 }
 
 // Run parses the ratelimitd command line, starts the enforcer and blocks
@@ -162,7 +117,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, o.logLevel, o.logFormat)
+	log, err := o.log.New(stderr)
 	if err != nil {
 		return err
 	}
@@ -172,32 +127,19 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := regional.NewMetrics(reg, o.region)
 
-	ropts := &redis.UniversalOptions{
-		Addrs:        strings.Split(o.redisAddr, ","),
-		Password:     o.redisPassword,
-		DialTimeout:  time.Second,
-		ReadTimeout:  time.Second,
-		WriteTimeout: time.Second,
-		PoolSize:     32,
-		MinIdleConns: 4,
-		// No retries: a retried pipeline whose reply was lost would run the
-		// script twice and consume twice; the failure policy answers instead.
-		MaxRetries: -1,
+	ropts, err := o.redis.Options()
+	if err != nil {
+		return err
 	}
-	if o.redisTLS || o.redisCA != "" || o.redisCert != "" {
-		tc, err := tlsconfig.Client(o.redisCA, o.redisCert, o.redisKey)
-		if err != nil {
-			return fmt.Errorf("--redis-ca/--redis-cert/--redis-key: %w", err)
-		}
-		ropts.TLSConfig = tc
-	}
+	// Checks are concurrent and pipelined: keep a warm pool.
+	ropts.PoolSize, ropts.MinIdleConns = 32, 4
 	rc := redis.NewUniversalClient(ropts)
 	defer rc.Close()
 	// Warm the connection pool so the first checks do not pay for dialing.
 	// An unreachable Redis is not fatal: the failure policy answers until it returns.
 	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
 	if err := rc.Ping(pctx).Err(); err != nil {
-		log.Warn("redis unreachable at start; answering from the failure policy until it returns", "addr", o.redisAddr, "error", err)
+		log.Warn("redis unreachable at start; answering from the failure policy until it returns", "addr", o.redis.Addr, "error", err)
 	}
 	pcancel()
 	store, err := redisstore.New(rc)
@@ -208,18 +150,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	reg.MustRegister(regional.ScriptLoadsCollector(o.region, store.ScriptLoads))
 
 	var rec *usage.Recorder
-	if o.natsURL != "" {
-		nopts := []nats.Option{nats.Name("ratelimitd-" + o.region), nats.MaxReconnects(-1),
-			nats.RetryOnFailedConnect(true), nats.ReconnectWait(250 * time.Millisecond)}
-		if o.natsCreds != "" {
-			nopts = append(nopts, nats.UserCredentials(o.natsCreds))
-		}
-		if o.natsCA != "" {
-			nopts = append(nopts, nats.RootCAs(o.natsCA))
-		}
-		nc, err := nats.Connect(o.natsURL, nopts...)
+	if o.nats.URL != "" {
+		nc, err := o.nats.Connect("ratelimitd-" + o.region)
 		if err != nil {
-			return fmt.Errorf("nats: %w", err)
+			return err
 		}
 		defer nc.Close()
 		host, _ := os.Hostname()

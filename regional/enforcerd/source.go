@@ -5,16 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 
-	"github.com/apportion/apportion/internal/tlsconfig"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/admin"
 	"github.com/apportion/apportion/rules/etcdstore"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 // ruleSource is the rule source the flags name, plus what closes it and the
@@ -37,19 +34,9 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 		}
 		return &ruleSource{src: fs, close: func() {}}, nil
 	}
-	ecfg := clientv3.Config{
-		Endpoints:   strings.Split(o.etcdEndpoints, ","),
-		DialTimeout: 2 * time.Second,
-		Username:    o.etcdUsername,
-		Password:    o.etcdPassword,
-		Logger:      zap.NewNop(),
-	}
-	if o.etcdCA != "" || o.etcdCert != "" || strings.Contains(o.etcdEndpoints, "https://") {
-		tc, err := tlsconfig.Client(o.etcdCA, o.etcdCert, o.etcdKey)
-		if err != nil {
-			return nil, fmt.Errorf("--etcd-ca/--etcd-cert/--etcd-key: %w", err)
-		}
-		ecfg.TLS = tc
+	ecfg, err := o.etcd.Config(2 * time.Second)
+	if err != nil {
+		return nil, err
 	}
 	cli, err := clientv3.New(ecfg)
 	if err != nil {
@@ -59,7 +46,7 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 		ConstLabels: prometheus.Labels{"region": o.region},
 		Help:        "Rule documents found in etcd that failed validation and were skipped (the previous version stays)."})
 	reg.MustRegister(invalid)
-	wopts := []etcdstore.Option{etcdstore.WithPrefix(o.etcdPrefix), etcdstore.WithLogger(log), etcdstore.WithInvalidCounter(invalid)}
+	wopts := []etcdstore.Option{etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithLogger(log), etcdstore.WithInvalidCounter(invalid)}
 	if o.etcdCache != "" {
 		wopts = append(wopts, etcdstore.WithCacheFile(o.etcdCache))
 	}
@@ -70,7 +57,7 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 	}
 	rs := &ruleSource{src: w, close: func() { cli.Close() }}
 	if o.adminAddr != "" {
-		st, err := etcdstore.New(cli, etcdstore.WithPrefix(o.etcdPrefix), etcdstore.WithLogger(log))
+		st, err := etcdstore.New(cli, etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithLogger(log))
 		if err != nil {
 			cli.Close()
 			return nil, err

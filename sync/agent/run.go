@@ -10,12 +10,11 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/apportion/apportion/internal/backend"
 	"github.com/apportion/apportion/internal/flagenv"
-	"github.com/apportion/apportion/internal/tlsconfig"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules/etcdstore"
 	"github.com/nats-io/nats.go"
@@ -25,35 +24,20 @@ import (
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-	"go.uber.org/zap"
 )
 
 type options struct {
 	region         string
-	redisAddr      string
-	redisPassword  string
-	redisTLS       bool
-	redisCA        string
-	redisCert      string
-	redisKey       string
-	natsCA         string
-	etcdCA         string
-	etcdCert       string
-	etcdKey        string
-	natsURL        string
-	natsCreds      string
-	etcdEndpoints  string
-	etcdPrefix     string
-	etcdUsername   string
-	etcdPassword   string
+	redis          backend.Redis
+	etcd           backend.Etcd
+	nats           backend.NATS
+	log            backend.Log
 	registryPrefix string
 	httpAddr       string
 	interval       time.Duration
 	lease          time.Duration
 	rho            float64
 	standby        bool
-	logLevel       string
-	logFormat      string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -62,30 +46,16 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("syncagent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.region, "region", "", "this agent's region (required), e.g. us-east")
-	fs.StringVar(&o.redisAddr, "redis-addr", "127.0.0.1:6379", "the region's Redis; several comma-separated addresses mean Redis Cluster")
-	fs.StringVar(&o.redisPassword, "redis-password", "", "Redis password (prefer APPORTION_REDIS_PASSWORD)")
-	fs.BoolVar(&o.redisTLS, "redis-tls", false, "connect to Redis over TLS (implied by --redis-ca / --redis-cert)")
-	fs.StringVar(&o.redisCA, "redis-ca", "", "PEM file of the CA that signed Redis's certificate (default: the system roots)")
-	fs.StringVar(&o.redisCert, "redis-cert", "", "client certificate for Redis (mutual TLS, with --redis-key)")
-	fs.StringVar(&o.redisKey, "redis-key", "", "client key for Redis")
-	fs.StringVar(&o.natsCA, "nats-ca", "", "PEM file of the CA that signed the NATS server's certificate")
-	fs.StringVar(&o.etcdCA, "etcd-ca", "", "PEM file of the CA that signed etcd's certificate (TLS to etcd)")
-	fs.StringVar(&o.etcdCert, "etcd-cert", "", "client certificate for etcd (mutual TLS, with --etcd-key)")
-	fs.StringVar(&o.etcdKey, "etcd-key", "", "client key for etcd")
-	fs.StringVar(&o.natsURL, "nats-url", nats.DefaultURL, "NATS URL of the region's server (reports cross regions through the super-cluster)")
-	fs.StringVar(&o.natsCreds, "nats-creds", "", "NATS credentials file")
-	fs.StringVar(&o.etcdEndpoints, "etcd-endpoints", "", "comma-separated etcd endpoints (required): rules and the reclaim registry")
-	fs.StringVar(&o.etcdPrefix, "etcd-prefix", "/ratelimit/rules/", "etcd key prefix of the rules")
-	fs.StringVar(&o.etcdUsername, "etcd-username", "", "etcd user name")
-	fs.StringVar(&o.etcdPassword, "etcd-password", "", "etcd password (prefer APPORTION_ETCD_PASSWORD)")
+	o.redis.Register(fs)
+	o.log.Register(fs)
+	o.nats.Register(fs, nats.DefaultURL, "NATS URL of the region's server (reports cross regions through the super-cluster)")
+	o.etcd.Register(fs, "comma-separated etcd endpoints (required): rules and the reclaim registry")
 	fs.StringVar(&o.registryPrefix, "registry-prefix", DefaultRegistryPrefix, "etcd key prefix of the reclaim registry (one document per global rule)")
 	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:9091", "HTTP listen address for /metrics, /healthz, /readyz and "+SharesPath+"?rule=ID")
 	fs.DurationVar(&o.interval, "interval", def.Interval, "sync interval")
 	fs.DurationVar(&o.lease, "lease", def.Lease, "lease: a region unheard for this long falls back to its floor and is reclaimed")
 	fs.Float64Var(&o.rho, "clock-rate-bound", def.Rho, "bound on every clock's rate error (0.01: within 1% of real time)")
 	fs.BoolVar(&o.standby, "standby", false, "campaign for the region's agent role in etcd and act only while leader")
-	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&o.logFormat, "log-format", "text", "text or json")
 	if err := flagenv.Parse(fs, args, nil); err != nil {
 		return nil, err
 	}
@@ -95,25 +65,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	switch {
 	case o.region == "":
 		return nil, errors.New("--region is required")
-	case o.etcdEndpoints == "":
+	case o.etcd.Endpoints == "":
 		return nil, errors.New("--etcd-endpoints is required")
 	}
 	return o, nil
-}
-
-func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %v", err)
-	}
-	ho := &slog.HandlerOptions{Level: l}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, ho)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, ho)), nil
-	}
-	return nil, fmt.Errorf("--log-format: want text or json, got %q", format)
 }
 
 // RunCommand parses the syncagent command line, runs the agent and blocks
@@ -125,7 +80,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, o.logLevel, o.logFormat)
+	log, err := o.log.New(stderr)
 	if err != nil {
 		return err
 	}
@@ -142,22 +97,11 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		Help: "1 while this process acts as its region's agent.", ConstLabels: prometheus.Labels{"region": o.region}})
 	reg.MustRegister(leaderGauge)
 
-	ropts := &redis.UniversalOptions{
-		Addrs:        strings.Split(o.redisAddr, ","),
-		Password:     o.redisPassword,
-		DialTimeout:  time.Second,
-		ReadTimeout:  time.Second,
-		WriteTimeout: time.Second,
-		// Share writes are idempotent (versioned), but a retry delayed past
-		// StoreTimeout could land a marker late: no client retries.
-		MaxRetries: -1,
-	}
-	if o.redisTLS || o.redisCA != "" || o.redisCert != "" {
-		tc, err := tlsconfig.Client(o.redisCA, o.redisCert, o.redisKey)
-		if err != nil {
-			return fmt.Errorf("--redis-ca/--redis-cert/--redis-key: %w", err)
-		}
-		ropts.TLSConfig = tc
+	// Share writes are idempotent (versioned), but a retry delayed past
+	// StoreTimeout could land a marker late: Options turns client retries off.
+	ropts, err := o.redis.Options()
+	if err != nil {
+		return err
 	}
 	rc := redis.NewUniversalClient(ropts)
 	defer rc.Close()
@@ -167,33 +111,15 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer store.Close()
 
-	nopts := []nats.Option{nats.Name("syncagent-" + o.region), nats.MaxReconnects(-1),
-		nats.RetryOnFailedConnect(true), nats.ReconnectWait(250 * time.Millisecond)}
-	if o.natsCreds != "" {
-		nopts = append(nopts, nats.UserCredentials(o.natsCreds))
-	}
-	if o.natsCA != "" {
-		nopts = append(nopts, nats.RootCAs(o.natsCA))
-	}
-	nc, err := nats.Connect(o.natsURL, nopts...)
+	nc, err := o.nats.Connect("syncagent-" + o.region)
 	if err != nil {
-		return fmt.Errorf("nats: %w", err)
+		return err
 	}
 	defer nc.Close()
 
-	ecfg := clientv3.Config{
-		Endpoints:   strings.Split(o.etcdEndpoints, ","),
-		Username:    o.etcdUsername,
-		Password:    o.etcdPassword,
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-	}
-	if o.etcdCA != "" || o.etcdCert != "" || strings.Contains(o.etcdEndpoints, "https://") {
-		tc, err := tlsconfig.Client(o.etcdCA, o.etcdCert, o.etcdKey)
-		if err != nil {
-			return fmt.Errorf("--etcd-ca/--etcd-cert/--etcd-key: %w", err)
-		}
-		ecfg.TLS = tc
+	ecfg, err := o.etcd.Config(5 * time.Second)
+	if err != nil {
+		return err
 	}
 	ec, err := clientv3.New(ecfg)
 	if err != nil {
@@ -241,7 +167,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	// through a forwarding registerer that replaces the previous term's.
 	fwd := newSwapRegisterer(reg)
 	runAgent := func(ctx context.Context) error {
-		w, err := etcdstore.NewWatcher(ec, etcdstore.WithPrefix(o.etcdPrefix), etcdstore.WithLogger(log))
+		w, err := etcdstore.NewWatcher(ec, etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithLogger(log))
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,158 @@
+// Package backend holds what ratelimitd and syncagent share about reaching
+// their backends: the command-line flags for Redis, etcd and NATS and for
+// logging (each flag also read from APPORTION_* by internal/flagenv), and
+// the clients built from them, so both daemons name, secure and time out
+// their connections the same way.
+package backend
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/apportion/apportion/internal/tlsconfig"
+	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Redis is how to reach the region's Redis.
+type Redis struct {
+	Addr, Password string
+	TLS            bool
+	CA, Cert, Key  string
+}
+
+// Register defines --redis-addr, --redis-password, --redis-tls, --redis-ca,
+// --redis-cert and --redis-key on fs.
+func (r *Redis) Register(fs *flag.FlagSet) {
+	fs.StringVar(&r.Addr, "redis-addr", "127.0.0.1:6379", "the region's Redis; several comma-separated addresses mean Redis Cluster")
+	fs.StringVar(&r.Password, "redis-password", "", "Redis password (prefer APPORTION_REDIS_PASSWORD)")
+	fs.BoolVar(&r.TLS, "redis-tls", false, "connect to Redis over TLS (implied by --redis-ca / --redis-cert)")
+	fs.StringVar(&r.CA, "redis-ca", "", "PEM file of the CA that signed Redis's certificate (default: the system roots)")
+	fs.StringVar(&r.Cert, "redis-cert", "", "client certificate for Redis (mutual TLS, with --redis-key)")
+	fs.StringVar(&r.Key, "redis-key", "", "client key for Redis")
+}
+
+// Options returns go-redis options: 1 s dial, read and write timeouts and no
+// client retries (a retried script call whose reply was lost would run
+// twice). One address is a standalone server, several a Cluster.
+func (r *Redis) Options() (*redis.UniversalOptions, error) {
+	o := &redis.UniversalOptions{
+		Addrs:        strings.Split(r.Addr, ","),
+		Password:     r.Password,
+		DialTimeout:  time.Second,
+		ReadTimeout:  time.Second,
+		WriteTimeout: time.Second,
+		MaxRetries:   -1,
+	}
+	if r.TLS || r.CA != "" || r.Cert != "" {
+		tc, err := tlsconfig.Client(r.CA, r.Cert, r.Key)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-ca/--redis-cert/--redis-key: %w", err)
+		}
+		o.TLSConfig = tc
+	}
+	return o, nil
+}
+
+// Etcd is how to reach etcd.
+type Etcd struct {
+	Endpoints, Prefix  string
+	Username, Password string
+	CA, Cert, Key      string
+}
+
+// Register defines --etcd-endpoints, --etcd-prefix, --etcd-username,
+// --etcd-password, --etcd-ca, --etcd-cert and --etcd-key on fs.
+func (e *Etcd) Register(fs *flag.FlagSet, endpointsHelp string) {
+	fs.StringVar(&e.Endpoints, "etcd-endpoints", "", endpointsHelp)
+	fs.StringVar(&e.Prefix, "etcd-prefix", "/ratelimit/rules/", "etcd key prefix of the rules")
+	fs.StringVar(&e.Username, "etcd-username", "", "etcd user name")
+	fs.StringVar(&e.Password, "etcd-password", "", "etcd password (prefer APPORTION_ETCD_PASSWORD)")
+	fs.StringVar(&e.CA, "etcd-ca", "", "PEM file of the CA that signed etcd's certificate (TLS to etcd)")
+	fs.StringVar(&e.Cert, "etcd-cert", "", "client certificate for etcd (mutual TLS, with --etcd-key)")
+	fs.StringVar(&e.Key, "etcd-key", "", "client key for etcd")
+}
+
+// Config returns the etcd client configuration; TLS is on with --etcd-ca,
+// --etcd-cert or https:// endpoints.
+func (e *Etcd) Config(dialTimeout time.Duration) (clientv3.Config, error) {
+	c := clientv3.Config{
+		Endpoints:   strings.Split(e.Endpoints, ","),
+		Username:    e.Username,
+		Password:    e.Password,
+		DialTimeout: dialTimeout,
+		Logger:      zap.NewNop(),
+	}
+	if e.CA != "" || e.Cert != "" || strings.Contains(e.Endpoints, "https://") {
+		tc, err := tlsconfig.Client(e.CA, e.Cert, e.Key)
+		if err != nil {
+			return c, fmt.Errorf("--etcd-ca/--etcd-cert/--etcd-key: %w", err)
+		}
+		c.TLS = tc
+	}
+	return c, nil
+}
+
+// NATS is how to reach the region's NATS server.
+type NATS struct {
+	URL, Creds, CA string
+}
+
+// Register defines --nats-url (with the given default and help), --nats-creds
+// and --nats-ca on fs.
+func (n *NATS) Register(fs *flag.FlagSet, defaultURL, urlHelp string) {
+	fs.StringVar(&n.URL, "nats-url", defaultURL, urlHelp)
+	fs.StringVar(&n.Creds, "nats-creds", "", "NATS credentials file (JWT and NKey seed)")
+	fs.StringVar(&n.CA, "nats-ca", "", "PEM file of the CA that signed the NATS server's certificate")
+}
+
+// Connect connects as name; it keeps reconnecting forever, also when the
+// server is not up yet.
+func (n *NATS) Connect(name string) (*nats.Conn, error) {
+	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1),
+		nats.RetryOnFailedConnect(true), nats.ReconnectWait(250 * time.Millisecond)}
+	if n.Creds != "" {
+		opts = append(opts, nats.UserCredentials(n.Creds))
+	}
+	if n.CA != "" {
+		opts = append(opts, nats.RootCAs(n.CA))
+	}
+	nc, err := nats.Connect(n.URL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("nats: %w", err)
+	}
+	return nc, nil
+}
+
+// Log is the logging configuration.
+type Log struct {
+	Level, Format string
+}
+
+// Register defines --log-level and --log-format on fs.
+func (l *Log) Register(fs *flag.FlagSet) {
+	fs.StringVar(&l.Level, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&l.Format, "log-format", "text", "text or json")
+}
+
+// New returns a structured logger writing to w.
+func (l *Log) New(w io.Writer) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(l.Level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %v", err)
+	}
+	ho := &slog.HandlerOptions{Level: lv}
+	switch l.Format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, ho)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, ho)), nil
+	}
+	return nil, fmt.Errorf("--log-format: want text or json, got %q", l.Format)
+}
