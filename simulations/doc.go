@@ -25,7 +25,7 @@ func Run(ctx context.Context, sc *scenario.Scenario, opt sim.Options) (*sim.Resu
 }
 
 // Params are the settings Sweep can vary.
-var Params = []string{"rtt", "interval", "lease"}
+var Params = []string{"rtt", "interval", "lease", "alpha"}
 
 // Point is one run of a sweep.
 type Point struct {
@@ -37,7 +37,8 @@ type Point struct {
 
 // Apply returns a copy of sc with param set to value: rtt scales the delay
 // matrix by a factor (e.g. 0.5, 1, 2) or sets every delay to a duration
-// (e.g. 50ms: one-way); interval and lease take durations.
+// (e.g. 50ms: one-way); interval and lease take durations; alpha (the
+// ledger's demand EWMA weight) a number in (0,1].
 func Apply(sc *scenario.Scenario, param, value string) (*scenario.Scenario, float64, error) {
 	c := *sc
 	var x float64
@@ -76,6 +77,13 @@ func Apply(sc *scenario.Scenario, param, value string) (*scenario.Scenario, floa
 			c.Sync.Lease = scenario.Duration(d)
 		}
 		x = float64(d) / 1e6
+	case "alpha":
+		f, err := strconv.ParseFloat(value, 64)
+		if err != nil || !(f > 0 && f <= 1) {
+			return nil, 0, fmt.Errorf("simulations: alpha value %q: want a number in (0,1]", value)
+		}
+		c.Sync.Alpha = &f
+		x = f
 	default:
 		return nil, 0, fmt.Errorf("simulations: unknown parameter %q (%s)", param, strings.Join(Params, ", "))
 	}

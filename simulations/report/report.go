@@ -313,8 +313,11 @@ func SweepCharts(pts []simulations.Point) []*Chart {
 	}
 	param := pts[0].Param
 	xl := param + " (ms)"
-	if param == "rtt" {
+	switch param {
+	case "rtt":
 		xl = "rtt (factor of the delay matrix, or ms)"
+	case "alpha":
+		xl = "alpha (demand EWMA weight)"
 	}
 	sc := pts[0].Result.Scenario
 	util := &Chart{Title: fmt.Sprintf("%s: utilization vs %s", sc, param), XLabel: xl, YLabel: "utilization (% of ideal)"}

@@ -148,6 +148,10 @@ type Sync struct {
 	// share of the key in one interval (default 0.25). Keys below it run on
 	// static shares, as DESIGN.md asks ("only keys with traffic").
 	ActivateAbove *float64 `yaml:"activate_above"`
+	// Alpha is the weight of the newest interval in the ledger's demand
+	// estimate (an EWMA; default 0.5, the agent's): higher follows shifts
+	// faster, lower is steadier under noisy arrivals.
+	Alpha *float64 `yaml:"alpha"`
 }
 
 // Demand is one stream of requests. Levels are multiples of rule.rate.
@@ -358,6 +362,9 @@ func (sc *Scenario) defaults() {
 	if s.ActivateAbove == nil {
 		s.ActivateAbove = fptr(0.25)
 	}
+	if s.Alpha == nil {
+		s.Alpha = fptr(0.5)
+	}
 	for i := range sc.Demand {
 		d := &sc.Demand[i]
 		if d.Shape == "" {
@@ -515,6 +522,9 @@ func (sc *Scenario) Validate() error {
 	}
 	if !(*s.StoreMs >= 0) || float64(time.Duration(*s.StoreMs*1e6)) >= float64(s.StoreTimeout) {
 		return bad("sync.store_ms", "must be >= 0 and below store_timeout")
+	}
+	if !(*s.Alpha > 0 && *s.Alpha <= 1) {
+		return bad("sync.alpha", "must be in (0,1]")
 	}
 	if !(*s.ActivateAbove >= 0) {
 		return bad("sync.activate_above", "must be >= 0")

@@ -84,6 +84,7 @@ func ledgerConfig(env *sim.Env) (ledger.Config, []ledger.RegionSpec) {
 	cfg.Rho = *sc.Sync.ClockError
 	cfg.Margin = sc.Sync.Margin.D()
 	cfg.StoreTimeout = sc.Sync.StoreTimeout.D()
+	cfg.Alpha = *sc.Sync.Alpha
 	f, _ := allocation.ByName(sc.Rule.Allocation)
 	cfg.Allocate = func(pool int64, wants []ledger.Want) []int64 {
 		rs := make([]allocation.Region, len(wants))

@@ -60,6 +60,10 @@ type Config struct {
 	MaxUsageKeys int
 	// HotKeys bounds the keys apportion_sync_share_units exports (default 20).
 	HotKeys int
+	// Alpha is the weight of the newest interval in the demand estimate (an
+	// EWMA, default 0.5): higher follows demand shifts faster, lower is
+	// steadier under noisy traffic (see simulations/README.md, the alpha sweep).
+	Alpha float64
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// Metrics, if set, gets the agent's metrics, labelled with Region.
@@ -81,6 +85,7 @@ func DefaultConfig() Config {
 		EtcdTimeout:  5 * time.Second,
 		MaxUsageKeys: usage.DefaultMaxKeys,
 		HotKeys:      20,
+		Alpha:        lc.Alpha,
 	}
 }
 
@@ -112,6 +117,7 @@ func (c Config) ledgerConfig() ledger.Config {
 	lc := ledger.DefaultConfig()
 	lc.Units, lc.Interval, lc.Lease, lc.Rho, lc.Margin, lc.StoreTimeout = c.Units, c.Interval, c.Lease, c.Rho, c.Margin, c.StoreTimeout
 	lc.Hysteresis = max(1, c.Units/10000)
+	lc.Alpha = c.Alpha
 	f, _ := allocation.ByName(c.Strategy)
 	lc.Allocate = Allocator(f)
 	return lc

@@ -38,6 +38,7 @@ type options struct {
 	lease          time.Duration
 	rho            float64
 	standby        bool
+	alpha          float64
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -55,6 +56,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.interval, "interval", def.Interval, "sync interval")
 	fs.DurationVar(&o.lease, "lease", def.Lease, "lease: a region unheard for this long falls back to its floor and is reclaimed")
 	fs.Float64Var(&o.rho, "clock-rate-bound", def.Rho, "bound on every clock's rate error (0.01: within 1% of real time)")
+	fs.Float64Var(&o.alpha, "demand-alpha", def.Alpha, "weight of the newest interval in the demand estimate: higher follows shifts faster, lower is steadier under noisy traffic")
 	fs.BoolVar(&o.standby, "standby", false, "campaign for the region's agent role in etcd and act only while leader")
 	if err := flagenv.Parse(fs, args, nil); err != nil {
 		return nil, err
@@ -87,6 +89,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	log = log.With("component", "syncagent", "region", o.region)
 	cfg := DefaultConfig()
 	cfg.Region, cfg.Interval, cfg.Lease, cfg.Rho, cfg.Logger = o.region, o.interval, o.lease, o.rho, log
+	cfg.Alpha = o.alpha
 	if err := cfg.Validate(); err != nil {
 		return err
 	}

@@ -123,6 +123,8 @@ func TestRunCommandFlags(t *testing.T) {
 		{"bad region", []string{"--region", "a.b", "--etcd-endpoints", "x"}, "Region"},
 		{"bad log level", []string{"--region", "a", "--etcd-endpoints", "x", "--log-level", "loud"}, "--log-level"},
 		{"bad lease", []string{"--region", "a", "--etcd-endpoints", "x", "--lease", "100ms"}, "Lease"},
+		{"bad demand alpha", []string{"--region", "a", "--etcd-endpoints", "x", "--demand-alpha", "0"}, "Alpha"},
+		{"redis cert without key", []string{"--region", "a", "--etcd-endpoints", "x", "--redis-cert", "c.pem"}, "--redis-cert"},
 		{"extra args", []string{"--region", "a", "--etcd-endpoints", "x", "more"}, "unexpected arguments"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
