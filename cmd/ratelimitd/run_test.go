@@ -258,6 +258,7 @@ func post(t *testing.T, addr, body string) (*http.Response, checkReply) {
 }
 
 func TestHTTPAndRuleReload(t *testing.T) {
+	testutil.CheckGoroutines(t)
 	integration(t)
 	r := testutil.StartRedis(t)
 	rulesPath := filepath.Join(t.TempDir(), "rules.json")

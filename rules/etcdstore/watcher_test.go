@@ -25,6 +25,7 @@ func fastWatcher(t testing.TB, c *clientv3.Client, opts ...Option) *Watcher {
 }
 
 func TestWatcherLiveChanges(t *testing.T) {
+	testutil.CheckGoroutines(t)
 	s, c, _ := newStore(t)
 	ctx := context.Background()
 	if _, err := s.Put(ctx, testRule("a", 1), Unconditional); err != nil {
@@ -126,6 +127,7 @@ func counterValue(t *testing.T, c prometheus.Counter) int {
 }
 
 func TestWatcherRecoversFromCompaction(t *testing.T) {
+	testutil.CheckGoroutines(t)
 	s, c, _ := newStore(t)
 	ctx := context.Background()
 	for i := range 5 {

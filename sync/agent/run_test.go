@@ -85,6 +85,7 @@ func (rc *runningCommand) get(path string) (int, string) {
 }
 
 func TestRunCommand(t *testing.T) {
+	testutil.CheckGoroutines(t)
 	if testing.Short() {
 		t.Skip("integration test")
 	}

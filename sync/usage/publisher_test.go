@@ -108,6 +108,7 @@ func closePublisher(t *testing.T, p *Publisher) {
 // flushes every few milliseconds; what the subscriber receives sums exactly
 // to what was added, sequence numbers are contiguous, and metrics agree.
 func TestPublisherDeliversAll(t *testing.T) {
+	testutil.CheckGoroutines(t)
 	if testing.Short() {
 		t.Skip("needs embedded NATS")
 	}
@@ -180,6 +181,7 @@ func TestPublisherDeliversAll(t *testing.T) {
 // TestPublisherCloseFlushesTail: with an interval that never fires, only
 // Close publishes, and it publishes everything.
 func TestPublisherCloseFlushesTail(t *testing.T) {
+	testutil.CheckGoroutines(t)
 	if testing.Short() {
 		t.Skip("needs embedded NATS")
 	}
