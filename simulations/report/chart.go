@@ -37,7 +37,6 @@ var (
 	black = color.RGBA{0, 0, 0, 255}
 	gray  = color.RGBA{120, 120, 120, 255}
 	light = color.RGBA{225, 225, 225, 255}
-	white = color.RGBA{255, 255, 255, 255}
 )
 
 type canvas interface {

@@ -60,7 +60,6 @@ type metrics struct {
 	bounds [3]float64 // burst + rate x W, key 0's rule (the same rule for all keys)
 	per    []*smetric
 	demand []float64 // offered cost of key 0 per sample
-	events int
 }
 
 func newMetrics(w *world, strats []Strategy, dur time.Duration) *metrics {

@@ -117,10 +117,3 @@ func (s *memStore) enforcedLocked(rule, key string, floor int64) int64 {
 	}
 	return mk.units
 }
-
-func (s *memStore) markerValid(rule string) bool {
-	s.w.mu.Lock()
-	defer s.w.mu.Unlock()
-	mk := s.markers[rule]
-	return mk != nil && time.Now().Before(mk.expires)
-}

@@ -79,17 +79,16 @@ type store struct {
 }
 
 type region struct {
-	idx        int
-	name       string
-	agentRate  float64
-	agentOff   int64
-	storeRate  float64
-	led        *Ledger
-	inc        uint64
-	st         *store
-	demand     []float64 // cost per second, per key
-	lastTick   int64     // real
-	startAfter bool
+	idx       int
+	name      string
+	agentRate float64
+	agentOff  int64
+	storeRate float64
+	led       *Ledger
+	inc       uint64
+	st        *store
+	demand    []float64 // cost per second, per key
+	lastTick  int64     // real
 }
 
 type simKey struct {
