@@ -86,7 +86,7 @@ func TestErrors(t *testing.T) {
 
 func TestLiveRefusesEvents(t *testing.T) {
 	var out, errb bytes.Buffer
-	err := run(context.Background(), []string{"live", scenarios + "partition.yaml", "--quiet"}, &out, &errb)
+	err := run(context.Background(), []string{"live", scenarios + "region-loss.yaml", "--quiet"}, &out, &errb)
 	if !errors.Is(err, live.ErrUnsupported) {
 		t.Fatalf("live: %v", err)
 	}

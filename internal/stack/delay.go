@@ -13,18 +13,24 @@ import (
 // NATS gateways. Bytes keep their order; a chunk read at t is written at
 // t + delay (later if the peer is slow to read).
 //
+// A cut proxy (SetCut) is a severed link: it has closed every connection
+// through it and closes each new one as soon as it accepts it, until the
+// cut is lifted.
+//
 // Its goroutines (the accept loop and, per connection, a reader and a
 // writer per direction) are owned by the proxy: Close stops accepting,
 // closes every connection and waits for them. Safe to call twice.
 type delayProxy struct {
-	ln     net.Listener
-	target string
-	delay  time.Duration
+	ln       net.Listener
+	target   string
+	delay    time.Duration
+	from, to string // the regions of the link, for Stack.Partition
 
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{} // guarded by mu
 	closed bool                  // guarded by mu
+	cut    bool                  // guarded by mu
 }
 
 // newDelayProxy listens on a free loopback port and forwards to target.
@@ -45,12 +51,34 @@ func (p *delayProxy) Addr() string { return p.ln.Addr().String() }
 func (p *delayProxy) track(c net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if p.closed || p.cut {
 		c.Close()
 		return false
 	}
 	p.conns[c] = struct{}{}
 	return true
+}
+
+func (p *delayProxy) isCut() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cut
+}
+
+// SetCut severs the link (cut) or restores it. Cutting closes every
+// connection through the proxy; while cut, new connections are accepted and
+// closed at once. Safe to call concurrently with Close and after it.
+func (p *delayProxy) SetCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+	if !cut {
+		return
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
 }
 
 func (p *delayProxy) accept() {
@@ -59,6 +87,10 @@ func (p *delayProxy) accept() {
 		in, err := p.ln.Accept()
 		if err != nil {
 			return // closed
+		}
+		if p.isCut() {
+			in.Close()
+			continue
 		}
 		out, err := net.DialTimeout("tcp", p.target, 5*time.Second)
 		if err != nil {

@@ -12,6 +12,12 @@ import (
 // joined by gateways into a super-cluster, and waits until every gateway is
 // connected. A gateway connection with a delay (Config.Delay) dials a delay
 // proxy instead of the remote server.
+//
+// Each server advertises a gateway address nothing listens on: a peer adds
+// the advertised address to the configured one and, when a gateway
+// reconnects (after a Partition), would otherwise pick the server's real
+// address at random and bypass the delay proxy. Dialling the advertised
+// address is refused at once, and the peer goes on to the proxy.
 func (s *Stack) startNATS(regions []string) error {
 	gw := map[string]int{}
 	for _, r := range regions {
@@ -28,17 +34,22 @@ func (s *Stack) startNATS(regions []string) error {
 		}
 		o := &server.Options{ServerName: "nats-" + r, Host: "127.0.0.1", Port: cp, NoLog: true, NoSigs: true}
 		o.Cluster.Name = r
-		o.Gateway = server.GatewayOpts{Name: r, Host: "127.0.0.1", Port: gw[r]}
+		dead, err := freePort()
+		if err != nil {
+			return err
+		}
+		o.Gateway = server.GatewayOpts{Name: r, Host: "127.0.0.1", Port: gw[r], Advertise: fmt.Sprintf("127.0.0.1:%d", dead)}
 		for _, other := range regions {
 			if other == r {
 				continue
 			}
 			host := fmt.Sprintf("127.0.0.1:%d", gw[other])
-			if d := s.cfg.Delay[r][other]; d > 0 {
+			if d := s.cfg.Delay[r][other]; d > 0 || s.cfg.Partitionable {
 				p, err := newDelayProxy(host, d)
 				if err != nil {
 					return fmt.Errorf("stack: delay proxy %s -> %s: %w", r, other, err)
 				}
+				p.from, p.to = r, other
 				s.proxies = append(s.proxies, p)
 				host = p.Addr()
 			}

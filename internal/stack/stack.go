@@ -69,6 +69,9 @@ type Config struct {
 	// forwards the bytes of both directions after the delay. Give both
 	// orders for a symmetric WAN (each region dials its own connection).
 	Delay map[string]map[string]time.Duration
+	// Partitionable puts every gateway connection through a proxy (with no
+	// delay where Delay gives none), so that Partition can cut any region.
+	Partitionable bool
 	// SyncInterval and SyncLease are the sync agents' --interval and
 	// --lease (default: the agent's defaults).
 	SyncInterval, SyncLease time.Duration
@@ -103,7 +106,7 @@ type Stack struct {
 	wg      sync.WaitGroup
 	procs   []*exec.Cmd
 	minis   []*miniredis.Miniredis
-	proxies []*delayProxy
+	proxies []*delayProxy // fixed once Start returns
 	mu      sync.Mutex
 	errs    []error // guarded by mu
 	closed  sync.Once
@@ -438,4 +441,46 @@ func (s *Stack) Summary() string {
 	fmt.Fprintf(&b, "  curl -i -d '{\"client_key\":\"user:42\",\"resource\":\"POST /orders\",\"attributes\":{\"tier\":\"free\"}}' http://%s/v1/check\n", r0.HTTPAddr)
 	fmt.Fprintf(&b, "  go run ./cmd/rlctl --admin-url http://%s --token %s rules list\n", r0.AdminAddr, s.AdminToken)
 	return b.String()
+}
+
+// ErrNoProxy: Partition was asked to cut a gateway link that has no proxy
+// (no delay between the regions and Config.Partitionable not set).
+var ErrNoProxy = errors.New("stack: gateway link has no proxy to cut")
+
+// Partition cuts region off from every other region (cut) or heals it: the
+// proxies of the NATS gateway connections between region and each other
+// region, both directions, close their connections and refuse new ones
+// until healed; the gateways then reconnect by themselves. Only the
+// gateways are cut: etcd, Redis and the enforcers stay reachable. Safe to
+// call concurrently with Close and after it (a no-op on a closed stack).
+func (s *Stack) Partition(region string, cut bool) error {
+	known := false
+	for _, n := range s.cfg.RegionNames {
+		known = known || n == region
+	}
+	if !known {
+		return fmt.Errorf("stack: partition: no region %q", region)
+	}
+	var links []*delayProxy
+	for _, other := range s.cfg.RegionNames {
+		if other == region {
+			continue
+		}
+		for _, pair := range [][2]string{{region, other}, {other, region}} {
+			var found *delayProxy
+			for _, p := range s.proxies {
+				if p.from == pair[0] && p.to == pair[1] {
+					found = p
+				}
+			}
+			if found == nil {
+				return fmt.Errorf("%w: %s -> %s (set Config.Partitionable)", ErrNoProxy, pair[0], pair[1])
+			}
+			links = append(links, found)
+		}
+	}
+	for _, p := range links {
+		p.SetCut(cut)
+	}
+	return nil
 }

@@ -8,6 +8,8 @@
 // enforcer. The very requests the simulator generates for the same scenario
 // and seed are sent, so the enforcers' own decisions are scored with the
 // simulator's metrics next to its prediction (the ideal and the ledger).
+// A partition event of one region cuts its gateways (internal/stack's
+// Stack.Partition) for the event's interval; the registry stays reachable.
 //
 // Invariant: every figure of the live column comes from the enforcers'
 // answers (and, for shares and sync bytes, the agents' metrics), timed by

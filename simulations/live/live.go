@@ -117,11 +117,11 @@ func Run(ctx context.Context, sc *scenario.Scenario, opt Options) (*Result, erro
 	if opt.MaxLoad == 0 {
 		opt.MaxLoad = DefaultMaxLoad
 	}
-	notes, err := unsupported(sc)
+	played, factor, err := Scaled(sc, opt.Duration, opt.Speed, opt.MaxLoad)
 	if err != nil {
 		return nil, err
 	}
-	played, factor, err := Scaled(sc, opt.Duration, opt.Speed, opt.MaxLoad)
+	notes, err := unsupported(played)
 	if err != nil {
 		return nil, err
 	}

@@ -55,9 +55,32 @@ func TestScaled(t *testing.T) {
 }
 
 func TestEventsRefused(t *testing.T) {
-	_, err := Run(context.Background(), load(t, "partition.yaml"), Options{})
-	if !errors.Is(err, ErrUnsupported) {
-		t.Fatalf("partition: %v, want ErrUnsupported", err)
+	_, err := Run(context.Background(), load(t, "region-loss.yaml"), Options{})
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "region_loss") {
+		t.Fatalf("region-loss: %v, want ErrUnsupported naming region_loss", err)
+	}
+	group := load(t, "partition.yaml")
+	group.Events = []scenario.Event{{Kind: "partition", Regions: []string{"us-east", "us-west"}, At: scenario.Duration(time.Second)}}
+	if _, err := Run(context.Background(), group, Options{}); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("partition of two regions: %v, want ErrUnsupported", err)
+	}
+}
+
+func TestScaledEvents(t *testing.T) {
+	sc := load(t, "partition.yaml")
+	c, _, err := Scaled(sc, 240*time.Second, 6, 400)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Events) != 1 || c.Events[0].At.D() != 20*time.Second || c.Events[0].For.D() != 10*time.Second {
+		t.Fatalf("events %+v, want the partition at 20s for 10s", c.Events)
+	}
+	c, _, err = Scaled(sc, 100*time.Second, 1, 400)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Events) != 0 {
+		t.Fatalf("events %+v after a 100s cut, want none", c.Events)
 	}
 }
 
@@ -87,12 +110,7 @@ func TestLiveShift(t *testing.T) {
 		t.Fatalf("%d requests, want about 16,000", res.Live.Requests)
 	}
 	live, ledger := res.Strategies[2], res.Strategies[1]
-	tol := res.Live.Tolerance()
-	for k, o := range live.Overshoot {
-		if o > tol[k] {
-			t.Errorf("live overshoot %+.2f%% over %v, above the clock's tolerance %+.2f%%", 100*o, res.WindowsS[k], 100*tol[k])
-		}
-	}
+	checkOvershoot(t, res)
 	if d := math.Abs(live.Utilization - ledger.Utilization); d > UtilizationTolerance {
 		t.Errorf("live utilization %.2f%%, simulated ledger %.2f%%: %.1f points apart, tolerance %.0f",
 			100*live.Utilization, 100*ledger.Utilization, 100*d, 100*UtilizationTolerance)
@@ -100,4 +118,50 @@ func TestLiveShift(t *testing.T) {
 	if !strings.Contains(res.Table(), "scale 0.4444") {
 		t.Error("the table does not say the run was scaled")
 	}
+}
+
+// checkOvershoot fails t when the live overshoot of any window is above what
+// the run's own clock can explain (Info.Tolerance).
+func checkOvershoot(t *testing.T, res *Result) {
+	t.Helper()
+	live := res.Strategies[2]
+	tol := res.Live.Tolerance()
+	for k, o := range live.Overshoot {
+		if o > tol[k] {
+			t.Errorf("live overshoot %+.2f%% over %v, above the clock's tolerance %+.2f%%", 100*o, res.WindowsS[k], 100*tol[k])
+		}
+	}
+}
+
+// The first 240 s of partition.yaml at 6x speed (40 s, 320 requests/s):
+// ap-south's gateways are cut from 20 s to 30 s, longer than three leases,
+// then heal. Across the real partition the enforcers never admit more than
+// the global bound beyond what the test's own clock can explain.
+func TestLivePartition(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: starts the whole stack, cuts a region off and plays 40 s of load")
+	}
+	testutil.RedisServerPath(t)
+	sc := load(t, "partition.yaml")
+	res, err := Run(context.Background(), sc, Options{Duration: 240 * time.Second, Speed: 6, MaxLoad: 400})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", res.Table())
+	if len(res.Strategies) != 3 || res.Strategies[2].Name != "live" {
+		t.Fatalf("strategies %v", res.Strategies)
+	}
+	if res.Live.Errors > 0 {
+		t.Fatalf("%d calls failed, first: %s", res.Live.Errors, res.Live.FirstError)
+	}
+	if res.Live.Requests < 11000 {
+		t.Fatalf("%d requests, want about 12,800", res.Live.Requests)
+	}
+	if res.Live.PeakLoad > 400 || res.Live.WallS > 45 {
+		t.Fatalf("peak load %v req/s over %v s, want <= 400 over <= 45", res.Live.PeakLoad, res.Live.WallS)
+	}
+	if !strings.Contains(res.Table(), "registry (etcd) stays reachable") {
+		t.Error("the table does not say the registry stays reachable")
+	}
+	checkOvershoot(t, res)
 }

@@ -1,11 +1,13 @@
 package live
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -91,6 +93,7 @@ func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []s
 	}
 	st, err := stack.Start(ctx, stack.Config{RegionNames: names, Delay: delay, Rules: rulesYAML(sc),
 		SyncInterval: sc.Sync.Interval.D(), SyncLease: sc.Sync.Lease.D(), LogWriter: opt.LogWriter,
+		Partitionable: len(sc.Events) > 0,
 		// The run measures the ledger, not a busy machine's latency: a
 		// generous store timeout keeps failure-policy answers out of it.
 		EnforcerTimeout: time.Second})
@@ -123,7 +126,12 @@ func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []s
 	t0 := time.Now()
 	var activeSum float64
 	var activeN int
-	samplerWG.Add(1)
+	var partErr error
+	samplerWG.Add(2)
+	go func() { // owned by replay like the sampler: ends with runCtx
+		defer samplerWG.Done()
+		partErr = playEvents(runCtx, st, sc.Events, t0, opt.Progress)
+	}()
 	go func() { // owned by replay: ends with runCtx, waited for before returning
 		defer samplerWG.Done()
 		rp.conv, activeSum, activeN, rp.activeMax = sampleAgents(runCtx, st, sc, keys[0], t0, sampleShares)
@@ -181,6 +189,9 @@ func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []s
 	rp.syncBytes = syncBytes(ctx, st) - bytes0
 	cancel()
 	samplerWG.Wait()
+	if partErr != nil {
+		return nil, partErr
+	}
 	if activeN > 0 {
 		rp.activeMean = activeSum / float64(activeN)
 	}
@@ -191,6 +202,45 @@ func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []s
 		return nil, err
 	}
 	return rp, nil
+}
+
+// playEvents cuts and heals the partitioned regions at the events' times
+// (since t0) until ctx is done, with a line to progress (if not nil) for each. Only partition events of one region reach
+// it (unsupported refuses the rest); one with no For lasts to the end.
+func playEvents(ctx context.Context, st *stack.Stack, events []scenario.Event, t0 time.Time, progress io.Writer) error {
+	type change struct {
+		at     time.Duration
+		region string
+		cut    bool
+	}
+	var todo []change
+	for _, e := range events {
+		todo = append(todo, change{e.At.D(), e.Regions[0], true})
+		if e.For > 0 {
+			todo = append(todo, change{e.At.D() + e.For.D(), e.Regions[0], false})
+		}
+	}
+	slices.SortStableFunc(todo, func(a, b change) int { return cmp.Compare(a.at, b.at) })
+	for _, c := range todo {
+		if d := c.at - time.Since(t0); d > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(d):
+			}
+		}
+		if err := st.Partition(c.region, c.cut); err != nil {
+			return fmt.Errorf("live: %w", err)
+		}
+		if progress != nil {
+			what := "healed"
+			if c.cut {
+				what = "cut off from the other regions"
+			}
+			fmt.Fprintf(progress, "live: %v: %s %s\n", time.Since(t0).Round(time.Millisecond), c.region, what)
+		}
+	}
+	return nil
 }
 
 // waitMarkers waits until every region enforces at least 90% of its base

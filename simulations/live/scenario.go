@@ -11,10 +11,10 @@ import (
 
 // Scaled returns a copy of sc as the live run plays it: the timeline
 // (demand changes, events, the duration, cut to duration when > 0, in the
-// scenario's own time) played speed times faster, then rate and burst (and
-// with them every demand, which is a multiple of the rate) multiplied by
-// the factor that keeps the peak offered load at or below maxLoad
-// requests/s. It returns that factor (1: unscaled).
+// scenario's own time; events that start after it are dropped) played speed
+// times faster, then rate and burst (and with them every demand, which is a
+// multiple of the rate) multiplied by the factor that keeps the peak offered
+// load at or below maxLoad requests/s. It returns that factor (1: unscaled).
 func Scaled(sc *scenario.Scenario, duration time.Duration, speed, maxLoad float64) (*scenario.Scenario, float64, error) {
 	if speed <= 0 || math.IsNaN(speed) || math.IsInf(speed, 0) {
 		return nil, 0, fmt.Errorf("live: speed must be > 0, got %v", speed)
@@ -34,9 +34,13 @@ func Scaled(sc *scenario.Scenario, duration time.Duration, speed, maxLoad float6
 		d.Start, d.End, d.Period, d.Phase = div(d.Start), div(d.End), div(d.Period), div(d.Phase)
 		c.Demand[i] = d
 	}
-	c.Events = append([]scenario.Event(nil), sc.Events...)
-	for i := range c.Events {
-		c.Events[i].At, c.Events[i].For = div(c.Events[i].At), div(c.Events[i].For)
+	c.Events = nil
+	for _, e := range sc.Events {
+		e.Regions = append([]string(nil), e.Regions...)
+		e.At, e.For = div(e.At), div(e.For)
+		if e.At <= c.Duration { // an event after a cut duration is not played
+			c.Events = append(c.Events, e)
+		}
 	}
 	factor := 1.0
 	if peak := PeakLoad(&c); maxLoad > 0 && peak > maxLoad {
@@ -69,16 +73,24 @@ func PeakLoad(sc *scenario.Scenario) float64 {
 	return peak
 }
 
-// unsupported lists what the live run cannot reproduce: events are refused,
-// the rest are notes in the report.
+// unsupported lists what the live run cannot reproduce: partitions of one
+// region are played (the stack cuts its gateways), other events are
+// refused, the rest are notes in the report.
 func unsupported(sc *scenario.Scenario) (notes []string, err error) {
-	if len(sc.Events) > 0 {
-		var kinds []string
-		for _, e := range sc.Events {
-			kinds = append(kinds, e.Kind)
+	partitions := false
+	for i, e := range sc.Events {
+		switch {
+		case e.Kind != "partition":
+			return nil, fmt.Errorf("%w: events[%d] is a %s event: only partition events are played live; run the scenario without it or use 'rlsim run'",
+				ErrUnsupported, i, e.Kind)
+		case len(e.Regions) != 1:
+			return nil, fmt.Errorf("%w: events[%d] partitions a group (%s): live, a partition cuts one region off from all the others",
+				ErrUnsupported, i, strings.Join(e.Regions, ", "))
 		}
-		return nil, fmt.Errorf("%w: events (%s) are not played live yet; run the scenario without them or use 'rlsim run'",
-			ErrUnsupported, strings.Join(kinds, ", "))
+		partitions = true
+	}
+	if partitions {
+		notes = append(notes, "partition: live, the NATS gateway connections between the region and every other region are cut (the proxies drop them and refuse new ones until the end of the event); the registry (etcd) stays reachable for every region, while in the simulator a partitioned region also loses the registry")
 	}
 	if sc.Network.JitterMs > 0 || sc.Network.Loss > 0 {
 		notes = append(notes, fmt.Sprintf("network jitter (%g ms) and loss (%g) are not injected live: the gateways are TCP, the proxy adds the fixed one-way delay only",
