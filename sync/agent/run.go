@@ -144,7 +144,10 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		case a != nil && a.Ready():
 			io.WriteString(w, "ready\n")
 		case o.standby && a == nil:
-			http.Error(w, "standby", http.StatusServiceUnavailable)
+			// A standby is ready for its role: campaigning, able to take
+			// over. Answering 503 would hold a rollout (maxUnavailable 0)
+			// and a PodDisruptionBudget on the one leader forever.
+			io.WriteString(w, "standby\n")
 		default:
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 		}

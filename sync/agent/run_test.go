@@ -157,8 +157,8 @@ func TestRunCommandStandby(t *testing.T) {
 	if leader(p2) {
 		first, second = p2, p1
 	}
-	if c, _ := second.get("/readyz"); c != http.StatusServiceUnavailable {
-		t.Fatalf("standby /readyz %d, want 503", c)
+	if c, body := second.get("/readyz"); c != http.StatusOK || !strings.Contains(body, "standby") {
+		t.Fatalf("standby /readyz %d %q, want 200 standby (ready to take over)", c, body)
 	}
 	first.stop(t)
 	testutil.WaitFor(t, 20*time.Second, "the standby to take over", func() bool { return leader(second) })
