@@ -24,6 +24,7 @@ type GRPCService struct {
 	ratelimitv1.UnimplementedRateLimiterServer
 	e      *Enforcer
 	Health *health.Server
+	others []string // more services on the server, for health
 }
 
 // NewGRPCServer returns a gRPC server with the RateLimiter service, the
@@ -41,6 +42,13 @@ func NewGRPCServer(e *Enforcer, opts ...grpc.ServerOption) (*grpc.Server, *GRPCS
 	return s, svc
 }
 
+// AlsoServes adds a service registered on the same server (the Envoy
+// protocol) to those whose health status SetServing sets. Call it before
+// SetServing.
+func (s *GRPCService) AlsoServes(service string) {
+	s.others = append(s.others, service)
+}
+
 // SetServing sets the health status of the server and the service.
 func (s *GRPCService) SetServing(ok bool) {
 	st := healthpb.HealthCheckResponse_NOT_SERVING
@@ -49,6 +57,9 @@ func (s *GRPCService) SetServing(ok bool) {
 	}
 	s.Health.SetServingStatus("", st)
 	s.Health.SetServingStatus(ratelimitv1.RateLimiter_ServiceDesc.ServiceName, st)
+	for _, o := range s.others {
+		s.Health.SetServingStatus(o, st)
+	}
 }
 
 // CheckLimit implements ratelimit.v1.RateLimiter.

@@ -250,6 +250,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if o.envoy {
 		envoy.Register(gs, enf, envoy.WithClientKeyEntries(splitList(o.envoyKeys)...),
 			envoy.WithResourceEntries(splitList(o.envoyRes)...), envoy.WithResponseHeaders(o.envoyHeaders))
+		svc.AlsoServes(envoy.ServiceName)
 	}
 	var shuttingDown atomic.Bool
 	hs := &http.Server{

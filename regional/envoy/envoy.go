@@ -67,6 +67,9 @@ func WithResponseHeaders(on bool) Option {
 	return func(s *service) { s.headers = on }
 }
 
+// ServiceName is the Envoy rate-limit service's gRPC name, for health checks.
+var ServiceName = rlsv3.RateLimitService_ServiceDesc.ServiceName
+
 // Register adds envoy.service.ratelimit.v3.RateLimitService to s, answering
 // from e. Call it before s serves, e.g. right after regional.NewGRPCServer.
 func Register(s *grpc.Server, e *regional.Enforcer, opts ...Option) {

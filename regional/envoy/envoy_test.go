@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -394,6 +395,15 @@ func TestDaemonServesEnvoy(t *testing.T) {
 					t.Fatalf("--envoy=false: %v, want Unimplemented", err)
 				}
 				return
+			}
+			hc, err := grpc.NewClient(ready.FindStringSubmatch(stdout.String())[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer hc.Close()
+			h, err := healthpb.NewHealthClient(hc).Check(context.Background(), &healthpb.HealthCheckRequest{Service: envoy.ServiceName})
+			if err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+				t.Fatalf("health of %s: %v %v, want SERVING", envoy.ServiceName, h, err)
 			}
 			if resp := e.ask(t, req); resp.OverallCode != ok {
 				t.Fatalf("first: %v, want OK", resp)
