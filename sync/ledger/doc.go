@@ -47,7 +47,11 @@
 //     Lease, not frozen) from their last reported positions plus our own gifts
 //     in flight, and give our excess over target to the regions below theirs in
 //     proportion to their deficits. Targets are >= 0, so nobody gives below its
-//     floor. Nobody gives to a region it does not consider live.
+//     floor. Nobody gives to a region it does not consider live, nor to a
+//     later incarnation of a region (restarted, or fenced and back) before
+//     that incarnation has acknowledged one of our reports: behind a one-way
+//     or flapping link it could not apply the gift, and the units would sit
+//     in flight until its reclaim.
 //   - Reports go out every Tick (they are also the heartbeat and carry the
 //     acknowledgements), with the keys that changed since the last report;
 //     every FullEvery-th report carries every active key, so a lost report is

@@ -288,6 +288,17 @@ func (l *Ledger) live(i int, now time.Duration) bool {
 	return i != l.self && p.seen && now-p.heard <= l.cfg.Lease
 }
 
+// giftable reports whether gifts may go to peer i: a later incarnation (a
+// restarted or fenced region) only once it has acknowledged one of our
+// reports. Hearing it is not enough: behind a one-way or flapping link it
+// could never apply a gift, and the units would sit in flight until its
+// reclaim returned them (measured live: survivors of a cut region lost a
+// third of their share that way, one new incarnation after another).
+func (l *Ledger) giftable(i int) bool {
+	p := &l.peers[i]
+	return p.inc <= 1 || p.ackedSend > 0
+}
+
 // Tick runs one sync interval.
 func (l *Ledger) Tick(now time.Duration) Output {
 	if l.fenced {
@@ -405,7 +416,7 @@ func (l *Ledger) give(k *key, now time.Duration) {
 	}
 	// Never below our floor: excess <= position - floor since targets are >= 0.
 	for j, i := range idx {
-		if def[j] == 0 {
+		if def[j] == 0 || !l.giftable(i) {
 			continue
 		}
 		g := min(def[j], int64(float64(excess)*float64(def[j])/float64(sumD)))

@@ -519,3 +519,38 @@ func snapshot(l *Ledger) Ledger {
 	}
 	return s
 }
+
+// A later incarnation that we hear but that has not acknowledged any of our
+// reports (a restarted region behind a one-way or flapping link) gets no
+// gifts: it could not apply them, and they would sit in flight until its
+// reclaim. Once it acknowledges us, gifts flow.
+func TestNoGiftsToANewIncarnationThatCannotHearUs(t *testing.T) {
+	c := newCluster(t, 2)
+	for i := 0; i < 3; i++ {
+		c.exchange()
+	}
+	c.start(1) // r1 restarts under a new incarnation, with its floor only
+	c.now += c.cfg.Interval
+	c.l[1].Usage(c.now, "k", 100, 100, 0)
+	out1 := c.l[1].Tick(c.now)
+	if out1.Report == nil || out1.Report.Inc < 2 {
+		t.Fatalf("the new incarnation did not report: %+v", out1.Report)
+	}
+	c.deliver(0, out1.Report) // r0 hears r1's new incarnation; r1 has not heard r0
+	before := c.l[0].Position("k").Units
+	for i := 0; i < 3; i++ {
+		c.now += c.cfg.Interval
+		c.confirm(0, c.l[0].Tick(c.now))
+	}
+	if after := c.l[0].Position("k").Units; after != before {
+		t.Fatalf("r0 gave %d units to an incarnation that never acknowledged it", before-after)
+	}
+	// Two-way again: r1 hears r0 and acknowledges it; then r0 gives.
+	for i := 0; i < 4; i++ {
+		c.use[1] = 100
+		c.exchange()
+	}
+	if after := c.l[0].Position("k").Units; after >= before {
+		t.Fatalf("r0 still gives nothing once r1 acknowledges it: position %d, before %d", after, before)
+	}
+}
