@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
+	"github.com/apportion/apportion/internal/binread"
 )
 
 // Batch is one flushed message.
@@ -240,15 +240,15 @@ func Decode(data []byte) (Batch, error) {
 	if data[0] != magicV1 {
 		return Batch{}, fmt.Errorf("%w: unknown format byte 0x%02x", ErrMalformed, data[0])
 	}
-	d := decoder{s: string(data), off: 1}
+	d := binread.New(string(data), 1, ErrMalformed, MaxStringLen)
 	var b Batch
-	b.Region = d.str()
-	b.Enforcer = d.str()
-	b.Seq = d.uvarint()
-	ndeltas := d.count(minDeltaSize)
-	ngroups := d.count(1 + 1 + minDeltaSize)
-	if d.err != nil {
-		return Batch{}, d.err
+	b.Region = d.Str()
+	b.Enforcer = d.Str()
+	b.Seq = d.Uvarint()
+	ndeltas := d.Count(minDeltaSize)
+	ngroups := d.Count(1 + 1 + minDeltaSize)
+	if d.Err() != nil {
+		return Batch{}, d.Err()
 	}
 	if ngroups > ndeltas || (ndeltas > 0 && ngroups == 0) {
 		return Batch{}, fmt.Errorf("%w: %d groups for %d deltas", ErrMalformed, ngroups, ndeltas)
@@ -260,113 +260,33 @@ func Decode(data []byte) (Batch, error) {
 	if ngroups > 1 {
 		rules = make(map[string]struct{}, ngroups)
 	}
-	for g := 0; g < ngroups && d.err == nil; g++ {
-		rule := d.str()
-		if rules != nil && d.err == nil {
+	for g := 0; g < ngroups && d.Err() == nil; g++ {
+		rule := d.Str()
+		if rules != nil && d.Err() == nil {
 			if _, dup := rules[rule]; dup {
-				d.fail("rule %q in two groups", rule)
+				d.Fail("rule %q in two groups", rule)
 			}
 			rules[rule] = struct{}{}
 		}
-		nkeys := d.count(minDeltaSize)
-		if d.err == nil && (nkeys == 0 || nkeys > ndeltas-len(b.Deltas)) {
-			d.fail("group %d has %d keys, %d deltas left", g, nkeys, ndeltas-len(b.Deltas))
+		nkeys := d.Count(minDeltaSize)
+		if d.Err() == nil && (nkeys == 0 || nkeys > ndeltas-len(b.Deltas)) {
+			d.Fail("group %d has %d keys, %d deltas left", g, nkeys, ndeltas-len(b.Deltas))
 		}
-		for k := 0; k < nkeys && d.err == nil; k++ {
-			key := d.str()
-			adm := d.int63()
-			rej := d.int63()
+		for k := 0; k < nkeys && d.Err() == nil; k++ {
+			key := d.Str()
+			adm := d.Int63()
+			rej := d.Int63()
 			b.Deltas = append(b.Deltas, Delta{Rule: rule, Key: key, Admitted: adm, Rejected: rej})
 		}
 	}
-	if d.err != nil {
-		return Batch{}, d.err
+	if d.Err() != nil {
+		return Batch{}, d.Err()
 	}
 	if len(b.Deltas) != ndeltas {
 		return Batch{}, fmt.Errorf("%w: %d deltas announced, %d found", ErrMalformed, ndeltas, len(b.Deltas))
 	}
-	if d.off != len(d.s) {
-		return Batch{}, fmt.Errorf("%w: %d trailing bytes", ErrMalformed, len(d.s)-d.off)
+	if d.Rest() != 0 {
+		return Batch{}, fmt.Errorf("%w: %d trailing bytes", ErrMalformed, d.Rest())
 	}
 	return b, nil
-}
-
-// decoder reads from s; the first error sticks and later reads return zero.
-type decoder struct {
-	s   string
-	off int
-	err error
-}
-
-func (d *decoder) fail(format string, args ...any) {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w: at byte %d: %s", ErrMalformed, d.off, fmt.Sprintf(format, args...))
-	}
-}
-
-func (d *decoder) uvarint() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	var v uint64
-	var shift uint
-	for i := 0; ; i++ {
-		if d.off >= len(d.s) {
-			d.fail("truncated uvarint")
-			return 0
-		}
-		c := d.s[d.off]
-		d.off++
-		if i == binary.MaxVarintLen64-1 && c > 1 {
-			d.fail("uvarint overflows 64 bits")
-			return 0
-		}
-		if c < 0x80 {
-			if i > 0 && c == 0 {
-				d.fail("non-minimal uvarint")
-				return 0
-			}
-			return v | uint64(c)<<shift
-		}
-		v |= uint64(c&0x7f) << shift
-		shift += 7
-	}
-}
-
-// count reads a uvarint count of items that take at least minSize bytes
-// each, rejecting counts the rest of the input cannot hold.
-func (d *decoder) count(minSize int) int {
-	v := d.uvarint()
-	if d.err == nil && v > uint64((len(d.s)-d.off)/minSize) {
-		d.fail("count %d exceeds remaining %d bytes", v, len(d.s)-d.off)
-		return 0
-	}
-	return int(v)
-}
-
-func (d *decoder) int63() int64 {
-	v := d.uvarint()
-	if v > math.MaxInt64 {
-		d.fail("count %d overflows int64", v)
-		return 0
-	}
-	return int64(v)
-}
-
-func (d *decoder) str() string {
-	n := d.uvarint()
-	if d.err != nil {
-		return ""
-	}
-	if n > MaxStringLen {
-		d.fail("string of %d bytes, limit %d", n, MaxStringLen)
-		return ""
-	}
-	if n > uint64(len(d.s)-d.off) {
-		d.fail("truncated string: %d bytes, %d left", n, len(d.s)-d.off)
-		return ""
-	}
-	s := d.s[d.off : d.off+int(n)]
-	d.off += int(n)
-	return s
 }

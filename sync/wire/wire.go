@@ -55,7 +55,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
+	"github.com/apportion/apportion/internal/binread"
 	"slices"
 
 	"github.com/apportion/apportion/sync/ledger"
@@ -312,185 +312,90 @@ func Decode(data []byte) (Message, error) {
 	if data[0] != magicV1 {
 		return Message{}, fmt.Errorf("%w: unknown format byte 0x%02x", ErrMalformed, data[0])
 	}
-	d := &decoder{s: data, off: 1}
+	d := binread.New(string(data), 1, ErrMalformed, MaxStringLen)
 	var m Message
-	m.From = d.str()
-	n := d.count(minRegion)
+	m.From = d.Str()
+	n := d.Count(minRegion)
 	tab := make([]string, n)
 	for i := range tab {
-		tab[i] = d.str()
-		if d.err == nil && i > 0 && tab[i-1] >= tab[i] {
-			d.fail("region table not sorted and unique")
+		tab[i] = d.Str()
+		if d.Err() == nil && i > 0 && tab[i-1] >= tab[i] {
+			d.Fail("region table not sorted and unique")
 		}
 	}
 	used := make([]bool, n)
 	region := func() string {
-		i := d.uvarint()
-		if d.err != nil {
+		i := d.Uvarint()
+		if d.Err() != nil {
 			return ""
 		}
 		if i >= uint64(n) {
-			d.fail("region index %d of %d", i, n)
+			d.Fail("region index %d of %d", i, n)
 			return ""
 		}
 		used[i] = true
 		return tab[i]
 	}
 	counters := func() []ledger.Counter {
-		c := d.count(minCounter)
+		c := d.Count(minCounter)
 		if c == 0 {
 			return nil
 		}
 		out := make([]ledger.Counter, c)
 		for j := range out {
-			out[j] = ledger.Counter{Region: region(), Inc: d.uvarint(), Units: d.varint()}
+			out[j] = ledger.Counter{Region: region(), Inc: d.Uvarint(), Units: d.Varint()}
 		}
 		return out
 	}
-	nr := d.count(minRule)
+	nr := d.Count(minRule)
 	if nr > 0 {
 		m.Rules = make([]RuleReport, nr)
 	}
 	for i := range m.Rules {
 		rr := &m.Rules[i]
-		rr.Rule = d.str()
+		rr.Rule = d.Str()
 		r := &rr.Report
-		r.From, r.Inc, r.Seq, r.Base = m.From, d.uvarint(), d.uvarint(), d.varint()
-		if na := d.count(minAck); na > 0 {
+		r.From, r.Inc, r.Seq, r.Base = m.From, d.Uvarint(), d.Uvarint(), d.Varint()
+		if na := d.Count(minAck); na > 0 {
 			r.Acks = make([]ledger.Ack, na)
 			for j := range r.Acks {
 				a := &r.Acks[j]
-				a.Region, a.Inc, a.Seq = region(), d.uvarint(), d.uvarint()
-				switch d.byte() {
+				a.Region, a.Inc, a.Seq = region(), d.Uvarint(), d.Uvarint()
+				switch d.Byte() {
 				case 0:
 				case 1:
 					a.Frozen = true
 				default:
-					d.fail("frozen flag not 0 or 1")
+					d.Fail("frozen flag not 0 or 1")
 				}
 			}
 		}
-		if nk := d.count(minKey); nk > 0 {
+		if nk := d.Count(minKey); nk > 0 {
 			r.Keys = make([]ledger.KeyReport, nk)
 			for j := range r.Keys {
 				k := &r.Keys[j]
-				k.Key, k.Demand, k.Position = d.str(), d.varint(), d.varint()
+				k.Key, k.Demand, k.Position = d.Str(), d.Varint(), d.Varint()
 				k.Gave = counters()
 				k.Applied = counters()
 			}
 		}
-		if d.err != nil {
+		if d.Err() != nil {
 			break
 		}
 	}
-	if d.err == nil && d.off != len(d.s) {
-		d.fail("%d bytes after the last rule", len(d.s)-d.off)
+	if d.Err() == nil && d.Rest() != 0 {
+		d.Fail("%d bytes after the last rule", d.Rest())
 	}
-	if d.err == nil {
+	if d.Err() == nil {
 		for i, u := range used {
 			if !u {
-				d.fail("region %q in the table is not used", tab[i])
+				d.Fail("region %q in the table is not used", tab[i])
 				break
 			}
 		}
 	}
-	if d.err != nil {
-		return Message{}, d.err
+	if d.Err() != nil {
+		return Message{}, d.Err()
 	}
 	return m, nil
-}
-
-// decoder reads from s; the first error sticks and later reads return zero.
-type decoder struct {
-	s   []byte
-	off int
-	err error
-}
-
-func (d *decoder) fail(format string, args ...any) {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w: at byte %d: %s", ErrMalformed, d.off, fmt.Sprintf(format, args...))
-	}
-}
-
-func (d *decoder) byte() byte {
-	if d.err != nil {
-		return 0
-	}
-	if d.off >= len(d.s) {
-		d.fail("truncated")
-		return 0
-	}
-	d.off++
-	return d.s[d.off-1]
-}
-
-func (d *decoder) uvarint() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	var v uint64
-	var shift uint
-	for i := 0; ; i++ {
-		if d.off >= len(d.s) {
-			d.fail("truncated uvarint")
-			return 0
-		}
-		c := d.s[d.off]
-		d.off++
-		if i == binary.MaxVarintLen64-1 && c > 1 {
-			d.fail("uvarint overflows 64 bits")
-			return 0
-		}
-		if c < 0x80 {
-			if i > 0 && c == 0 {
-				d.fail("non-minimal uvarint")
-				return 0
-			}
-			return v | uint64(c)<<shift
-		}
-		v |= uint64(c&0x7f) << shift
-		shift += 7
-	}
-}
-
-func (d *decoder) varint() int64 {
-	u := d.uvarint()
-	x := int64(u >> 1)
-	if u&1 != 0 {
-		x = ^x
-	}
-	return x
-}
-
-// count reads a count of items of at least minSize bytes each, rejecting
-// counts the rest of the input cannot hold.
-func (d *decoder) count(minSize int) int {
-	v := d.uvarint()
-	if d.err == nil && v > uint64((len(d.s)-d.off)/minSize) {
-		d.fail("count %d exceeds remaining %d bytes", v, len(d.s)-d.off)
-		return 0
-	}
-	if v > math.MaxInt32 {
-		return 0
-	}
-	return int(v)
-}
-
-func (d *decoder) str() string {
-	n := d.uvarint()
-	if d.err != nil {
-		return ""
-	}
-	if n > MaxStringLen {
-		d.fail("string of %d bytes, limit %d", n, MaxStringLen)
-		return ""
-	}
-	if n > uint64(len(d.s)-d.off) {
-		d.fail("truncated string: %d bytes, %d left", n, len(d.s)-d.off)
-		return ""
-	}
-	s := string(d.s[d.off : d.off+int(n)])
-	d.off += int(n)
-	return s
 }
