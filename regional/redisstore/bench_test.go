@@ -3,11 +3,14 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/apportion/apportion/internal/testutil"
 	"github.com/apportion/apportion/rules"
+	"github.com/redis/go-redis/v9"
 )
 
 // BenchmarkCheck measures Check against a redis-server started by the
@@ -68,5 +71,61 @@ func BenchmarkModel(b *testing.B) {
 	bs := []Bucket{{Key: Key("u", "tb"), Algorithm: rules.TokenBucket, Capacity: 1_000_000_000, Rate: 1_000_000_000}}
 	for i := 0; i < b.N; i++ {
 		m.Check(t0+int64(i), 1, bs)
+	}
+}
+
+// BenchmarkCheckGlobal measures a global token bucket without a marker (the
+// floor) and with a valid marker, and reports the Redis time per script call
+// (INFO commandstats): with a valid marker the script also reads INFO server
+// to compare run ids, which is its largest cost.
+//
+//	go test -run '^$' -bench CheckGlobal -benchtime 20000x ./regional/redisstore/
+func BenchmarkCheckGlobal(b *testing.B) {
+	r := testutil.StartRedis(b)
+	rc := redis.NewClient(&redis.Options{Addr: r.Addr})
+	b.Cleanup(func() { rc.Close() })
+	s, err := New(rc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	for _, marker := range []bool{false, true} {
+		if marker {
+			id, err := s.RunID(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.WriteMarker(ctx, "g", Marker{Inc: 1, Seq: 1, Units: 500000, Lease: time.Hour, Create: true, RunID: id}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run(fmt.Sprintf("marker=%v", marker), func(b *testing.B) {
+			if err := rc.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			for i := 0; i < b.N; i++ {
+				bk := []Bucket{{Key: Key(fmt.Sprint(i%100), "g"), Algorithm: rules.TokenBucket, Capacity: 1e9, Rate: 1e9,
+					Global: &Global{Rule: "g", Units: 1000000, Floor: 25000}}}
+				if _, _, err := s.Check(ctx, 1, bk); err != nil {
+					b.Fatal(err)
+				}
+			}
+			stats, err := rc.Info(ctx, "commandstats").Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, l := range strings.Split(stats, "\n") {
+				if _, rest, ok := strings.Cut(l, "cmdstat_evalsha:"); ok {
+					for _, f := range strings.Split(strings.TrimSpace(rest), ",") {
+						if v, ok := strings.CutPrefix(f, "usec_per_call="); ok {
+							var us float64
+							fmt.Sscan(v, &us)
+							b.ReportMetric(us, "redis-µs/call")
+						}
+					}
+				}
+			}
+		})
 	}
 }
