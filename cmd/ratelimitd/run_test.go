@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -36,28 +35,10 @@ func TestMain(m *testing.M) {
 
 var readyRE = regexp.MustCompile(`ready grpc=(\S+) http=(\S+).*`)
 
-// syncBuffer is a bytes.Buffer safe for a writer and a polling reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type server struct {
 	grpc, http string
 	readyLine  string
-	stderr     *syncBuffer
+	stderr     *testutil.SyncBuffer
 	stop       func() error
 }
 
@@ -65,7 +46,7 @@ type server struct {
 func startInProcess(t *testing.T, args ...string) *server {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	stdout, stderr := &testutil.SyncBuffer{}, &testutil.SyncBuffer{}
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, args, stdout, stderr) }()
 	var m []string
@@ -105,7 +86,7 @@ func startChild(t *testing.T, args ...string) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stderr := &syncBuffer{}
+	stderr := &testutil.SyncBuffer{}
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

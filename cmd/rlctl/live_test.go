@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -190,7 +189,7 @@ func TestLimitsShowRealAgent(t *testing.T) {
 	r := testutil.StartRedis(t)
 	ns := testutil.StartNATS(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	out := &syncBuffer{}
+	out := &testutil.SyncBuffer{}
 	done := make(chan error, 1)
 	go func() {
 		done <- agent.RunCommand(ctx, []string{"--region", "solo", "--redis-addr", r.Addr, "--nats-url", ns.ClientURL(),
@@ -233,21 +232,4 @@ func TestLimitsShowRealAgent(t *testing.T) {
 		!hasRow(res.stdout, "solo", "rl:{user:9}:orders", "1000000", "100%", "12.5", "30") {
 		t.Fatalf("live share of the real agent:\n%s\nstderr:\n%s", res.stdout, res.stderr)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -1,7 +1,6 @@
 package envoy_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -341,24 +339,6 @@ func TestRedisStoppedFailsOpen(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the daemon's writes and the test's reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestDaemonServesEnvoy runs the ratelimitd daemon: --envoy (the default)
 // serves the Envoy protocol on the gRPC port, --envoy=false does not.
 func TestDaemonServesEnvoy(t *testing.T) {
@@ -374,7 +354,7 @@ func TestDaemonServesEnvoy(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		t.Run(fmt.Sprintf("envoy=%v", on), func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
-			var stdout syncBuffer
+			var stdout testutil.SyncBuffer
 			done := make(chan error, 1)
 			go func() {
 				done <- enforcerd.Run(ctx, []string{"--region", "us-east", "--redis-addr", r.Addr, "--rules", rulesFile,

@@ -1,36 +1,16 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/apportion/apportion/internal/testutil"
 )
-
-// lineWriter is a concurrency-safe stdout capture.
-type lineWriter struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (w *lineWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(p)
-}
-
-func (w *lineWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
-}
 
 var readyLine = regexp.MustCompile(`ready region=(\S+) http=(\S+)\n`)
 
@@ -43,7 +23,7 @@ type runningCommand struct {
 func startCommand(t *testing.T, args ...string) *runningCommand {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	out := &lineWriter{}
+	out := &testutil.SyncBuffer{}
 	rc := &runningCommand{cancel: cancel, done: make(chan error, 1)}
 	go func() { rc.done <- RunCommand(ctx, args, out, io.Discard) }()
 	testutil.WaitFor(t, 20*time.Second, "the ready line", func() bool {
