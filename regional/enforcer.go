@@ -302,29 +302,19 @@ func (e *Enforcer) params(r rules.Rule) (bucketParams, bool) {
 	return p, true
 }
 
-// globalFloor is the region's floor units of a global rule, computed exactly
-// as the sync agent's ledger does (regions sorted by name).
+// globalFloor is the region's floor units of a global rule, computed as the
+// sync agent's ledger does (ledger.Regions, ledger.Split).
 func globalFloor(r rules.Rule, region string) (int64, bool) {
-	names := make([]string, 0, len(r.Regions))
-	for n := range r.Regions {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	specs := make([]ledger.RegionSpec, len(names))
-	idx := -1
-	for i, n := range names {
-		specs[i] = ledger.RegionSpec{Name: n, Weight: r.Regions[n]}
-		if n == region {
-			idx = i
-		}
-	}
-	if idx < 0 {
-		return 0, false
-	}
+	specs := ledger.Regions(r.Regions)
 	cfg := ledger.DefaultConfig()
 	cfg.MinShare = r.MinShare
 	floor, _ := ledger.Split(cfg, specs)
-	return floor[idx], true
+	for i, s := range specs {
+		if s.Name == region {
+			return floor[i], true
+		}
+	}
+	return 0, false
 }
 
 // validate checks a request and fills cost's default.

@@ -380,11 +380,7 @@ func (a *Agent) coordinated(r rules.Rule) bool {
 }
 
 func (a *Agent) specOf(r rules.Rule) Spec {
-	s := Spec{Units: a.cfg.Units, MinShare: r.MinShare}
-	for _, n := range slices.Sorted(maps.Keys(r.Regions)) {
-		s.Regions = append(s.Regions, ledger.RegionSpec{Name: n, Weight: r.Regions[n]})
-	}
-	return s
+	return Spec{Units: a.cfg.Units, MinShare: r.MinShare, Regions: ledger.Regions(r.Regions)}
 }
 
 func (a *Agent) setRules(rs []rules.Rule) {

@@ -174,6 +174,17 @@ func New(cfg Config, self string, regions []RegionSpec, st Start, now time.Durat
 	return l, nil
 }
 
+// Regions returns a rule's region weights in the order every region and
+// every enforcer uses for a ledger: by name. Split's results follow it.
+func Regions(weights map[string]float64) []RegionSpec {
+	out := make([]RegionSpec, 0, len(weights))
+	for n, w := range weights {
+		out = append(out, RegionSpec{Name: n, Weight: w})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
 // Split returns the floors and the initial parts of the regions, in units:
 // floors split MinShare*Units by weight, initial parts split the rest.
 func Split(cfg Config, regions []RegionSpec) (floor, initial []int64) {
