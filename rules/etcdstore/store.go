@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sort"
 	"strings"
 	"time"
@@ -225,6 +226,12 @@ func (s *Store) Put(ctx context.Context, r rules.Rule, ifMatch int64) (int64, er
 	if ifMatch < MustNotExist {
 		return 0, fmt.Errorf("etcdstore: invalid precondition revision %d", ifMatch)
 	}
+	if r.Scope == rules.Global {
+		var err error
+		if ifMatch, err = s.checkSplit(ctx, r, ifMatch); err != nil {
+			return 0, err
+		}
+	}
 	doc, err := Encode(r)
 	if err != nil {
 		return 0, err
@@ -253,6 +260,40 @@ func (s *Store) Put(ctx context.Context, r rules.Rule, ifMatch int64) (int64, er
 		return 0, fmt.Errorf("%w: rule %q is not at revision %d", ErrConflict, r.ID, ifMatch)
 	}
 	return resp.Header.Revision, nil
+}
+
+// checkSplit refuses to change the regions, weights or min_share of a
+// stored global rule: the sync agents keep the split a rule's ledgers started
+// with, and the enforcers derive their floors from the rule, so a changed
+// split would make the two disagree (a new rule id starts a new ledger).
+// It returns the precondition that makes the put conditional on the version
+// it checked (an unconditional put becomes one on the revision read).
+func (s *Store) checkSplit(ctx context.Context, r rules.Rule, ifMatch int64) (int64, error) {
+	old, rev, err := s.Get(ctx, r.ID)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		if ifMatch == Unconditional {
+			ifMatch = MustNotExist
+		}
+		return ifMatch, nil
+	case errors.Is(err, ErrInvalidDocument):
+		return ifMatch, nil // a bad stored document may be replaced
+	case err != nil:
+		return 0, err
+	}
+	if old.Scope == rules.Global {
+		const why = "cannot change on a stored global rule (the sync agents keep the split its ledgers started with); put the new split under a new rule id"
+		if !maps.Equal(old.Regions, r.Regions) {
+			return 0, &rules.FieldError{RuleID: r.ID, Field: "regions", Msg: why}
+		}
+		if old.MinShare != r.MinShare {
+			return 0, &rules.FieldError{RuleID: r.ID, Field: "min_share", Msg: why}
+		}
+	}
+	if ifMatch == Unconditional {
+		ifMatch = rev
+	}
+	return ifMatch, nil
 }
 
 // Delete removes the rule id. ifMatch is Unconditional (0) or the

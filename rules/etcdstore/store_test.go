@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -142,6 +143,48 @@ func TestStoreRefusesInvalidRules(t *testing.T) {
 				t.Fatalf("store changed: %v -> %v", before, after)
 			}
 		})
+	}
+}
+
+// A stored global rule's split (regions, weights, min_share) cannot change:
+// the put is refused naming the field and the stored rule stays; its rate
+// and capacity can change.
+func TestStoreRefusesChangingAGlobalSplit(t *testing.T) {
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	g := testRule("g", 100)
+	g.Scope, g.Regions, g.MinShare = rules.Global, map[string]float64{"a": 1, "b": 1}, 0.1
+	if _, err := s.Put(ctx, g, Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	before := rawKeys(t, c)
+	weights := g.Clone()
+	weights.Regions = map[string]float64{"a": 2, "b": 1}
+	floor := g.Clone()
+	floor.MinShare = 0.2
+	for _, tc := range []struct {
+		name  string
+		rule  rules.Rule
+		field string
+	}{{"weights", weights, "regions"}, {"min_share", floor, "min_share"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := s.Put(ctx, tc.rule, Unconditional)
+			var fe *rules.FieldError
+			if !errors.As(err, &fe) || fe.Field != tc.field || !strings.Contains(err.Error(), "new rule id") {
+				t.Fatalf("err = %v, want a FieldError naming %q", err, tc.field)
+			}
+			if after := rawKeys(t, c); !reflect.DeepEqual(after, before) {
+				t.Fatalf("store changed: %v -> %v", before, after)
+			}
+		})
+	}
+	faster := g.Clone()
+	faster.Capacity = 500
+	if _, err := s.Put(ctx, faster, Unconditional); err != nil {
+		t.Fatalf("changing a global rule's capacity: %v", err)
+	}
+	if got, _, err := s.Get(ctx, "g"); err != nil || got.Capacity != 500 {
+		t.Fatalf("after the capacity change: %+v %v", got, err)
 	}
 }
 
