@@ -19,8 +19,9 @@ type counters struct {
 	share                       float64 // units of the hottest key of the global rule, -1 if unknown
 }
 
-func scrape(ctx context.Context, url string) (map[string]*dto.MetricFamily, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+// Scrape reads the Prometheus metrics a component serves at addr/metrics.
+func Scrape(ctx context.Context, addr string) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 	if err != nil {
 		return nil, err
 	}
@@ -30,10 +31,13 @@ func scrape(ctx context.Context, url string) (map[string]*dto.MetricFamily, erro
 	}
 	defer resp.Body.Close()
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	return p.TextToMetricFamilies(resp.Body)
+	mfs, err := p.TextToMetricFamilies(resp.Body)
+	io.Copy(io.Discard, resp.Body)
+	return mfs, err
 }
 
-func label(m *dto.Metric, name string) string {
+// Label returns the value of a metric's label name ("" if it has none).
+func Label(m *dto.Metric, name string) string {
 	for _, l := range m.GetLabel() {
 		if l.GetName() == name {
 			return l.GetValue()
@@ -46,10 +50,10 @@ func label(m *dto.Metric, name string) string {
 func (s *Stack) read(ctx context.Context, r Region) counters {
 	var c counters
 	c.share = -1
-	if mfs, err := scrape(ctx, "http://"+r.HTTPAddr+"/metrics"); err == nil {
+	if mfs, err := Scrape(ctx, r.HTTPAddr); err == nil {
 		if mf := mfs["apportion_requests_total"]; mf != nil {
 			for _, m := range mf.GetMetric() {
-				switch label(m, "result") {
+				switch Label(m, "result") {
 				case "allowed":
 					c.allowed += m.GetCounter().GetValue()
 				case "rejected":
@@ -59,17 +63,17 @@ func (s *Stack) read(ctx context.Context, r Region) counters {
 		}
 		if mf := mfs["apportion_checks_total"]; mf != nil {
 			for _, m := range mf.GetMetric() {
-				if strings.HasPrefix(label(m, "decision"), "fail_") {
+				if strings.HasPrefix(Label(m, "decision"), "fail_") {
 					c.failOpen += m.GetCounter().GetValue()
 				}
 			}
 		}
 	}
 	if r.AgentHTTPAddr != "" {
-		if mfs, err := scrape(ctx, "http://"+r.AgentHTTPAddr+"/metrics"); err == nil {
+		if mfs, err := Scrape(ctx, r.AgentHTTPAddr); err == nil {
 			if mf := mfs["apportion_sync_share_units"]; mf != nil {
 				for _, m := range mf.GetMetric() {
-					if label(m, "rule") == GlobalRule && strings.Contains(label(m, "key"), DemoKey) {
+					if Label(m, "rule") == GlobalRule && strings.Contains(Label(m, "key"), DemoKey) {
 						c.share = m.GetGauge().GetValue()
 					}
 				}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -17,9 +16,6 @@ import (
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/simulations/scenario"
 	"github.com/apportion/apportion/simulations/sim"
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -273,44 +269,19 @@ func waitMarkers(ctx context.Context, sc *scenario.Scenario, clients []ratelimit
 	}
 }
 
-func scrape(ctx context.Context, addr string) (map[string]*dto.MetricFamily, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(resp.Body)
-	io.Copy(io.Discard, resp.Body)
-	return mfs, err
-}
-
-func label(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
-}
-
 // syncBytes is what the simulator counts as sync bytes: every report as
 // received by each peer, plus framing per message.
 func syncBytes(ctx context.Context, st *stack.Stack) int64 {
 	var n float64
 	for _, r := range st.Regions {
-		mfs, err := scrape(ctx, r.AgentHTTPAddr)
+		mfs, err := stack.Scrape(ctx, r.AgentHTTPAddr)
 		if err != nil {
 			continue
 		}
 		for name, per := range map[string]float64{"apportion_sync_report_bytes_total": 1, "apportion_sync_reports_total": framing} {
 			if mf := mfs[name]; mf != nil {
 				for _, m := range mf.GetMetric() {
-					if label(m, "direction") == "received" {
+					if stack.Label(m, "direction") == "received" {
 						n += per * m.GetCounter().GetValue()
 					}
 				}
@@ -338,13 +309,13 @@ func sampleAgents(ctx context.Context, st *stack.Stack, sc *scenario.Scenario, k
 		active := 0
 		for r, reg := range st.Regions {
 			row[r] = wts[r]
-			mfs, err := scrape(ctx, reg.AgentHTTPAddr)
+			mfs, err := stack.Scrape(ctx, reg.AgentHTTPAddr)
 			if err != nil {
 				continue
 			}
 			if mf := mfs["apportion_sync_share_units"]; mf != nil {
 				for _, m := range mf.GetMetric() {
-					if label(m, "rule") == ruleID && label(m, "key") == want {
+					if stack.Label(m, "rule") == ruleID && stack.Label(m, "key") == want {
 						row[r] = m.GetGauge().GetValue() / 1e6
 					}
 				}
