@@ -165,115 +165,82 @@ func (lenientCodec) Unmarshal(data []byte, v any) error {
 	return err
 }
 
-// decodeRequestLenient decodes a CheckLimitRequest without UTF-8 checks.
-func decodeRequestLenient(b []byte, out *ratelimitv1.CheckLimitRequest) error {
-	out.Reset()
+// walkFields calls fn with every field of the protobuf message b: its
+// number, its wire type, and its value (the bytes of a length-delimited
+// field, or a varint). Other wire types are skipped. No UTF-8 checks.
+func walkFields(b []byte, fn func(num protowire.Number, typ protowire.Type, raw []byte, v uint64) error) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
 			return protowire.ParseError(n)
 		}
 		b = b[n:]
+		var raw []byte
+		var v uint64
+		switch typ {
+		case protowire.BytesType:
+			raw, n = protowire.ConsumeBytes(b)
+		case protowire.VarintType:
+			v, n = protowire.ConsumeVarint(b)
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		if err := fn(num, typ, raw, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// decodeRequestLenient decodes a CheckLimitRequest without UTF-8 checks.
+func decodeRequestLenient(b []byte, out *ratelimitv1.CheckLimitRequest) error {
+	out.Reset()
+	return walkFields(b, func(num protowire.Number, typ protowire.Type, raw []byte, v uint64) error {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			out.ClientKey, b = string(v), b[n:]
+			out.ClientKey = string(raw)
 		case num == 2 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			out.Resource, b = string(v), b[n:]
+			out.Resource = string(raw)
 		case num == 3 && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			out.Cost, b = int64(v), b[n:]
-		case num == 4 && typ == protowire.BytesType:
-			entry, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			b = b[n:]
-			k, v, err := decodeMapEntry(entry)
+			out.Cost = int64(v)
+		case num == 4 && typ == protowire.BytesType: // a map entry: key 1, value 2
+			var key, val string
+			err := walkFields(raw, func(num protowire.Number, typ protowire.Type, raw []byte, _ uint64) error {
+				if typ == protowire.BytesType && num == 1 {
+					key = string(raw)
+				} else if typ == protowire.BytesType && num == 2 {
+					val = string(raw)
+				}
+				return nil
+			})
 			if err != nil {
 				return err
 			}
 			if out.Attributes == nil {
 				out.Attributes = map[string]string{}
 			}
-			out.Attributes[k] = v
-		default:
-			n := protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			b = b[n:]
+			out.Attributes[key] = val
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
-func decodeMapEntry(b []byte) (k, v string, err error) {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return "", "", protowire.ParseError(n)
-		}
-		b = b[n:]
-		if typ != protowire.BytesType {
-			n := protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return "", "", protowire.ParseError(n)
-			}
-			b = b[n:]
-			continue
-		}
-		s, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return "", "", protowire.ParseError(n)
-		}
-		b = b[n:]
-		switch num {
-		case 1:
-			k = string(s)
-		case 2:
-			v = string(s)
-		}
-	}
-	return k, v, nil
-}
-
+// decodeBatchLenient decodes a CheckLimitsRequest without UTF-8 checks.
 func decodeBatchLenient(b []byte, out *ratelimitv1.CheckLimitsRequest) error {
 	out.Reset()
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
+	return walkFields(b, func(num protowire.Number, typ protowire.Type, raw []byte, _ uint64) error {
+		if num != 1 || typ != protowire.BytesType {
+			return nil
 		}
-		b = b[n:]
-		if num == 1 && typ == protowire.BytesType {
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			b = b[n:]
-			r := &ratelimitv1.CheckLimitRequest{}
-			if err := decodeRequestLenient(v, r); err != nil {
-				return err
-			}
-			out.Requests = append(out.Requests, r)
-			continue
+		r := &ratelimitv1.CheckLimitRequest{}
+		if err := decodeRequestLenient(raw, r); err != nil {
+			return err
 		}
-		n = protowire.ConsumeFieldValue(num, typ, b)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		b = b[n:]
-	}
-	return nil
+		out.Requests = append(out.Requests, r)
+		return nil
+	})
 }

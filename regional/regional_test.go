@@ -233,6 +233,28 @@ func TestBadInputIsInvalidArgument(t *testing.T) {
 			t.Fatalf("want InvalidArgument naming client_key and UTF-8, got %v", err)
 		}
 	})
+	t.Run("invalid UTF-8 attribute in a batch", func(t *testing.T) {
+		var entry, req, b []byte
+		entry = protowire.AppendTag(entry, 1, protowire.BytesType)
+		entry = protowire.AppendBytes(entry, []byte("tier"))
+		entry = protowire.AppendTag(entry, 2, protowire.BytesType)
+		entry = protowire.AppendBytes(entry, []byte{'f', 0xff})
+		req = protowire.AppendTag(req, 1, protowire.BytesType)
+		req = protowire.AppendBytes(req, []byte("u"))
+		req = protowire.AppendTag(req, 4, protowire.BytesType)
+		req = protowire.AppendBytes(req, entry)
+		ok := protowire.AppendTag(nil, 1, protowire.BytesType)
+		ok = protowire.AppendBytes(ok, []byte("u"))
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendBytes(b, ok)
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendBytes(b, req)
+		var resp ratelimitv1.CheckLimitsResponse
+		err := e.conn.Invoke(context.Background(), "/ratelimit.v1.RateLimiter/CheckLimits", b, &resp, grpc.ForceCodec(rawCodec{}))
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "requests[1].attributes") {
+			t.Fatalf("want InvalidArgument naming requests[1].attributes, got %v", err)
+		}
+	})
 	t.Run("batch names the index", func(t *testing.T) {
 		_, err := e.client.CheckLimits(context.Background(), &ratelimitv1.CheckLimitsRequest{Requests: []*ratelimitv1.CheckLimitRequest{
 			{ClientKey: "ok"}, {ClientKey: "x", Cost: -5}}})
