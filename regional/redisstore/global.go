@@ -194,6 +194,19 @@ func (s *Store) WriteMarker(ctx context.Context, rule string, m Marker) (Version
 	return parseVersion(v)
 }
 
+// validateShares checks the arguments of WriteShares (Store and Model).
+func validateShares(rule string, recs []ShareRecord) error {
+	if rule == "" {
+		return fmt.Errorf("%w: rule is empty", ErrInvalidShare)
+	}
+	for i, r := range recs {
+		if err := validateRecord(i, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // WriteShares applies each record, one script call per record, pipelined.
 // A record applies if its version is at least the key's stored one (equal:
 // applied again); it settles the bucket at the rate and capacity it last
@@ -204,16 +217,8 @@ func (s *Store) WriteMarker(ctx context.Context, rule string, m Marker) (Version
 // persistent. It returns per record the version the key holds afterwards;
 // on an error for any record it returns the error and no versions.
 func (s *Store) WriteShares(ctx context.Context, rule string, recs []ShareRecord) ([]Version, error) {
-	if rule == "" {
-		return nil, fmt.Errorf("%w: rule is empty", ErrInvalidShare)
-	}
-	for i, r := range recs {
-		if err := validateRecord(i, r); err != nil {
-			return nil, err
-		}
-	}
-	if len(recs) == 0 {
-		return nil, nil
+	if err := validateShares(rule, recs); err != nil || len(recs) == 0 {
+		return nil, err
 	}
 	now, err := s.nowArg()
 	if err != nil {

@@ -1,7 +1,6 @@
 package redisstore
 
 import (
-	"fmt"
 	"sort"
 	"time"
 )
@@ -516,16 +515,8 @@ func (m *Model) WriteMarker(nowMs int64, rule string, mk Marker) (Version, error
 
 // WriteShares applies recs for rule at nowMs exactly as Store.WriteShares does.
 func (m *Model) WriteShares(nowMs int64, rule string, recs []ShareRecord) ([]Version, error) {
-	if rule == "" {
-		return nil, fmt.Errorf("%w: rule is empty", ErrInvalidShare)
-	}
-	for i, r := range recs {
-		if err := validateRecord(i, r); err != nil {
-			return nil, err
-		}
-	}
-	if len(recs) == 0 {
-		return nil, nil
+	if err := validateShares(rule, recs); err != nil || len(recs) == 0 {
+		return nil, err
 	}
 	mk, okm := m.markers[MarkerKey(rule)]
 	out := make([]Version, len(recs))
