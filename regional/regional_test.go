@@ -149,9 +149,11 @@ func TestReferenceTokenBucket(t *testing.T) {
 }
 
 // Two rules (10/s and 20/min): a request the second rejects consumes nothing from the first.
+// The 20/min rule is an exact sliding log: a fixed window would reset when
+// the run crosses a minute boundary (a flake seen in about 1 run in 20).
 func TestRejectedRequestConsumesNothing(t *testing.T) {
 	perSecond := tokenBucket("per-second", 10, 10)
-	perMinute := rules.Rule{ID: "per-minute", Algorithm: rules.FixedWindow, Limit: 20, Window: rules.Duration(time.Minute),
+	perMinute := rules.Rule{ID: "per-minute", Algorithm: rules.SlidingLog, Limit: 20, Window: rules.Duration(time.Minute),
 		Match: map[string]string{"resource": "POST /orders"}}
 	e := newEnv(t, []rules.Rule{perSecond, perMinute}, nil)
 	// Spend the minute's 20 in two rounds of 10, letting the 10/s bucket refill in between.

@@ -240,7 +240,7 @@ func TestHitsAddend(t *testing.T) {
 
 func TestAttributesAndOptions(t *testing.T) {
 	free := rules.Rule{ID: "free-plan", Match: map[string]string{"resource": "api", "plan": "free"},
-		Key: []string{"client_key", "plan"}, Algorithm: rules.FixedWindow, Limit: 1, Window: rules.Duration(time.Minute)}
+		Key: []string{"client_key", "plan"}, Algorithm: rules.SlidingLog, Limit: 1, Window: rules.Duration(time.Minute)} // exact: no minute boundary to cross
 	e := newEnv(t, []rules.Rule{free}, envoy.WithClientKeyEntries("tenant"), envoy.WithResponseHeaders(true))
 	req := func(plan string) *rlsv3.RateLimitRequest {
 		// The domain alone is the resource: no resource entry.
@@ -347,7 +347,7 @@ func TestDaemonServesEnvoy(t *testing.T) {
 	}
 	r := testutil.StartRedis(t)
 	rulesFile := filepath.Join(t.TempDir(), "rules.json")
-	if err := os.WriteFile(rulesFile, []byte(`[{"id":"edge","match":{"resource":"edge /x"},"algorithm":"fixed_window","limit":1,"window":"1h"}]`), 0o600); err != nil {
+	if err := os.WriteFile(rulesFile, []byte(`[{"id":"edge","match":{"resource":"edge /x"},"algorithm":"sliding_log","limit":1,"window":"1h"}]`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ready := regexp.MustCompile(`ready grpc=(\S+)`)
