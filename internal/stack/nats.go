@@ -18,7 +18,29 @@ import (
 // reconnects (after a Partition), would otherwise pick the server's real
 // address at random and bypass the delay proxy. Dialling the advertised
 // address is refused at once, and the peer goes on to the proxy.
+//
+// Ports are picked free and then bound by the servers, so another process
+// can take one in between; a failed attempt is torn down and retried with
+// new ports.
 func (s *Stack) startNATS(regions []string) error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if err = s.startNATSOnce(regions); err == nil {
+			return nil
+		}
+		for _, srv := range s.nats {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+		}
+		for _, p := range s.proxies {
+			p.Close()
+		}
+		s.nats, s.proxies = nil, nil
+	}
+	return err
+}
+
+func (s *Stack) startNATSOnce(regions []string) error {
 	gw := map[string]int{}
 	for _, r := range regions {
 		p, err := freePort()

@@ -190,7 +190,23 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// startEtcd starts the embedded etcd; a port taken between picking and
+// binding fails the start, which is retried with new ports.
 func (s *Stack) startEtcd() error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if err = s.startEtcdOnce(); err == nil {
+			return nil
+		}
+		if s.etcd != nil {
+			s.etcd.Close()
+			s.etcd = nil
+		}
+	}
+	return err
+}
+
+func (s *Stack) startEtcdOnce() error {
 	cp, err := freePort()
 	if err != nil {
 		return err
@@ -203,7 +219,7 @@ func (s *Stack) startEtcd() error {
 	pu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", pp)}
 	cfg := embed.NewConfig()
 	cfg.Name = "rlstack"
-	cfg.Dir = filepath.Join(s.Dir, "etcd")
+	cfg.Dir = filepath.Join(s.Dir, "etcd", fmt.Sprint(cp))
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
@@ -263,12 +279,27 @@ func (s *Stack) startRedis(region string) (string, error) {
 		s.RedisEmbedded = true
 		return m.Addr(), nil
 	}
-	port, err := freePort()
-	if err != nil {
-		return "", err
-	}
 	dir := filepath.Join(s.Dir, "redis-"+region)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		addr, err := s.startRedisOnce(bin, region, dir)
+		if err == nil {
+			return addr, nil
+		}
+		lastErr = err
+	}
+	return "", lastErr
+}
+
+// startRedisOnce starts redis-server on a port that was free a moment ago
+// and waits until that very process answers there (another process may have
+// taken the port in between: then it fails, and the caller retries).
+func (s *Stack) startRedisOnce(bin, region, dir string) (string, error) {
+	port, err := freePort()
+	if err != nil {
 		return "", err
 	}
 	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
@@ -279,15 +310,45 @@ func (s *Stack) startRedis(region string) (string, error) {
 	}
 	s.procs = append(s.procs, cmd)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	want := fmt.Sprintf("process_id:%d", cmd.Process.Pid)
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
-			c.Close()
-			return addr, nil
+		if info, err := redisInfo(addr); err == nil {
+			if strings.Contains(info, want) {
+				return addr, nil
+			}
+			cmd.Process.Kill() // someone else's server answers on the port
+			return "", fmt.Errorf("stack: port %d was taken before redis-server for %s bound it", port, region)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	cmd.Process.Kill()
 	return "", fmt.Errorf("stack: redis-server for %s did not listen on %s", region, addr)
+}
+
+// redisInfo sends INFO server and returns the reply, speaking just enough RESP.
+func redisInfo(addr string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := io.WriteString(c, "INFO server\r\n"); err != nil {
+		return "", err
+	}
+	r := bufio.NewReader(c)
+	head, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	var n int
+	if _, err := fmt.Sscanf(head, "$%d", &n); err != nil || n < 0 {
+		return "", fmt.Errorf("stack: unexpected INFO reply %q", head)
+	}
+	body := make([]byte, n)
+	_, err = io.ReadFull(r, body)
+	return string(body), err
 }
 
 var (

@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -98,6 +99,13 @@ func (r *Redis) start() error {
 		default:
 		}
 		if pingRedis(r.Addr) == nil {
+			// The port was free a moment ago; make sure the server answering
+			// is this process, not one that took the port in between.
+			if pid, err := redisPID(r.Addr); err != nil || pid != cmd.Process.Pid {
+				cmd.Process.Kill()
+				<-exited
+				return fmt.Errorf("port %d answered by another process (pid %d, %v)", r.Port, pid, err)
+			}
 			r.cmd = cmd
 			return nil
 		}
@@ -155,6 +163,40 @@ func pingRedis(addr string) error {
 		return fmt.Errorf("unexpected reply %q", line)
 	}
 	return nil
+}
+
+// redisPID asks the server at addr for its process id (INFO server).
+func redisPID(addr string) (int, error) {
+	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
+		return 0, err
+	}
+	br := bufio.NewReader(c)
+	var n int
+	head, err := br.ReadString('\n')
+	if err != nil {
+		return 0, err
+	}
+	if _, err := fmt.Sscanf(head, "$%d", &n); err != nil || n < 0 {
+		return 0, fmt.Errorf("unexpected INFO reply %q", head)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(br, body); err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			var pid int
+			_, err := fmt.Sscan(v, &pid)
+			return pid, err
+		}
+	}
+	return 0, fmt.Errorf("no process_id in INFO server")
 }
 
 // WaitFor polls cond every few milliseconds until it returns true or the
