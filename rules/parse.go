@@ -92,11 +92,11 @@ func syntaxError(data []byte, err error) error {
 	case errors.As(err, &se):
 		off := max(se.Offset-1, 0) // Offset counts the byte in error
 		line, col := position(data, off)
-		return fmt.Errorf("%w: invalid JSON at line %d, column %d (byte offset %d): %v", ErrInvalid, line, col, off, err)
+		return fmt.Errorf("%w: invalid JSON at line %d, column %d (byte offset %d): %w", ErrInvalid, line, col, off, err)
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return fmt.Errorf("%w: invalid JSON: unexpected end of input at byte offset %d", ErrInvalid, len(data))
 	}
-	return fmt.Errorf("%w: invalid JSON: %v", ErrInvalid, err)
+	return fmt.Errorf("%w: invalid JSON: %w", ErrInvalid, err)
 }
 
 // position turns a byte offset into a 1-based line and column.
@@ -259,7 +259,7 @@ func decodeError(id string, err error) error {
 		}
 		return &FieldError{RuleID: id, Field: name, Msg: "unknown field"}
 	}
-	return fmt.Errorf("%w: %v", ErrInvalid, err)
+	return fmt.Errorf("%w: %w", ErrInvalid, err)
 }
 
 // ParseRules decodes a JSON or YAML list of rule documents (or an object
@@ -289,7 +289,7 @@ func ParseRules(data []byte) ([]Rule, error) {
 		}
 		conv, err := yaml.YAMLToJSONStrict(data)
 		if err != nil {
-			return nil, fmt.Errorf("%w: invalid YAML: %v", ErrInvalid, err)
+			return nil, fmt.Errorf("%w: invalid YAML: %w", ErrInvalid, err)
 		}
 		js = conv
 	}
@@ -337,7 +337,7 @@ func splitList(js []byte) ([]json.RawMessage, error) {
 	if len(trimmed) > 0 && trimmed[0] == '{' {
 		var wrapper map[string]json.RawMessage
 		if err := json.Unmarshal(trimmed, &wrapper); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
 		if _, ok := wrapper["rules"]; !ok {
 			if _, isRule := wrapper["id"]; isRule {
@@ -359,7 +359,7 @@ func splitList(js []byte) ([]json.RawMessage, error) {
 	}
 	var items []json.RawMessage
 	if err := json.Unmarshal(trimmed, &items); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return items, nil
 }
@@ -377,7 +377,7 @@ func checkNoDuplicateKeys(obj []byte) error {
 		seen[k] = true
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); err != nil {
-			return fmt.Errorf("%w: %v", ErrInvalid, err)
+			return fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
 	}
 	return nil

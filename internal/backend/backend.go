@@ -145,7 +145,7 @@ func (l *Log) Register(fs *flag.FlagSet) {
 func (l *Log) New(w io.Writer) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(l.Level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %v", err)
+		return nil, fmt.Errorf("--log-level: %w", err)
 	}
 	ho := &slog.HandlerOptions{Level: lv}
 	switch l.Format {

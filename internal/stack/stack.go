@@ -420,7 +420,7 @@ func (s *Stack) runDaemon(ctx, runCtx context.Context, name, logPrefix string, r
 	case m := <-readyc:
 		return m, nil
 	case err := <-done:
-		return nil, fmt.Errorf("stack: %s stopped before it was ready: %v", name, err)
+		return nil, fmt.Errorf("stack: %s stopped before it was ready: %w", name, err)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-time.After(30 * time.Second):

@@ -92,10 +92,10 @@ func DefaultConfig() Config {
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
 	if err := usage.ValidRegion(c.Region); err != nil {
-		return fmt.Errorf("%w: Region: %v", ErrConfig, err)
+		return fmt.Errorf("%w: Region: %w", ErrConfig, err)
 	}
 	if _, err := allocation.ByName(c.Strategy); err != nil {
-		return fmt.Errorf("%w: Strategy: %v", ErrConfig, err)
+		return fmt.Errorf("%w: Strategy: %w", ErrConfig, err)
 	}
 	switch {
 	case c.Units > redisstore.MaxUnits:
@@ -106,7 +106,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: MaxUsageKeys must be positive, HotKeys not negative", ErrConfig)
 	}
 	if err := c.ledgerConfig().Validate(); err != nil {
-		return fmt.Errorf("%w: %v", ErrConfig, err)
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return nil
 }

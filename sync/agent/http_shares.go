@@ -121,13 +121,13 @@ func (a *Agent) params(ctx context.Context, rule string) (p ruleParams, ok bool,
 	select {
 	case a.results <- ask:
 	case <-ctx.Done():
-		return ruleParams{}, false, fmt.Errorf("%w: %v", ErrNotRunning, ctx.Err())
+		return ruleParams{}, false, fmt.Errorf("%w: %w", ErrNotRunning, ctx.Err())
 	}
 	select {
 	case ans := <-ch:
 		return ans.p, ans.ok, nil
 	case <-ctx.Done():
-		return ruleParams{}, false, fmt.Errorf("%w: %v", ErrNotRunning, ctx.Err())
+		return ruleParams{}, false, fmt.Errorf("%w: %w", ErrNotRunning, ctx.Err())
 	}
 }
 

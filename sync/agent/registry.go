@@ -92,11 +92,11 @@ func (r *EtcdRegistry) Key(rule string) string { return r.prefix + rule }
 func (r *EtcdRegistry) decode(b []byte) (*ledger.Registry, Spec, error) {
 	var doc registryDoc
 	if err := json.Unmarshal(b, &doc); err != nil {
-		return nil, Spec{}, fmt.Errorf("%w: document: %v", ErrRegistry, err)
+		return nil, Spec{}, fmt.Errorf("%w: document: %w", ErrRegistry, err)
 	}
 	reg, err := ledger.RestoreRegistry(doc.Spec.ledgerConfig(r.base), doc.Spec.Regions, doc.State)
 	if err != nil {
-		return nil, Spec{}, fmt.Errorf("%w: document: %v", ErrRegistry, err)
+		return nil, Spec{}, fmt.Errorf("%w: document: %w", ErrRegistry, err)
 	}
 	return reg, doc.Spec, nil
 }
@@ -120,7 +120,7 @@ func (r *EtcdRegistry) update(ctx context.Context, rule string, spec *Spec, fn f
 			}
 			cur = *spec
 			if reg, err = ledger.NewRegistry(cur.ledgerConfig(r.base), cur.Regions); err != nil {
-				return fmt.Errorf("%w: %v", ErrRegistry, err)
+				return fmt.Errorf("%w: %w", ErrRegistry, err)
 			}
 			cmp = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
 		} else {
