@@ -19,27 +19,22 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/apportion/apportion/deploy"
+	"github.com/apportion/apportion/internal/launch"
 	"github.com/apportion/apportion/regional/enforcerd"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/etcdstore"
 	"github.com/apportion/apportion/sync/agent"
 	"github.com/nats-io/nats-server/v2/server"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
 )
 
 // DefaultRegions names the regions of a stack, in order.
@@ -97,19 +92,20 @@ type Stack struct {
 	Dir           string
 	RedisEmbedded bool // true when no redis-server was on PATH
 
-	cfg     Config
-	log     *slog.Logger
-	etcd    *embed.Etcd
-	nats    []*server.Server
-	natsURL map[string]string
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	procs   []*exec.Cmd
-	minis   []*miniredis.Miniredis
-	proxies []*delayProxy // fixed once Start returns
-	mu      sync.Mutex
-	errs    []error // guarded by mu
-	closed  sync.Once
+	cfg         Config
+	log         *slog.Logger
+	etcd        *launch.Etcd
+	nats        []*server.Server // the running servers, in region order (for tests)
+	natsServers []*launch.NATS
+	natsURL     map[string]string
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	redis       []*launch.Redis
+	minis       []*miniredis.Miniredis
+	proxies     []*delayProxy // fixed once Start returns
+	mu          sync.Mutex
+	errs        []error // guarded by mu
+	closed      sync.Once
 }
 
 // Start brings the stack up and returns once every enforcer serves. On error
@@ -181,69 +177,19 @@ func (s *Stack) start(ctx, runCtx context.Context, rs []rules.Rule) error {
 	return nil
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// startEtcd starts the embedded etcd; a port taken between picking and
-// binding fails the start, which is retried with new ports.
+// startEtcd starts the embedded etcd (launch.StartEtcd).
 func (s *Stack) startEtcd() error {
-	var err error
-	for attempt := 0; attempt < 3; attempt++ {
-		if err = s.startEtcdOnce(); err == nil {
-			return nil
-		}
-		if s.etcd != nil {
-			s.etcd.Close()
-			s.etcd = nil
-		}
-	}
-	return err
-}
-
-func (s *Stack) startEtcdOnce() error {
-	cp, err := freePort()
+	e, err := launch.StartEtcd(filepath.Join(s.Dir, "etcd"))
 	if err != nil {
-		return err
-	}
-	pp, err := freePort()
-	if err != nil {
-		return err
-	}
-	cu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", cp)}
-	pu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", pp)}
-	cfg := embed.NewConfig()
-	cfg.Name = "rlstack"
-	cfg.Dir = filepath.Join(s.Dir, "etcd", fmt.Sprint(cp))
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	cfg.UnsafeNoFsync = true // a throw-away local stack
-	cfg.TickMs, cfg.ElectionMs = 10, 100
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		return fmt.Errorf("stack: etcd: %w", err)
+		return fmt.Errorf("stack: %w", err)
 	}
 	s.etcd = e
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		return fmt.Errorf("stack: etcd: %w", err)
-	case <-time.After(30 * time.Second):
-		return errors.New("stack: etcd was not ready within 30s")
-	}
-	s.EtcdEndpoint = cu.String()
+	s.EtcdEndpoint = e.Endpoint
 	return nil
 }
 
 func (s *Stack) etcdClient() (*clientv3.Client, error) {
-	return clientv3.New(clientv3.Config{Endpoints: []string{s.EtcdEndpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	return s.etcd.Client()
 }
 
 func (s *Stack) loadRules(ctx context.Context, rs []rules.Rule) error {
@@ -268,8 +214,7 @@ func (s *Stack) loadRules(ctx context.Context, rs []rules.Rule) error {
 // no redis-server on PATH (or Config.EmbeddedRedis), an in-process
 // miniredis: enough to try things out, not to measure anything.
 func (s *Stack) startRedis(region string) (string, error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil || s.cfg.EmbeddedRedis {
+	if _, err := launch.RedisServerPath(); err != nil || s.cfg.EmbeddedRedis {
 		m := miniredis.NewMiniRedis()
 		m.ClockTTL(true) // expire keys in real time, as Redis does
 		if err := m.StartAddr("127.0.0.1:0"); err != nil {
@@ -279,76 +224,12 @@ func (s *Stack) startRedis(region string) (string, error) {
 		s.RedisEmbedded = true
 		return m.Addr(), nil
 	}
-	dir := filepath.Join(s.Dir, "redis-"+region)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	var lastErr error
-	for attempt := 0; attempt < 3; attempt++ {
-		addr, err := s.startRedisOnce(bin, region, dir)
-		if err == nil {
-			return addr, nil
-		}
-		lastErr = err
-	}
-	return "", lastErr
-}
-
-// startRedisOnce starts redis-server on a port that was free a moment ago
-// and waits until that very process answers there (another process may have
-// taken the port in between: then it fails, and the caller retries).
-func (s *Stack) startRedisOnce(bin, region, dir string) (string, error) {
-	port, err := freePort()
+	r, err := launch.StartRedis(filepath.Join(s.Dir, "redis-"+region))
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("stack: redis for %s: %w", region, err)
 	}
-	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--loglevel", "warning", "--logfile", filepath.Join(dir, "redis.log"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive rlstack
-	if err := cmd.Start(); err != nil {
-		return "", fmt.Errorf("stack: start redis-server: %w", err)
-	}
-	s.procs = append(s.procs, cmd)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	want := fmt.Sprintf("process_id:%d", cmd.Process.Pid)
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if info, err := redisInfo(addr); err == nil {
-			if strings.Contains(info, want) {
-				return addr, nil
-			}
-			cmd.Process.Kill() // someone else's server answers on the port
-			return "", fmt.Errorf("stack: port %d was taken before redis-server for %s bound it", port, region)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cmd.Process.Kill()
-	return "", fmt.Errorf("stack: redis-server for %s did not listen on %s", region, addr)
-}
-
-// redisInfo sends INFO server and returns the reply, speaking just enough RESP.
-func redisInfo(addr string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := io.WriteString(c, "INFO server\r\n"); err != nil {
-		return "", err
-	}
-	r := bufio.NewReader(c)
-	head, err := r.ReadString('\n')
-	if err != nil {
-		return "", err
-	}
-	var n int
-	if _, err := fmt.Sscanf(head, "$%d", &n); err != nil || n < 0 {
-		return "", fmt.Errorf("stack: unexpected INFO reply %q", head)
-	}
-	body := make([]byte, n)
-	_, err = io.ReadFull(r, body)
-	return string(body), err
+	s.redis = append(s.redis, r)
+	return r.Addr, nil
 }
 
 var (
@@ -449,29 +330,20 @@ func (s *Stack) Close() error {
 	s.closed.Do(func() {
 		s.cancel()
 		s.wg.Wait()
-		for _, p := range s.procs {
-			p.Process.Signal(syscall.SIGTERM)
-			waited := make(chan struct{})
-			go func() { p.Wait(); close(waited) }()
-			select {
-			case <-waited:
-			case <-time.After(5 * time.Second):
-				p.Process.Kill()
-				<-waited
-			}
+		for _, r := range s.redis {
+			r.Stop()
 		}
 		for _, m := range s.minis {
 			m.Close()
 		}
-		for _, n := range s.nats {
+		for _, n := range s.natsServers {
 			n.Shutdown()
-			n.WaitForShutdown()
 		}
 		for _, p := range s.proxies {
 			p.Close()
 		}
 		if s.etcd != nil {
-			s.etcd.Close()
+			s.etcd.Stop()
 		}
 		if err := os.RemoveAll(s.Dir); err != nil {
 			s.errs = append(s.errs, err)

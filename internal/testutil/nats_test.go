@@ -96,7 +96,7 @@ func TestSuperClusterGateway(t *testing.T) {
 	// Cut eu-west off: us-east loses its gateway and the interest with it.
 	west.Shutdown()
 	WaitFor(t, 10*time.Second, "us-east to drop its gateway to eu-west", func() bool {
-		out, _ := east.gateways()
+		out, _ := east.Gateways()
 		return !out["eu-west"]
 	})
 	if east.HasGatewayInterest("eu-west", subject) {
