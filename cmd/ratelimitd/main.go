@@ -3,6 +3,7 @@
 //
 //	ratelimitd --region NAME --redis-addr HOST:PORT --grpc-addr ADDR --http-addr ADDR
 //	           [--rules FILE | --etcd-endpoints URLS] [--nats-url URL]
+//	ratelimitd --version
 //
 // Every flag also reads APPORTION_<FLAG> (upper snake case). It prints one
 // line "ready grpc=ADDR http=ADDR" once it serves. See regional/enforcerd.
@@ -10,12 +11,15 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/apportion/apportion/internal/version"
 	"github.com/apportion/apportion/regional/enforcerd"
 )
 
@@ -29,6 +33,16 @@ func main() {
 	}
 }
 
+// run answers --version and -h itself (exit 0) and otherwise runs the
+// enforcer until ctx is done.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return enforcerd.Run(ctx, args, stdout, stderr)
+	if version.Requested(args) {
+		return version.Print(stdout, "ratelimitd")
+	}
+	err := enforcerd.Run(ctx, args, stdout, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stderr, version.FlagHelp)
+		return nil
+	}
+	return err
 }

@@ -2,6 +2,7 @@
 // throughput and latency percentiles.
 //
 //	rlload --addr 127.0.0.1:8081 --concurrency 64 --duration 10s --keys 1000
+//	rlload --version
 //
 // Each worker sends one CheckLimit at a time on a shared connection pool;
 // keys are spread uniformly over --keys client keys. The run is bounded by
@@ -23,6 +24,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/flagenv"
+	"github.com/apportion/apportion/internal/version"
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
 	"github.com/apportion/apportion/regional/redisstore"
 	"google.golang.org/grpc"
@@ -55,7 +57,15 @@ type Result struct {
 func (r Result) Throughput() float64 { return float64(r.Requests) / r.Elapsed.Seconds() }
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
+	if version.Requested(args) {
+		return version.Print(stdout, "rlload")
+	}
 	fs := flag.NewFlagSet("rlload", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage of rlload:")
+		fs.PrintDefaults()
+		fmt.Fprint(fs.Output(), version.FlagHelp)
+	}
 	addr := fs.String("addr", "127.0.0.1:8081", "enforcer gRPC address")
 	conc := fs.Int("concurrency", 64, "concurrent callers")
 	conns := fs.Int("connections", 4, "gRPC connections shared by the callers")

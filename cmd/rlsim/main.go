@@ -5,8 +5,10 @@
 //	rlsim run SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--quiet]
 //	rlsim sweep SCENARIO.yaml --param rtt|interval|lease|alpha --values a,b,c [--out DIR] [--seed N] [--duration D]
 //	rlsim live SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--speed F] [--max-load N] [--quiet]
+//	rlsim --help | rlsim --version
 //
-// Every flag also reads APPORTION_<FLAG> from the environment.
+// Every flag also reads APPORTION_<FLAG> from the environment. The progress
+// bar of long runs is drawn only when stderr is a terminal.
 package main
 
 import (

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/flagenv"
+	"github.com/apportion/apportion/internal/tty"
+	"github.com/apportion/apportion/internal/version"
 	"github.com/apportion/apportion/simulations"
 	"github.com/apportion/apportion/simulations/live"
 	"github.com/apportion/apportion/simulations/report"
@@ -21,7 +23,13 @@ import (
 const usage = `usage:
   rlsim run SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--quiet]
   rlsim sweep SCENARIO.yaml --param rtt|interval|lease|alpha --values a,b,c [--out DIR] [--seed N] [--duration D]
-  rlsim live SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--speed F] [--max-load N] [--quiet]`
+  rlsim live SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--speed F] [--max-load N] [--quiet]
+  rlsim help | --help | COMMAND --help
+  rlsim --version
+
+run draws a progress bar on stderr for runs of 10 minutes of virtual time
+or more, only when stderr is a terminal. Every flag also reads
+APPORTION_<FLAG> from the environment (--max-load: APPORTION_MAX_LOAD).`
 
 type common struct {
 	out      string
@@ -55,20 +63,29 @@ func parse(fs *flag.FlagSet, args []string) (string, error) {
 	return pos[0], nil
 }
 
+// run runs one rlsim command. Help returns nil: rlsim help, -h and --help
+// print the usage to stdout, a command's -h its flags to stderr.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return errors.New(usage)
 	}
 	cmd, args := args[0], args[1:]
+	if cmd == "--version" || cmd == "-version" || cmd == "version" {
+		return version.Print(stdout, "rlsim")
+	}
 	var c common
 	fs := flag.NewFlagSet("rlsim "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "%s\n\nflags of rlsim %s:\n", usage, cmd)
+		fs.PrintDefaults()
+	}
 	fs.StringVar(&c.out, "out", "", "directory for the CSV, JSON, SVG and PNG outputs (default: none, table only)")
 	fs.Uint64Var(&c.seed, "seed", 0, "seed (default: the scenario's)")
 	fs.DurationVar(&c.duration, "duration", 0, "override the scenario's duration (default: the scenario's)")
 	switch cmd {
 	case "run":
-		fs.BoolVar(&c.quiet, "quiet", false, "no progress bar on stderr")
+		fs.BoolVar(&c.quiet, "quiet", false, "no progress bar and no timing line on stderr")
 	case "sweep":
 		fs.StringVar(&c.param, "param", "", "setting to sweep: rtt (factor of the delay matrix, or a round trip such as 100ms), interval or lease")
 		fs.StringVar(&c.values, "values", "", "comma-separated values, e.g. 0.5,1,2 or 100ms,250ms,1s")
@@ -83,6 +100,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
 	}
 	path, err := parse(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -122,7 +142,7 @@ func runOne(ctx context.Context, sc *scenario.Scenario, c common, opt sim.Option
 	if opt.Duration > 0 {
 		dur = opt.Duration
 	}
-	if !c.quiet && dur >= 10*time.Minute {
+	if !c.quiet && dur >= 10*time.Minute && tty.Is(stderr) {
 		opt.Progress = progress(stderr)
 	}
 	start := time.Now()

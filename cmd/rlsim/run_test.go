@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/apportion/apportion/simulations/live"
+	"github.com/creack/pty"
 )
 
 const scenarios = "../../simulations/scenarios/"
@@ -89,5 +91,59 @@ func TestLiveRefusesEvents(t *testing.T) {
 	err := run(context.Background(), []string{"live", scenarios + "region-loss.yaml", "--quiet"}, &out, &errb)
 	if !errors.Is(err, live.ErrUnsupported) {
 		t.Fatalf("live: %v", err)
+	}
+}
+
+func TestHelpAndVersion(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"run", "--help"}, {"sweep", "-h"}, {"live", "--help"}} {
+		var out, errb bytes.Buffer
+		if err := run(context.Background(), args, &out, &errb); err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+		if !strings.Contains(out.String()+errb.String(), "rlsim run SCENARIO.yaml") {
+			t.Errorf("%v: no usage in\n%s%s", args, out.String(), errb.String())
+		}
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"--version"}, &out, &out); err != nil || !strings.HasPrefix(out.String(), "rlsim ") {
+		t.Errorf("--version: %v %q", err, out.String())
+	}
+}
+
+// TestProgressOnlyOnTerminal: the progress bar of a long run is drawn on a
+// terminal (a pseudo-terminal here) and never into a file or pipe.
+func TestProgressOnlyOnTerminal(t *testing.T) {
+	args := []string{"run", scenarios + "shift.yaml", "--duration", "10m"}
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(errb.String(), "\r") || strings.Contains(errb.String(), "[#") {
+		t.Errorf("progress bar written to a non-terminal:\n%q", errb.String())
+	}
+	if !strings.Contains(errb.String(), "simulated 10m0s") {
+		t.Errorf("no timing line:\n%s", errb.String())
+	}
+
+	ptmx, term, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	t.Setenv("TERM", "xterm")
+	read := make(chan string)
+	go func() {
+		b, _ := io.ReadAll(ptmx) // until the terminal side is closed (EIO)
+		read <- string(b)
+	}()
+	out.Reset()
+	err = run(context.Background(), args, &out, term)
+	term.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	drawn := <-read
+	if !strings.Contains(drawn, "100%") || !strings.Contains(drawn, "\r[") {
+		t.Errorf("no progress bar on the terminal:\n%q", drawn)
 	}
 }
