@@ -17,6 +17,7 @@ import (
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/admin"
 	"github.com/apportion/apportion/rules/etcdstore"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 )
 
@@ -46,6 +47,7 @@ const listYAML = `- id: login
 
 type fixture struct {
 	store     *etcdstore.Store
+	client    *clientv3.Client
 	endpoints string
 	adminURL  string
 	dir       string
@@ -54,7 +56,8 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	e := testutil.StartEtcd(t)
-	s, err := etcdstore.New(e.Client(t))
+	ec := e.Client(t)
+	s, err := etcdstore.New(ec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +67,7 @@ func newFixture(t *testing.T) *fixture {
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return &fixture{store: s, endpoints: e.Endpoint, adminURL: srv.URL, dir: t.TempDir()}
+	return &fixture{store: s, client: ec, endpoints: e.Endpoint, adminURL: srv.URL, dir: t.TempDir()}
 }
 
 func (f *fixture) file(t *testing.T, name, content string) string {
@@ -236,7 +239,7 @@ func TestUsageAndEnv(t *testing.T) {
 	rlctl(t, "rules", "list", "-h").must(t, exitOK, "Exit codes")
 	rlctl(t, "rules", "list").must(t, exitUsage, "--etcd-endpoints")
 	rlctl(t, "--etcd-endpoints", "http://x", "--admin-url", "http://y", "rules", "list").must(t, exitUsage, "not both")
-	rlctl(t, "-o", "yaml", "rules", "validate", "-f", "x").must(t, exitUsage, "table or json")
+	rlctl(t, "-o", "xml", "rules", "validate", "-f", "x").must(t, exitUsage, "table, json or yaml")
 	rlctl(t, "rules", "get").must(t, exitUsage, "want ID")
 	rlctl(t, "rules", "list", "--bogus").must(t, exitUsage, "bogus")
 

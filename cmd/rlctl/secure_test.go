@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apportion/apportion/internal/backend"
 	"github.com/apportion/apportion/internal/testutil"
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
 	"google.golang.org/grpc"
@@ -65,7 +66,7 @@ func TestEtcdTLSFlags(t *testing.T) {
 			rlctl(t, append(tc.args, "rules", "list")...).must(t, tc.code, tc.want)
 		})
 	}
-	g := globals{etcdEndpoints: "https://a:2379, https://b:2379", etcdCA: pki.ca, etcdCert: pki.cert, etcdKey: pki.key, etcdUsername: "u", etcdPassword: "p"}
+	g := globals{etcd: backend.Etcd{Endpoints: "https://a:2379, https://b:2379", CA: pki.ca, Cert: pki.cert, Key: pki.key, Username: "u", Password: "p"}}
 	cfg, err := g.etcdConfig()
 	if err != nil {
 		t.Fatal(err)

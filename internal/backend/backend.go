@@ -6,6 +6,7 @@
 package backend
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -79,15 +80,50 @@ func (e *Etcd) Register(fs *flag.FlagSet, endpointsHelp string) {
 	fs.StringVar(&e.Key, "etcd-key", "", "client key for etcd")
 }
 
+// EndpointList returns --etcd-endpoints split at commas, blanks trimmed.
+func (e *Etcd) EndpointList() []string {
+	var out []string
+	for _, ep := range strings.Split(e.Endpoints, ",") {
+		if ep = strings.TrimSpace(ep); ep != "" {
+			out = append(out, ep)
+		}
+	}
+	return out
+}
+
+// Validate checks the combinations of the etcd flags: a password needs a
+// user name, a client certificate its key, and TLS files https://
+// endpoints (etcd's client talks plaintext to an http:// endpoint whatever
+// the TLS configuration, so the files would be silently ignored).
+func (e *Etcd) Validate() error {
+	switch {
+	case e.Password != "" && e.Username == "":
+		return errors.New("--etcd-password needs --etcd-username")
+	case (e.Cert == "") != (e.Key == ""):
+		return errors.New("give --etcd-cert and --etcd-key together")
+	}
+	if e.CA != "" || e.Cert != "" {
+		for _, ep := range e.EndpointList() {
+			if strings.HasPrefix(ep, "http://") {
+				return fmt.Errorf("--etcd-ca, --etcd-cert and --etcd-key need https:// endpoints, got %s", ep)
+			}
+		}
+	}
+	return nil
+}
+
 // Config returns the etcd client configuration; TLS is on with --etcd-ca,
-// --etcd-cert or https:// endpoints.
+// --etcd-cert or https:// endpoints. It fails as Validate does.
 func (e *Etcd) Config(dialTimeout time.Duration) (clientv3.Config, error) {
 	c := clientv3.Config{
-		Endpoints:   strings.Split(e.Endpoints, ","),
+		Endpoints:   e.EndpointList(),
 		Username:    e.Username,
 		Password:    e.Password,
 		DialTimeout: dialTimeout,
 		Logger:      zap.NewNop(),
+	}
+	if err := e.Validate(); err != nil {
+		return c, err
 	}
 	if e.CA != "" || e.Cert != "" || strings.Contains(e.Endpoints, "https://") {
 		tc, err := tlsconfig.Client(e.CA, e.Cert, e.Key)

@@ -1,0 +1,295 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+
+	"github.com/apportion/apportion/rules"
+	"github.com/spf13/cobra"
+)
+
+// limitsCmd is the limits group: show and set a rule's global limit.
+func (c *cli) limitsCmd() *cobra.Command {
+	cmd := c.group(&cobra.Command{
+		Use:     "limits",
+		Aliases: []string{"limit"},
+		Short:   "Show and set global limits and each region's share",
+	})
+	cmd.AddCommand(c.limitsShowCmd(), c.limitsSetCmd())
+	return cmd
+}
+
+func (c *cli) limitsShowCmd() *cobra.Command {
+	var (
+		agents string
+		top    int
+	)
+	cmd := &cobra.Command{
+		Use:   "show ID",
+		Short: "Show a rule's global limit, each region's static share and, with --agents, its live share",
+		Long: `Show the rule's limit and, for a global rule, each region's static share
+(weight, rate, burst, floor). With --agents, also each region's live share
+from its sync agent: one agent per region, [REGION=]URL (http://host:9091 or
+host:9091); the region named is checked against the agent's answer.
+
+Exits 0 when at least one agent answers (the others are shown as
+unreachable, unavailable or not-coordinated), 1 when none does.`,
+		Example: `  rlctl limits show user-global
+  rlctl limits show user-global --agents us-east=http://10.0.0.5:9091,eu-west=10.1.0.5:9091 --top 5`,
+		Args:              exactArgs(1, "ID"),
+		ValidArgsFunction: c.completeRuleIDs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.limitsShow(cmd.Context(), args[0], agents, top)
+		},
+	}
+	cmd.Flags().StringVar(&agents, "agents", "", "comma-separated sync agent HTTP addresses, one per region: [REGION=]URL")
+	cmd.Flags().IntVar(&top, "top", 0, "also list each region's N keys with the largest live share (with --agents)")
+	return cmd
+}
+
+func (c *cli) limitsShow(ctx context.Context, id, agents string, top int) error {
+	var refs []agentRef
+	if agents != "" {
+		var err error
+		if refs, err = parseAgents(agents); err != nil {
+			return err
+		}
+	}
+	if top < 0 || top > maxLiveKeys {
+		return usagef("--top must be from 0 to %d", maxLiveKeys)
+	}
+	if top > 0 && refs == nil {
+		return usagef("--top needs --agents")
+	}
+	st, closeStore, err := c.store()
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	r, rev, err := st.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	return c.showLimits(ctx, r, rev, &liveQuery{agents: refs, top: top})
+}
+
+func (c *cli) limitsSetCmd() *cobra.Command {
+	var (
+		rate    float64
+		burst   int64
+		ifMatch int64
+	)
+	cmd := &cobra.Command{
+		Use:   "set ID [--rate N] [--burst N]",
+		Short: "Set a token-bucket rule's global rate (refill_per_second) and burst (capacity)",
+		Long: `Set the rule's refill_per_second (--rate) and/or capacity (--burst). The
+rule is read and written back at its revision (or at --if-match REV): a
+concurrent change makes this fail with exit code 4, nothing overwritten.`,
+		Example:           "  rlctl limits set user-global --rate 200 --burst 400",
+		Args:              exactArgs(1, "ID"),
+		ValidArgsFunction: c.completeRuleIDs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.limitsSet(cmd.Context(), args[0], rate, burst, ifMatch)
+		},
+	}
+	cmd.Flags().Float64Var(&rate, "rate", 0, "global rate: refill_per_second (tokens per second)")
+	cmd.Flags().Int64Var(&burst, "burst", 0, "global burst: capacity (tokens)")
+	cmd.Flags().Int64Var(&ifMatch, "if-match", 0, "update only if the rule is still at this revision (default: the revision just read)")
+	return cmd
+}
+
+func (c *cli) limitsSet(ctx context.Context, id string, rate float64, burst int64, ifMatch int64) error {
+	if rate == 0 && burst == 0 {
+		return usagef("give --rate N and/or --burst N")
+	}
+	if ifMatch < 0 {
+		return usagef("--if-match must be a revision (> 0)")
+	}
+	st, closeStore, err := c.store()
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	r, rev, err := st.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if r.Algorithm != rules.TokenBucket {
+		return fmt.Errorf("rule %q uses %s; limits set works on token_bucket rules (edit the rule with rules put)", r.ID, r.Algorithm)
+	}
+	if ifMatch == 0 {
+		ifMatch = rev
+	}
+	if rate != 0 {
+		r.RefillPerSecond = rate
+	}
+	if burst != 0 {
+		r.Capacity = burst
+	}
+	newRev, err := st.Put(ctx, r, ifMatch)
+	if err != nil {
+		return err
+	}
+	return c.showLimits(ctx, r, newRev, nil)
+}
+
+// liveQuery asks showLimits for live shares.
+type liveQuery struct {
+	agents []agentRef
+	top    int
+}
+
+// regionLimit is one region's part of a rule's limit.
+type regionLimit struct {
+	Region      string     `json:"region"`
+	Weight      float64    `json:"weight,omitempty"`
+	StaticRate  float64    `json:"static_rate"`
+	StaticBurst float64    `json:"static_burst"`
+	FloorRate   float64    `json:"floor_rate"`
+	Live        *liveShare `json:"live,omitempty"`
+}
+
+type limitsView struct {
+	ID       string        `json:"id"`
+	Revision int64         `json:"revision"`
+	Scope    rules.Scope   `json:"scope"`
+	Rate     float64       `json:"rate"`
+	Burst    int64         `json:"burst"`
+	MinShare float64       `json:"min_share"`
+	Regions  []regionLimit `json:"regions"`
+	// OtherAgents are the answers of agents that match none of the rule's
+	// regions (or a region another agent already answered for).
+	OtherAgents []liveShare `json:"other_agents,omitempty"`
+}
+
+// showLimits prints r's limits; with lq and a global token-bucket rule, also
+// each region's live share from its sync agent. It fails (after printing)
+// when every agent failed.
+func (c *cli) showLimits(ctx context.Context, r rules.Rule, rev int64, lq *liveQuery) error {
+	rate, burst := r.RefillPerSecond, r.Capacity
+	if r.Algorithm != rules.TokenBucket && r.Algorithm != rules.LeakyBucket {
+		rate, burst = 0, r.Limit
+	}
+	v := limitsView{ID: r.ID, Revision: rev, Scope: r.Scope, Rate: rate, Burst: burst, MinShare: r.MinShare, Regions: []regionLimit{}}
+	regions := slices.Sorted(maps.Keys(r.Regions))
+	coordinated := r.Scope == rules.Global && r.Algorithm == rules.TokenBucket
+	queried := lq != nil && len(lq.agents) > 0 && coordinated
+	var live map[string]*liveShare
+	var answers []liveShare
+	if queried {
+		answers = queryAgents(ctx, &http.Client{}, lq.agents, r.ID, max(liveKeys, lq.top), lq.top)
+		live, v.OtherAgents = assignLive(regions, answers)
+	}
+	for _, name := range regions {
+		frac, _ := r.StaticShare(name)
+		v.Regions = append(v.Regions, regionLimit{Region: name, Weight: r.Regions[name],
+			StaticRate: rate * frac, StaticBurst: float64(burst) * frac, FloorRate: rate * frac * r.MinShare, Live: live[name]})
+	}
+	var liveErr error
+	if queried {
+		failed := 0
+		for _, a := range answers {
+			if !a.ok() {
+				failed++
+				region := a.Region
+				if region == "" {
+					region = "region unknown"
+				}
+				fmt.Fprintf(c.stderr, "rlctl: sync agent %s (%s): %s: %s\n", a.Agent, region, a.Status, a.Error)
+			}
+		}
+		if failed == len(answers) {
+			liveErr = fmt.Errorf("no sync agent answered with live shares (%d queried)", len(answers))
+		}
+	}
+	if c.structured() {
+		if err := c.emit(v); err != nil {
+			return err
+		}
+		return liveErr
+	}
+	fmt.Fprintf(c.stdout, "rule %s (revision %d): %s, scope %s\n", r.ID, rev, limitText(r), r.Scope)
+	if r.Scope != rules.Global {
+		_, err := fmt.Fprintln(c.stdout, "regional rule: every region enforces the whole limit")
+		return err
+	}
+	fmt.Fprintf(c.stdout, "global limit: rate %s/s, burst %d, min_share %s\n", num(rate), burst, num(r.MinShare))
+	tw := c.table()
+	fmt.Fprintln(tw, "REGION\tWEIGHT\tSTATIC RATE/S\tSTATIC BURST\tFLOOR RATE/S")
+	for _, rl := range v.Regions {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", rl.Region, num(rl.Weight), num(rl.StaticRate), num(rl.StaticBurst), num(rl.FloorRate))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	switch {
+	case !coordinated:
+		_, err := fmt.Fprintf(c.stdout, "live shares: none (sync agents coordinate global token_bucket rules only)\n")
+		return err
+	case !queried:
+		_, err := fmt.Fprintln(c.stdout, "live shares: give --agents [REGION=]URL,... (or APPORTION_AGENTS) to ask the regions' sync agents")
+		return err
+	}
+	if err := c.printLive(v, max(liveKeys, lq.top), lq.top); err != nil {
+		return err
+	}
+	return liveErr
+}
+
+// printLive prints the live-share tables of showLimits.
+func (c *cli) printLive(v limitsView, limit, top int) error {
+	fmt.Fprintf(c.stdout, "\nlive shares (from each region's sync agent; RATE/S and BURST sum the region's shares of its top %d keys by units):\n", limit)
+	tw := c.table()
+	fmt.Fprintln(tw, "REGION\tSTATUS\tINCARNATION\tFENCED\tKEYS\tLIVE RATE/S\tLIVE BURST\tAGENT")
+	row := func(region string, l *liveShare) {
+		if l == nil {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t(no agent given)\n", region)
+			return
+		}
+		if !l.ok() {
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t%s\n", region, l.Status, l.Agent)
+			return
+		}
+		keys := fmt.Sprint(l.Keys)
+		if l.TotalKeys > l.Keys {
+			keys += fmt.Sprintf(" of %d", l.TotalKeys)
+		}
+		fenced := "no"
+		if l.Fenced {
+			fenced = "yes (floor)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", region, l.Status, l.Incarnation, fenced, keys, num(l.Rate), num(l.Burst), l.Agent)
+	}
+	for _, rl := range v.Regions {
+		row(rl.Region, rl.Live)
+	}
+	for i := range v.OtherAgents {
+		a := &v.OtherAgents[i]
+		region := a.Region
+		if region == "" {
+			region = "?"
+		}
+		row(region, a)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if top == 0 {
+		return nil
+	}
+	fmt.Fprintf(c.stdout, "\ntop %d keys per region by live share:\n", top)
+	tw = c.table()
+	fmt.Fprintln(tw, "REGION\tKEY\tUNITS\tSHARE\tRATE/S\tBURST")
+	for _, rl := range v.Regions {
+		if rl.Live == nil {
+			continue
+		}
+		for _, k := range rl.Live.Top {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s%%\t%s\t%s\n", rl.Region, k.Key, k.Units, num(100*k.Share), num(k.Rate), num(k.Burst))
+		}
+	}
+	return tw.Flush()
+}
