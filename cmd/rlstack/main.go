@@ -2,7 +2,14 @@
 // process tree and prints its addresses; Ctrl-C stops everything and leaves
 // nothing behind. See internal/stack.
 //
-//	rlstack [--regions N] [--load] [--view=false]
+//	rlstack [--regions N] [--load] [--view=false] [--verbose] [--embedded-redis]
+//	rlstack --version
+//
+// On a terminal it draws one screen and redraws it every second: the
+// addresses (the sync agents' included) and ready commands pinned at the
+// top, the live per-region figures below. When its output is not a terminal
+// (a file, a pipe, CI), or with --verbose (the logs would tear the screen),
+// it prints the addresses once and the figures as plain lines.
 package main
 
 import (
@@ -17,6 +24,8 @@ import (
 
 	"github.com/apportion/apportion/internal/flagenv"
 	"github.com/apportion/apportion/internal/stack"
+	"github.com/apportion/apportion/internal/tty"
+	"github.com/apportion/apportion/internal/version"
 )
 
 func main() {
@@ -30,12 +39,20 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if version.Requested(args) {
+		return version.Print(stdout, "rlstack")
+	}
 	fs := flag.NewFlagSet("rlstack", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage of rlstack:")
+		fs.PrintDefaults()
+		fmt.Fprint(stderr, version.FlagHelp)
+	}
 	regions := fs.Int("regions", 3, "number of regions")
-	verbose := fs.Bool("verbose", false, "show the components' logs")
+	verbose := fs.Bool("verbose", false, "show the components' logs (on stderr; the view prints plain lines then)")
 	load := fs.Bool("load", false, "drive demo traffic on the global rule that moves between regions every 20s")
-	view := fs.Bool("view", true, "print a live per-region view every second")
+	view := fs.Bool("view", true, "show live per-region figures every second (redrawn in place on a terminal)")
 	embedded := fs.Bool("embedded-redis", false, "use an in-process miniredis per region even when redis-server is on PATH")
 	if err := flagenv.Parse(fs, args, nil); err != nil {
 		return err
@@ -49,17 +66,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprint(stdout, s.Summary())
-	fmt.Fprintln(stdout, "\nCtrl-C stops everything.")
+	screen := *view && !*verbose && tty.Is(stdout)
+	if !screen {
+		fmt.Fprint(stdout, s.Summary())
+		fmt.Fprintln(stdout, "\n"+stack.StopHint)
+	}
 	done := make(chan struct{}, 2)
 	if *load {
 		go func() { s.Load(ctx); done <- struct{}{} }()
 	} else {
 		done <- struct{}{}
 	}
-	if *view {
+	switch {
+	case screen:
+		go func() { s.Screen(ctx, stdout, time.Second); done <- struct{}{} }()
+	case *view:
 		go func() { s.View(ctx, stdout, time.Second); done <- struct{}{} }()
-	} else {
+	default:
 		done <- struct{}{}
 	}
 	<-ctx.Done()

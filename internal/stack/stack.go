@@ -358,9 +358,13 @@ func (s *Stack) Close() error {
 func (s *Stack) Summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "apportion local stack: %d regions, etcd %s\n\n", len(s.Regions), s.EtcdEndpoint)
-	fmt.Fprintf(&b, "%-10s %-20s %-20s %-20s %-26s\n", "region", "grpc", "http", "redis", "nats")
+	fmt.Fprintf(&b, "%-10s %-20s %-20s %-20s %-26s %s\n", "region", "grpc", "http", "redis", "nats", "sync agent")
 	for _, r := range s.Regions {
-		fmt.Fprintf(&b, "%-10s %-20s %-20s %-20s %-26s\n", r.Name, r.GRPCAddr, r.HTTPAddr, r.RedisAddr, r.NATSURL)
+		agent := r.AgentHTTPAddr
+		if agent == "" {
+			agent = "-"
+		}
+		fmt.Fprintf(&b, "%-10s %-20s %-20s %-20s %-26s %s\n", r.Name, r.GRPCAddr, r.HTTPAddr, r.RedisAddr, r.NATSURL, agent)
 	}
 	r0 := s.Regions[0]
 	if s.RedisEmbedded {
@@ -373,7 +377,27 @@ func (s *Stack) Summary() string {
 	fmt.Fprintf(&b, "  grpcurl -plaintext -d '{\"client_key\":\"user:42\",\"resource\":\"POST /orders\",\"attributes\":{\"tier\":\"free\"}}' %s ratelimit.v1.RateLimiter/CheckLimit\n", r0.GRPCAddr)
 	fmt.Fprintf(&b, "  curl -i -d '{\"client_key\":\"user:42\",\"resource\":\"POST /orders\",\"attributes\":{\"tier\":\"free\"}}' http://%s/v1/check\n", r0.HTTPAddr)
 	fmt.Fprintf(&b, "  go run ./cmd/rlctl --admin-url http://%s --token %s rules list\n", r0.AdminAddr, s.AdminToken)
+	if cmd := s.LimitsShowCommand(); cmd != "" {
+		fmt.Fprintf(&b, "  %s\n", cmd)
+	}
 	return b.String()
+}
+
+// LimitsShowCommand is a ready command line that shows the global demo
+// rule's limit and each region's live share from its sync agent ("" when
+// no region runs an agent).
+func (s *Stack) LimitsShowCommand() string {
+	var agents []string
+	for _, r := range s.Regions {
+		if r.AgentHTTPAddr != "" {
+			agents = append(agents, r.Name+"=http://"+r.AgentHTTPAddr)
+		}
+	}
+	if len(agents) == 0 || len(s.Regions) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("go run ./cmd/rlctl --admin-url http://%s --token %s limits show %s --agents %s",
+		s.Regions[0].AdminAddr, s.AdminToken, GlobalRule, strings.Join(agents, ","))
 }
 
 // ErrNoProxy: Partition was asked to cut a gateway link that has no proxy

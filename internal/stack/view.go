@@ -83,10 +83,52 @@ func (s *Stack) read(ctx context.Context, r Region) counters {
 	return c
 }
 
-// View writes a refreshing per-region table to w every interval until ctx
-// is done: checks/s, allowed/s, rejected/s, failure-policy answers/s, and
-// the region's share of the global demo rule for the demo key.
+// View writes a per-region table to w every interval until ctx is done,
+// as plain lines (for files, pipes and logs): checks/s, allowed/s,
+// rejected/s, failure-policy answers/s, and the region's share of the
+// global demo rule for the demo key.
 func (s *Stack) View(ctx context.Context, w io.Writer, interval time.Duration) {
+	s.watch(ctx, interval, func(table string) { io.WriteString(w, "\n"+table) })
+}
+
+// Terminal control sequences of Screen (VT100, understood by every
+// terminal emulator in use).
+const (
+	ansiHome       = "\x1b[H"    // cursor to the top left
+	ansiClear      = "\x1b[2J"   // erase the screen
+	ansiClearLine  = "\x1b[K"    // erase to the end of the line
+	ansiClearBelow = "\x1b[J"    // erase from the cursor to the end of the screen
+	ansiHideCursor = "\x1b[?25l" // no blinking cursor over the figures
+	ansiShowCursor = "\x1b[?25h" // restored when Screen returns
+)
+
+// StopHint ends the plain summary and every screen Screen draws.
+const StopHint = "Ctrl-C stops everything."
+
+// Screen draws one screen on the terminal w and redraws it in place every
+// interval until ctx is done, instead of scrolling: the addresses and ready
+// commands (Summary) pinned at the top, then View's per-region table. The
+// last screen stays when it returns, with the cursor below it.
+func (s *Stack) Screen(ctx context.Context, w io.Writer, interval time.Duration) {
+	summary := s.Summary()
+	draw := func(table string) {
+		var b strings.Builder
+		b.WriteString(ansiHome)
+		for _, line := range strings.Split(summary+"\n"+table+"\n"+StopHint, "\n") {
+			b.WriteString(line + ansiClearLine + "\n")
+		}
+		b.WriteString(ansiClearBelow)
+		io.WriteString(w, b.String())
+	}
+	io.WriteString(w, ansiHideCursor+ansiHome+ansiClear)
+	defer io.WriteString(w, ansiShowCursor)
+	draw(fmt.Sprintf("(live figures every %v)\n", interval))
+	s.watch(ctx, interval, draw)
+}
+
+// watch calls show with the per-region table every interval until ctx is
+// done; the rates are over the last interval.
+func (s *Stack) watch(ctx context.Context, interval time.Duration, show func(table string)) {
 	prev := make([]counters, len(s.Regions))
 	for i, r := range s.Regions {
 		prev[i] = s.read(ctx, r)
@@ -100,7 +142,7 @@ func (s *Stack) View(ctx context.Context, w io.Writer, interval time.Duration) {
 		case <-t.C:
 		}
 		var b strings.Builder
-		fmt.Fprintf(&b, "\n%s  %-10s %9s %9s %9s %9s   %s\n", time.Now().Format("15:04:05"), "region", "checks/s", "allowed", "rejected", "fail", "share of "+GlobalRule+" for "+DemoKey)
+		fmt.Fprintf(&b, "%s  %-10s %9s %9s %9s %9s   %s\n", time.Now().Format("15:04:05"), "region", "checks/s", "allowed", "rejected", "fail", "share of "+GlobalRule+" for "+DemoKey)
 		for i, r := range s.Regions {
 			cur := s.read(ctx, r)
 			sec := interval.Seconds()
@@ -113,7 +155,10 @@ func (s *Stack) View(ctx context.Context, w io.Writer, interval time.Duration) {
 				(cur.failOpen-prev[i].failOpen)/sec, share)
 			prev[i] = cur
 		}
-		io.WriteString(w, b.String())
+		if ctx.Err() != nil {
+			return // the scrapes were cut short: no figures
+		}
+		show(b.String())
 	}
 }
 
