@@ -14,6 +14,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -54,7 +55,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	load := fs.Bool("load", false, "drive demo traffic on the global rule that moves between regions every 20s")
 	view := fs.Bool("view", true, "show live per-region figures every second (redrawn in place on a terminal)")
 	embedded := fs.Bool("embedded-redis", false, "use an in-process miniredis per region even when redis-server is on PATH")
-	if err := flagenv.Parse(fs, args, nil); err != nil {
+	if err := flagenv.Parse(fs, args, nil); errors.Is(err, flag.ErrHelp) {
+		return nil
+	} else if err != nil {
 		return err
 	}
 	cfg := stack.Config{Regions: *regions, EmbeddedRedis: *embedded}
