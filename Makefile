@@ -6,8 +6,11 @@ BIN := bin
 
 all: build
 
+# VERSION, when set, is what every binary's --version reports
+# (make build VERSION=v1.2.3); else the build information decides.
+VERSION ?=
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build $(if $(VERSION),-ldflags "-X github.com/apportion/apportion/internal/version.Version=$(VERSION)") -o $(BIN)/ ./cmd/...
 
 test:
 	bash .ci/test

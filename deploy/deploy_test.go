@@ -44,10 +44,11 @@ const image = "apportion/apportion"
 var regions = []string{"us-east", "eu-west", "ap-south"}
 
 // rlctl is a main package too: its flags (global and per command), read from
-// cmd/rlctl/run.go and commands.go. Switch to the real flag set the same way
+// cmd/rlctl (root.go and one file per command group); --prefix is the
+// deprecated name of --etcd-prefix. Switch to the real flag set the same way
 // when rlctl's run moves into an importable package.
 var rlctlFlags = map[string]string{
-	"etcd-endpoints": "", "prefix": "/ratelimit/rules/", "admin-url": "", "token": "",
+	"etcd-endpoints": "", "etcd-prefix": "/ratelimit/rules/", "prefix": "/ratelimit/rules/", "admin-url": "", "token": "",
 	"output": "table", "timeout": "10s", "file": "", "if-match": "0", "create": "false",
 	"rate": "0", "burst": "0", "addr": "", "client-key": "", "resource": "", "cost": "1", "attr": "",
 }
