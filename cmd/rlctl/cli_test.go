@@ -55,6 +55,10 @@ func TestUnknownCommandSuggests(t *testing.T) {
 		{[]string{"rules"}, []string{"no command given", "Available Commands"}},
 		{[]string{"limits"}, []string{"no command given", "show"}},
 		{[]string{"rules", "get", "--bogus"}, []string{"unknown flag: --bogus", "rlctl rules get --help"}},
+		{[]string{"help", "rulse"}, []string{`unknown command "rulse" for "rlctl"`, "rules"}},
+		{[]string{"help", "rules", "frob"}, []string{`unknown command "frob" for "rlctl rules"`}},
+		{[]string{"completion", "tcsh"}, []string{`unknown command "tcsh" for "rlctl completion"`}},
+		{[]string{"completion"}, []string{"no command given", "bash"}},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			rlctl(t, tc.args...).must(t, exitUsage, tc.want...)

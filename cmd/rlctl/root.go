@@ -88,8 +88,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c := &cli{stdout: stdout, stderr: stderr}
 	root := c.rootCmd()
 	root.SetArgs(args)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
 	if c.cancel != nil {
 		c.cancel()
@@ -127,8 +125,36 @@ CheckLimit to an enforcer.`,
 	})
 	c.registerGlobals(root.PersistentFlags())
 	root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
+	root.SetOut(c.stdout) // help and completion scripts
+	root.SetErr(c.stderr)
 	root.AddCommand(c.rulesCmd(), c.limitsCmd(), c.checkCmd(), c.versionCmd())
+	c.strictBuiltins(root)
 	return root
+}
+
+// strictBuiltins makes cobra's own help and completion commands fail like
+// the others on an unknown topic or shell (exit 2, with suggestions),
+// where cobra would print the usage and exit 0. The completion scripts go
+// to the output set on root before.
+func (c *cli) strictBuiltins(root *cobra.Command) {
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	for _, sub := range root.Commands() {
+		switch sub.Name() {
+		case "help":
+			show := sub.Run
+			sub.Run = nil
+			sub.RunE = func(cmd *cobra.Command, args []string) error {
+				if target, rest, err := cmd.Root().Find(args); err == nil && len(rest) > 0 {
+					return unknownCommand(target, rest[0])
+				}
+				show(cmd, args)
+				return nil
+			}
+		case "completion":
+			c.group(sub)
+		}
+	}
 }
 
 // registerGlobals defines the flags every command accepts. The etcd flags
