@@ -18,6 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // Redis is how to reach the region's Redis.
@@ -79,8 +81,15 @@ func (e *Etcd) Register(fs *flag.FlagSet, endpointsHelp string) {
 	fs.StringVar(&e.Key, "etcd-key", "", "client key for etcd")
 }
 
+// EtcdReconnectMaxDelay caps the wait between two attempts to reconnect to
+// etcd (gRPC's default grows to 120 s, so the first request after an outage
+// could wait many seconds for the next attempt).
+const EtcdReconnectMaxDelay = time.Second
+
 // Config returns the etcd client configuration; TLS is on with --etcd-ca,
-// --etcd-cert or https:// endpoints.
+// --etcd-cert or https:// endpoints. The client retries a lost connection
+// at least every EtcdReconnectMaxDelay, each attempt bounded by
+// dialTimeout, so it is back within about a second of etcd.
 func (e *Etcd) Config(dialTimeout time.Duration) (clientv3.Config, error) {
 	c := clientv3.Config{
 		Endpoints:   strings.Split(e.Endpoints, ","),
@@ -88,6 +97,10 @@ func (e *Etcd) Config(dialTimeout time.Duration) (clientv3.Config, error) {
 		Password:    e.Password,
 		DialTimeout: dialTimeout,
 		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: EtcdReconnectMaxDelay},
+			MinConnectTimeout: dialTimeout,
+		})},
 	}
 	if e.CA != "" || e.Cert != "" || strings.Contains(e.Endpoints, "https://") {
 		tc, err := tlsconfig.Client(e.CA, e.Cert, e.Key)

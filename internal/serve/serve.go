@@ -113,7 +113,11 @@ func NewHTTP(h http.Handler, t Timeouts, tc *tls.Config, log *slog.Logger) *http
 		ReadTimeout:       pick(t.Read, d.Read),
 		WriteTimeout:      pick(t.Write, d.Write),
 		IdleTimeout:       pick(t.Idle, d.Idle),
-		TLSConfig:         tc,
+	}
+	if tc != nil {
+		// Serving configures HTTP/2 on the server's TLS configuration: one
+		// copy per server, so servers may share tc.
+		s.TLSConfig = tc.Clone()
 	}
 	if log != nil {
 		// Handshake failures and cut-off clients are the client's fault:
