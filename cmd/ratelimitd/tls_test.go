@@ -74,7 +74,7 @@ func TestMutualTLSOnEveryPort(t *testing.T) {
 	s := startInProcess(t, "--region", "us-east", "--redis-addr", r.Addr, "--etcd-endpoints", et.Endpoint,
 		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0",
 		"--admin-token", "s3cret", "--tls-cert", srvCert.Cert, "--tls-key", srvCert.Key, "--tls-client-ca", clientCA.File,
-		"--http-read-timeout", "1s")
+		"--http-read-timeout", "1s", "--http-read-header-timeout", "1s")
 	adminAddr, metricsAddr := adminRE.FindStringSubmatch(s.readyLine)[1], metricsRE.FindStringSubmatch(s.readyLine)[1]
 
 	good := serverCA.ClientTLS(t, clientCA.Client(t, "gateway"))
@@ -170,36 +170,67 @@ func TestMutualTLSOnEveryPort(t *testing.T) {
 			t.Error("no log line for the reload")
 		}
 	})
-	t.Run("a slow body is cut off on every HTTP port", func(t *testing.T) {
-		for port, dial := range map[string]func() (net.Conn, error){
-			"HTTP":    func() (net.Conn, error) { return tls.Dial("tcp", s.http, good) },
-			"admin":   func() (net.Conn, error) { return tls.Dial("tcp", adminAddr, good) },
-			"metrics": func() (net.Conn, error) { return net.Dial("tcp", metricsAddr) },
-		} {
-			c, err := dial()
-			if err != nil {
-				t.Fatal(err)
+	// Each port is probed by its own goroutine: the ports run their timeouts
+	// at the same time.
+	eachPort := func(t *testing.T, ports map[string]func() (net.Conn, error), probe func(c net.Conn)) map[string]time.Duration {
+		t.Helper()
+		type result struct {
+			port string
+			d    time.Duration
+			err  error
+		}
+		res := make(chan result, len(ports))
+		for port, dial := range ports {
+			go func() {
+				c, err := dial()
+				if err != nil {
+					res <- result{port: port, err: err}
+					return
+				}
+				defer c.Close()
+				start := time.Now()
+				c.SetDeadline(time.Now().Add(15 * time.Second))
+				closed := make(chan struct{})
+				go func() { io.Copy(io.Discard, c); close(closed) }() // until the server closes
+				probe(c)
+				<-closed
+				res <- result{port: port, d: time.Since(start)}
+			}()
+		}
+		out := map[string]time.Duration{}
+		for range ports {
+			r := <-res
+			if r.err != nil {
+				t.Fatalf("%s: %v", r.port, r.err)
 			}
-			start := time.Now()
-			path := map[string]string{"HTTP": "/v1/check", "admin": "/rules/x", "metrics": "/metrics"}[port]
-			io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
-			closed := make(chan struct{})
-			go func() { io.Copy(io.Discard, c); close(closed) }()
-			tick := time.NewTicker(100 * time.Millisecond)
-		trickle:
-			for {
-				select {
-				case <-closed:
-					break trickle
-				case <-tick.C:
-					c.Write([]byte(" "))
-				case <-time.After(15 * time.Second):
-					t.Fatalf("%s still holds a slow body after %v", port, time.Since(start))
+			out[r.port] = r.d
+		}
+		return out
+	}
+	plain := func(addr string) func() (net.Conn, error) { return func() (net.Conn, error) { return net.Dial("tcp", addr) } }
+	mtls := func(addr string) func() (net.Conn, error) { return func() (net.Conn, error) { return tls.Dial("tcp", addr, good) } }
+	t.Run("a silent connection is dropped on every port", func(t *testing.T) {
+		ports := map[string]func() (net.Conn, error){"gRPC": plain(s.grpc), "HTTP": plain(s.http), "admin": plain(adminAddr), "metrics": plain(metricsAddr)}
+		for port, d := range eachPort(t, ports, func(net.Conn) {}) {
+			t.Logf("%s: a connection that sent nothing was dropped after %v (--http-read-header-timeout 1s)", port, d)
+			if d > 5*time.Second {
+				t.Errorf("%s held a silent connection for %v, want about 1s", port, d)
+			}
+		}
+	})
+	t.Run("a slow body is cut off on every HTTP port", func(t *testing.T) {
+		ports := map[string]func() (net.Conn, error){"HTTP": mtls(s.http), "admin": mtls(adminAddr), "metrics": plain(metricsAddr)}
+		head := "POST /v1/check HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+		trickle := func(c net.Conn) {
+			io.WriteString(c, head)
+			for i := 0; i < 150; i++ { // 15 s at 10 bytes/s: far past the read timeout
+				time.Sleep(100 * time.Millisecond) // the pace of a slow client is the subject of the test
+				if _, err := c.Write([]byte(" ")); err != nil {
+					return // closed by the server
 				}
 			}
-			tick.Stop()
-			c.Close()
-			d := time.Since(start)
+		}
+		for port, d := range eachPort(t, ports, trickle) {
 			t.Logf("%s: a body sent at 10 bytes/s was cut off after %v (--http-read-timeout 1s)", port, d)
 			if d > 5*time.Second {
 				t.Errorf("%s cut the slow body off after %v, want about 1s", port, d)

@@ -83,7 +83,7 @@ func DefaultTimeouts() Timeouts {
 // --http-write-timeout and --http-idle-timeout on fs, with the defaults.
 func (t *Timeouts) Register(fs *flag.FlagSet) {
 	d := DefaultTimeouts()
-	fs.DurationVar(&t.ReadHeader, "http-read-header-timeout", d.ReadHeader, "every HTTP server: time to read a request's headers")
+	fs.DurationVar(&t.ReadHeader, "http-read-header-timeout", d.ReadHeader, "every HTTP server: time to read a request's headers (and to finish the TLS handshake; also bounds the gRPC server's connection handshake)")
 	fs.DurationVar(&t.Read, "http-read-timeout", d.Read, "every HTTP server: time to read a whole request, body included (a slower client is cut off)")
 	fs.DurationVar(&t.Write, "http-write-timeout", d.Write, "every HTTP server: time from the end of the request's headers to the end of the answer")
 	fs.DurationVar(&t.Idle, "http-idle-timeout", d.Idle, "every HTTP server: how long a keep-alive connection may idle between requests")

@@ -124,7 +124,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 // Run parses the ratelimitd command line, starts the enforcer and blocks
 // until ctx is done, then shuts down gracefully: it stops accepting, finishes
 // in-flight checks, and closes. It prints "ready grpc=ADDR http=ADDR" to
-// stdout once it serves (with " admin=ADDR" when the admin API is on).
+// stdout once it serves (with " admin=ADDR" when the admin API is on, then
+// " metrics=ADDR" with --metrics-addr).
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
@@ -237,7 +238,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var gopts []grpc.ServerOption
+	// A connection that does not finish its TLS and HTTP/2 handshake within
+	// the read-header timeout is dropped (gRPC's default waits 120 s).
+	gopts := []grpc.ServerOption{grpc.ConnectionTimeout(o.httpTimeouts.ReadHeader)}
 	var tlsCfg *tls.Config
 	if tlsSrv != nil {
 		tlsCfg = tlsSrv.Config()
