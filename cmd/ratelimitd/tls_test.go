@@ -207,8 +207,12 @@ func TestMutualTLSOnEveryPort(t *testing.T) {
 		}
 		return out
 	}
-	plain := func(addr string) func() (net.Conn, error) { return func() (net.Conn, error) { return net.Dial("tcp", addr) } }
-	mtls := func(addr string) func() (net.Conn, error) { return func() (net.Conn, error) { return tls.Dial("tcp", addr, good) } }
+	plain := func(addr string) func() (net.Conn, error) {
+		return func() (net.Conn, error) { return net.Dial("tcp", addr) }
+	}
+	mtls := func(addr string) func() (net.Conn, error) {
+		return func() (net.Conn, error) { return tls.Dial("tcp", addr, good) }
+	}
 	t.Run("a silent connection is dropped on every port", func(t *testing.T) {
 		ports := map[string]func() (net.Conn, error){"gRPC": plain(s.grpc), "HTTP": plain(s.http), "admin": plain(adminAddr), "metrics": plain(metricsAddr)}
 		for port, d := range eachPort(t, ports, func(net.Conn) {}) {
