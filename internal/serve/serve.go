@@ -1,8 +1,8 @@
 // Package serve holds what the daemons share about the ports they serve:
 // the command-line flags for server TLS (certificate, key, client CA for
-// mutual TLS) and for HTTP timeouts, and the HTTP server built from them, so
-// every port of ratelimitd and syncagent is secured and timed out the same
-// way.
+// mutual TLS; ratelimitd's ports) and for HTTP timeouts (every HTTP server
+// of ratelimitd and syncagent), and the HTTP server built from them, so
+// every port is secured and timed out the same way.
 //
 // Invariant: every HTTP server built here has read-header, read, write and
 // idle timeouts, so a client that sends its request slowly, never reads its
