@@ -107,13 +107,6 @@ func (s *Server) Config() *tls.Config {
 // MutualTLS reports whether s asks clients for a certificate.
 func (s *Server) MutualTLS() bool { return s.caFile != "" }
 
-// Certificate returns the certificate being served now (after a reload
-// check).
-func (s *Server) Certificate() *tls.Certificate {
-	cert, _ := s.current()
-	return cert
-}
-
 func (s *Server) verifyClient(cs tls.ConnectionState) error {
 	_, pool := s.current()
 	if len(cs.PeerCertificates) == 0 {
