@@ -89,14 +89,19 @@ const EtcdReconnectMaxDelay = time.Second
 // Config returns the etcd client configuration; TLS is on with --etcd-ca,
 // --etcd-cert or https:// endpoints. The client retries a lost connection
 // at least every EtcdReconnectMaxDelay, each attempt bounded by
-// dialTimeout, so it is back within about a second of etcd.
+// dialTimeout, so it is back within about a second of etcd; while a watch
+// is open it pings every 10 s and drops a connection unanswered for 5 s, so
+// a peer that vanished without closing (half-open) is noticed too.
 func (e *Etcd) Config(dialTimeout time.Duration) (clientv3.Config, error) {
 	c := clientv3.Config{
 		Endpoints:   strings.Split(e.Endpoints, ","),
 		Username:    e.Username,
 		Password:    e.Password,
 		DialTimeout: dialTimeout,
-		Logger:      zap.NewNop(),
+		// etcd's server accepts pings every 5 s or slower by default.
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		Logger:               zap.NewNop(),
 		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: EtcdReconnectMaxDelay},
 			MinConnectTimeout: dialTimeout,
