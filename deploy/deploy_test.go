@@ -419,11 +419,11 @@ func TestComposeStructure(t *testing.T) {
 	if !slices.Contains(ri.Volumes, "./rules.yaml:/rules.yaml:ro") {
 		t.Errorf("rules-init does not mount ./rules.yaml at /rules.yaml: %v", ri.Volumes)
 	}
-	// The admin API: on the us-east enforcer, token from the environment
-	// with a default that says to change it.
+	// The admin API: on the us-east enforcer, token from the environment,
+	// required (compose refuses to start without it), no default.
 	env := c.Services["ratelimitd-us-east"].env()
-	if tok := env["APPORTION_ADMIN_TOKEN"]; !strings.HasPrefix(tok, "${APPORTION_ADMIN_TOKEN:-") || !strings.Contains(tok, "change-me") {
-		t.Errorf("ratelimitd-us-east APPORTION_ADMIN_TOKEN = %q, want ${APPORTION_ADMIN_TOKEN:-change-me}", tok)
+	if tok := env["APPORTION_ADMIN_TOKEN"]; !strings.HasPrefix(tok, "${APPORTION_ADMIN_TOKEN:?") {
+		t.Errorf("ratelimitd-us-east APPORTION_ADMIN_TOKEN = %q, want ${APPORTION_ADMIN_TOKEN:?message}: required, no default", tok)
 	}
 	if env["APPORTION_ADMIN_ADDR"] == "" {
 		t.Error("ratelimitd-us-east serves no admin API (APPORTION_ADMIN_ADDR)")
@@ -452,6 +452,127 @@ func TestComposeStructure(t *testing.T) {
 	}
 }
 
+// Every host port the compose stack publishes is bound to 127.0.0.1: the
+// laptop stack (plain text, etcd without auth) is never on the network.
+func TestComposePublishesOnLoopbackOnly(t *testing.T) {
+	n := 0
+	for name, s := range loadCompose(t).Services {
+		for _, p := range s.Ports {
+			n++
+			if !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("docker-compose.yml service %s publishes %q: bind it to 127.0.0.1", name, p)
+			}
+		}
+	}
+	if n < 10 {
+		t.Errorf("found only %d published ports", n)
+	}
+}
+
+// defaultSecret finds placeholder secrets that a deployment could go live
+// with unchanged.
+var defaultSecret = regexp.MustCompile(`(?i)change[-_ ]?me|\bchangeit\b|\bs3cret\b|password123`)
+
+// secretVar names an environment variable that holds a secret.
+var secretVar = regexp.MustCompile(`(?i)(TOKEN|PASSWORD|SECRET|_KEY|CREDS)$`)
+
+// No deploy file ships a default secret: no placeholder such as change-me in
+// any file, no compose secret with a ${VAR:-default} fallback, and the
+// example Kubernetes Secret's values are all empty (ratelimitd refuses an
+// empty admin token, so it cannot be applied as is).
+func TestNoDefaultSecrets(t *testing.T) {
+	for _, f := range deployFiles(t, ".yml", ".yaml", ".json", ".md", ".conf", "") {
+		if filepath.Base(f) == "Dockerfile.dockerignore" {
+			continue
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(data), "\n") {
+			if m := defaultSecret.FindString(line); m != "" {
+				t.Errorf("%s:%d: %q looks like a default secret: %s", f, i+1, m, strings.TrimSpace(line))
+			}
+		}
+	}
+	fallback := regexp.MustCompile(`\$\{[A-Z0-9_]+:?-([^}]*)\}`)
+	for name, s := range loadCompose(t).Services {
+		for k, v := range s.env() {
+			if !secretVar.MatchString(k) {
+				continue
+			}
+			if m := fallback.FindStringSubmatch(v); m != nil && m[1] != "" {
+				t.Errorf("docker-compose.yml service %s: %s=%q falls back to a default secret; use ${%s:?message}", name, k, v, k)
+			}
+			if !strings.HasPrefix(v, "${") {
+				t.Errorf("docker-compose.yml service %s: %s is set to a literal secret", name, k)
+			}
+		}
+	}
+	for _, d := range yamlDocs(t, filepath.Join("k8s", "base", "secret.example.yaml")) {
+		data, _ := get(d, "stringData").(map[string]any)
+		if len(data) == 0 {
+			t.Error("secret.example.yaml: no stringData")
+		}
+		for k, v := range data {
+			if toString(v) != "" {
+				t.Errorf("secret.example.yaml: %s has the value %q; leave every example value empty", k, v)
+			}
+		}
+	}
+	// Kubernetes workloads read every secret from a Secret, never a literal.
+	for _, c := range workloadContainers(k8sObjects(t, "k8s")) {
+		for name, e := range c.env() {
+			if secretVar.MatchString(name) && e["value"] != nil {
+				t.Errorf("%s: %s is a literal value; read it from a Secret (valueFrom.secretKeyRef)", c.where(), name)
+			}
+		}
+	}
+}
+
+// The admin API writes rules: in Kubernetes it listens on loopback only
+// (kubectl port-forward), or, to be served to the network, only with mutual
+// TLS. No Service exposes a loopback-only port.
+func TestAdminNotPlainOnTheNetwork(t *testing.T) {
+	found := false
+	for _, c := range workloadContainers(k8sObjects(t, "k8s")) {
+		if c.binary() != "ratelimitd" {
+			continue
+		}
+		env := map[string]string{}
+		for k, e := range c.env() {
+			env[k] = toString(e["value"])
+			if e["valueFrom"] != nil {
+				env[k] = "(from " + toString(e["valueFrom"]) + ")"
+			}
+		}
+		addr, ok := env["APPORTION_ADMIN_ADDR"]
+		if !ok {
+			continue
+		}
+		found = true
+		if loopback(addr) {
+			continue
+		}
+		if env["APPORTION_TLS_CERT"] == "" || env["APPORTION_TLS_CLIENT_CA"] == "" {
+			t.Errorf("%s: admin API on %s in plain text or without client certificates: bind it to 127.0.0.1, or set APPORTION_TLS_CERT, APPORTION_TLS_KEY and APPORTION_TLS_CLIENT_CA", c.where(), addr)
+		}
+	}
+	if !found {
+		t.Error("no Kubernetes ratelimitd serves the admin API (APPORTION_ADMIN_ADDR)")
+	}
+	for _, o := range k8sObjects(t, "k8s") {
+		if o.kind != "Service" {
+			continue
+		}
+		for _, sp := range list(get(o.doc, "spec", "ports")) {
+			if toString(sp["targetPort"]) == "admin" || toString(sp["port"]) == "9090" {
+				t.Errorf("%s: Service/%s exposes the admin port, which listens on loopback only", o.file, o.name)
+			}
+		}
+	}
+}
+
 // TestComposeConfig runs docker compose's own validation where it is installed.
 func TestComposeConfig(t *testing.T) {
 	var cmd []string
@@ -465,7 +586,9 @@ func TestComposeConfig(t *testing.T) {
 		return
 	}
 	args := append(cmd[1:], "-f", "docker-compose.yml", "config", "-q")
-	out, err := exec.Command(cmd[0], args...).CombinedOutput()
+	c := exec.Command(cmd[0], args...)
+	c.Env = append(os.Environ(), "APPORTION_ADMIN_TOKEN=deploy-test") // required, no default
+	out, err := c.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", strings.Join(append(cmd[:1:1], args...), " "), err, out)
 	}
@@ -838,16 +961,19 @@ func TestPortsMatchFlags(t *testing.T) {
 	rl := ratelimitdFlags(t)
 	// The deploy files' conventional ports are the flags' default ports;
 	// the admin API has no default address (off), 9090 by convention.
+	// --metrics-addr has no default either (off), 8082 by convention.
 	want := map[string]map[string]int{
 		"ratelimitd": {"grpc-addr": portOf(t, "ratelimitd --grpc-addr default", rl["grpc-addr"]),
-			"http-addr": portOf(t, "ratelimitd --http-addr default", rl["http-addr"]), "admin-addr": 9090},
+			"http-addr": portOf(t, "ratelimitd --http-addr default", rl["http-addr"]), "admin-addr": 9090, "metrics-addr": 8082},
 		"syncagent": {"http-addr": portOf(t, "syncagent --http-addr default", syncagentFlags(t)["http-addr"])},
 	}
 	if want["ratelimitd"]["grpc-addr"] != 8081 || want["ratelimitd"]["http-addr"] != 8080 || want["syncagent"]["http-addr"] != 9091 {
 		t.Errorf("flag default ports changed (%v): update the deploy files and this test", want)
 	}
-	if _, ok := rl["admin-addr"]; !ok {
-		t.Error("ratelimitd has no --admin-addr flag")
+	for _, f := range []string{"admin-addr", "metrics-addr"} {
+		if _, ok := rl[f]; !ok {
+			t.Errorf("ratelimitd has no --%s flag", f)
+		}
 	}
 
 	c := loadCompose(t)
@@ -867,7 +993,7 @@ func TestPortsMatchFlags(t *testing.T) {
 		if _, ok := lp["http-addr"]; !ok {
 			t.Errorf("%s: no APPORTION_HTTP_ADDR (the default listens on loopback only)", where)
 		}
-		metricsPort[name] = lp["http-addr"]
+		metricsPort[name] = healthPort(lp)
 		listening := map[int]bool{}
 		for _, p := range lp {
 			listening[p] = true
@@ -883,8 +1009,8 @@ func TestPortsMatchFlags(t *testing.T) {
 		if s.Healthcheck != nil {
 			hc := strings.Join(s.Healthcheck.Test, " ")
 			m := urlPort.FindStringSubmatch(hc)
-			if m == nil || m[1] != strconv.Itoa(lp["http-addr"]) {
-				t.Errorf("%s: healthcheck %q does not call the HTTP port %d", where, hc, lp["http-addr"])
+			if m == nil || m[1] != strconv.Itoa(healthPort(lp)) {
+				t.Errorf("%s: healthcheck %q does not call the health port %d", where, hc, healthPort(lp))
 			}
 		}
 	}
@@ -943,6 +1069,15 @@ func TestPortsMatchFlags(t *testing.T) {
 				t.Errorf("%s: --%s port %d, want %d", ct.where(), f, p, w)
 			}
 			name := strings.TrimSuffix(f, "-addr")
+			// A loopback listener is reachable from inside the pod only
+			// (kubectl port-forward): it has no containerPort.
+			if loopback(env[flagenvName(f)]) {
+				if _, ok := ports[name]; ok {
+					t.Errorf("%s: --%s listens on loopback but has containerPort %q", ct.where(), f, name)
+				}
+				delete(lp, f)
+				continue
+			}
 			if ports[name] != p {
 				t.Errorf("%s: listens on %d (--%s) but containerPort %q is %d", ct.where(), p, f, name, ports[name])
 			}
@@ -959,15 +1094,15 @@ func TestPortsMatchFlags(t *testing.T) {
 				continue
 			}
 			p, path := resolvePort(hg["port"], ports), toString(hg["path"])
-			if p != lp["http-addr"] {
-				t.Errorf("%s: %s on port %v, want the HTTP port %d", ct.where(), probe, hg["port"], lp["http-addr"])
+			if p != healthPort(lp) {
+				t.Errorf("%s: %s on port %v, want the health port %d", ct.where(), probe, hg["port"], healthPort(lp))
 			}
 			if wantPath := map[string]string{"readinessProbe": "/readyz", "livenessProbe": "/healthz"}[probe]; path != wantPath {
 				t.Errorf("%s: %s path %s, want %s", ct.where(), probe, path, wantPath)
 			}
 		}
-		if ann := toString(get(ct.obj.doc, "spec", "template", "metadata", "annotations", "prometheus.io/port")); ann != strconv.Itoa(lp["http-addr"]) {
-			t.Errorf("%s: prometheus.io/port %q, want %d", ct.where(), ann, lp["http-addr"])
+		if ann := toString(get(ct.obj.doc, "spec", "template", "metadata", "annotations", "prometheus.io/port")); ann != strconv.Itoa(healthPort(lp)) {
+			t.Errorf("%s: prometheus.io/port %q, want %d", ct.where(), ann, healthPort(lp))
 		}
 	}
 
@@ -1002,6 +1137,33 @@ func TestPortsMatchFlags(t *testing.T) {
 			}
 		}
 	}
+}
+
+// healthPort is where /metrics, /healthz and /readyz are served: the
+// --metrics-addr port when set, else the --http-addr port.
+func healthPort(lp map[string]int) int {
+	if p, ok := lp["metrics-addr"]; ok {
+		return p
+	}
+	return lp["http-addr"]
+}
+
+// flagenvName maps a flag name to its environment variable.
+func flagenvName(flag string) string {
+	return "APPORTION_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// loopback reports whether a listen address binds the loopback interface.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // resolvePort resolves a probe or Service port (name or number).

@@ -340,6 +340,11 @@ func TestFlagErrors(t *testing.T) {
 		{"missing rules file", []string{"--region", "r", "--rules", "/nonexistent/rules.json", "--redis-addr", "127.0.0.1:1"}, "rules"},
 		{"redis cert without key", []string{"--region", "r", "--rules", "x", "--redis-cert", "c.pem"}, "--redis-cert"},
 		{"redis CA missing", []string{"--region", "r", "--rules", "x", "--redis-ca", "/nonexistent/ca.pem"}, "--redis-ca"},
+		{"tls cert without key", []string{"--region", "r", "--rules", "x", "--tls-cert", "c.pem"}, "--tls-cert and --tls-key"},
+		{"client CA without TLS", []string{"--region", "r", "--rules", "x", "--tls-client-ca", "ca.pem"}, "--tls-client-ca needs --tls-cert"},
+		{"unreadable TLS files", []string{"--region", "r", "--rules", "x", "--tls-cert", "/nonexistent/c.pem", "--tls-key", "/nonexistent/k.pem"}, "tls:"},
+		{"zero read timeout", []string{"--region", "r", "--rules", "x", "--http-read-timeout", "0s"}, "must be positive"},
+		{"zero admin store timeout", []string{"--region", "r", "--etcd-endpoints", "x", "--admin-store-timeout", "0s"}, "--admin-store-timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -19,6 +19,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // Redis is how to reach the region's Redis.
@@ -112,15 +114,32 @@ func (e *Etcd) Validate() error {
 	return nil
 }
 
+// EtcdReconnectMaxDelay caps the wait between two attempts to reconnect to
+// etcd (gRPC's default grows to 120 s, so the first request after an outage
+// could wait many seconds for the next attempt).
+const EtcdReconnectMaxDelay = time.Second
+
 // Config returns the etcd client configuration; TLS is on with --etcd-ca,
-// --etcd-cert or https:// endpoints. It fails as Validate does.
+// --etcd-cert or https:// endpoints. The client retries a lost connection
+// at least every EtcdReconnectMaxDelay, each attempt bounded by
+// dialTimeout, so it is back within about a second of etcd; while a watch
+// is open it pings every 10 s and drops a connection unanswered for 5 s, so
+// a peer that vanished without closing (half-open) is noticed too. It
+// fails as Validate does.
 func (e *Etcd) Config(dialTimeout time.Duration) (clientv3.Config, error) {
 	c := clientv3.Config{
 		Endpoints:   e.EndpointList(),
 		Username:    e.Username,
 		Password:    e.Password,
 		DialTimeout: dialTimeout,
-		Logger:      zap.NewNop(),
+		// etcd's server accepts pings every 5 s or slower by default.
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		Logger:               zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: EtcdReconnectMaxDelay},
+			MinConnectTimeout: dialTimeout,
+		})},
 	}
 	if err := e.Validate(); err != nil {
 		return c, err

@@ -1,13 +1,16 @@
-// Package tlsconfig builds client TLS configurations from PEM files, for the
-// connections the daemons make to Redis, etcd and NATS.
+// Package tlsconfig builds TLS configurations from PEM files: client ones for
+// the connections the daemons make to Redis, etcd and NATS, and server ones
+// (Server) for the ports they serve, with optional client certificates
+// (mutual TLS) and certificate reload without a restart.
+//
+// Invariant: every configuration requires TLS 1.2 or later; a server with a
+// client CA serves no client that lacks a certificate chaining to it.
 package tlsconfig
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 )
 
 // Client returns a TLS client configuration (TLS 1.2 or later). caFile, when
@@ -16,13 +19,9 @@ import (
 func Client(caFile, certFile, keyFile string) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
+		pool, err := loadPool(caFile)
 		if err != nil {
 			return nil, fmt.Errorf("tlsconfig: CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tlsconfig: CA file %s holds no PEM certificate", caFile)
 		}
 		cfg.RootCAs = pool
 	}

@@ -21,13 +21,16 @@ import (
 
 	"github.com/apportion/apportion/internal/backend"
 	"github.com/apportion/apportion/internal/flagenv"
+	"github.com/apportion/apportion/internal/serve"
 	"github.com/apportion/apportion/regional"
 	"github.com/apportion/apportion/regional/envoy"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
+	"github.com/apportion/apportion/rules/admin"
 	"github.com/apportion/apportion/sync/usage"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -54,8 +57,10 @@ type options struct {
 	timeout       time.Duration
 	maxCost       int64
 	localFraction float64
-	tlsCert       string
-	tlsKey        string
+	tls           serve.TLS
+	httpTimeouts  serve.Timeouts
+	metricsAddr   string
+	adminTimeout  time.Duration
 	shutdown      time.Duration
 	envoy         bool
 }
@@ -72,7 +77,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.envoyRes, "envoy-resource-entries", "path,header_match", "Envoy descriptor entries that give the resource (after a \"resource\" entry)")
 	fs.BoolVar(&o.envoyHeaders, "envoy-response-headers", false, "send x-ratelimit-* headers in Envoy answers")
 	fs.StringVar(&o.grpcAddr, "grpc-addr", "127.0.0.1:8081", "gRPC listen address (port 0: any free port)")
-	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address for /v1/check, /metrics, /healthz, /readyz")
+	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:8080", "HTTP listen address for /v1/check, /healthz, /readyz (and /metrics unless --metrics-addr)")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "separate plain-HTTP listen address for /metrics, /healthz and /readyz (e.g. for probes and scrapers when --tls-client-ca is on); /metrics then leaves --http-addr (empty: off)")
 	fs.StringVar(&o.rulesFile, "rules", "", "JSON or YAML file with a list of rules; reloaded when it changes")
 	fs.DurationVar(&o.rulesPoll, "rules-poll", time.Second, "how often the rules file is checked for changes")
 	o.etcd.Register(fs, "comma-separated etcd endpoints to watch rules from (instead of --rules)")
@@ -80,13 +86,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.adminAddr, "admin-addr", "", "listen address of the rules admin API (needs --etcd-endpoints; empty: off)")
 	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token the admin API requires (prefer APPORTION_ADMIN_TOKEN)")
 	fs.BoolVar(&o.adminNoAuth, "admin-no-auth", false, "serve the admin API without authentication (loopback test stacks only)")
+	fs.DurationVar(&o.adminTimeout, "admin-store-timeout", admin.DefaultStoreTimeout, "longest an admin API request waits for etcd before it answers 503")
 	o.nats.Register(fs, "", "NATS URL for usage reports to the region's sync agent (empty: off)")
 	fs.BoolVar(&o.staticGlobal, "static-global", false, "global rules enforce their static share; ONLY for regions without a sync agent (see README)")
 	fs.DurationVar(&o.timeout, "timeout", def.Timeout, "timeout of each Redis call before the failure policy answers")
 	fs.Int64Var(&o.maxCost, "max-cost", def.MaxCost, "largest cost one request may ask for")
 	fs.Float64Var(&o.localFraction, "local-fraction", def.LocalFraction, "share of a rule's limit that failure_mode local admits per process while Redis is down")
-	fs.StringVar(&o.tlsCert, "tls-cert", "", "TLS certificate file for gRPC and HTTP (with --tls-key)")
-	fs.StringVar(&o.tlsKey, "tls-key", "", "TLS key file for gRPC and HTTP")
+	o.tls.Register(fs, "gRPC, HTTP and the admin API")
+	o.httpTimeouts.Register(fs)
 	fs.BoolVar(&o.envoy, "envoy", true, "also serve Envoy's rate-limit protocol (envoy.service.ratelimit.v3.RateLimitService) on the gRPC port")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown waits for in-flight checks")
 	if err := flagenv.Parse(fs, args, nil); err != nil {
@@ -102,8 +109,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("one of --rules FILE or --etcd-endpoints URLS is required")
 	case o.rulesFile != "" && o.etcd.Endpoints != "":
 		return nil, errors.New("--rules and --etcd-endpoints are exclusive")
-	case (o.tlsCert == "") != (o.tlsKey == ""):
-		return nil, errors.New("--tls-cert and --tls-key go together")
+	case o.adminTimeout <= 0:
+		return nil, errors.New("--admin-store-timeout must be positive")
+	}
+	if err := o.tls.Validate(); err != nil {
+		return nil, err
+	}
+	if err := o.httpTimeouts.Validate(); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
@@ -111,7 +124,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 // Run parses the ratelimitd command line, starts the enforcer and blocks
 // until ctx is done, then shuts down gracefully: it stops accepting, finishes
 // in-flight checks, and closes. It prints "ready grpc=ADDR http=ADDR" to
-// stdout once it serves (with " admin=ADDR" when the admin API is on).
+// stdout once it serves (with " admin=ADDR" when the admin API is on, then
+// " metrics=ADDR" with --metrics-addr).
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
@@ -122,6 +136,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	log = log.With("component", "ratelimitd", "region", o.region)
+	tlsSrv, err := o.tls.Server(log)
+	if err != nil {
+		return fmt.Errorf("tls: %w", err)
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -216,34 +234,16 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 
+	lis, err := listen(o, rsrc.admin != nil)
+	if err != nil {
+		return err
+	}
+	// A connection that does not finish its TLS and HTTP/2 handshake within
+	// the read-header timeout is dropped (gRPC's default waits 120 s).
+	gopts := []grpc.ServerOption{grpc.ConnectionTimeout(o.httpTimeouts.ReadHeader)}
 	var tlsCfg *tls.Config
-	if o.tlsCert != "" {
-		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
-		if err != nil {
-			return fmt.Errorf("tls: %w", err)
-		}
-		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	}
-
-	gl, err := net.Listen("tcp", o.grpcAddr)
-	if err != nil {
-		return fmt.Errorf("grpc listen: %w", err)
-	}
-	hl, err := net.Listen("tcp", o.httpAddr)
-	if err != nil {
-		gl.Close()
-		return fmt.Errorf("http listen: %w", err)
-	}
-	var al net.Listener
-	if rsrc.admin != nil {
-		if al, err = net.Listen("tcp", o.adminAddr); err != nil {
-			gl.Close()
-			hl.Close()
-			return fmt.Errorf("admin listen: %w", err)
-		}
-	}
-	var gopts []grpc.ServerOption
-	if tlsCfg != nil {
+	if tlsSrv != nil {
+		tlsCfg = tlsSrv.Config()
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
 	gs, svc := regional.NewGRPCServer(enf, gopts...)
@@ -253,49 +253,46 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		svc.AlsoServes(envoy.ServiceName)
 	}
 	var shuttingDown atomic.Bool
-	hs := &http.Server{
-		Handler:           regional.NewHTTPHandler(enf, reg, func() bool { return !shuttingDown.Load() }),
-		ReadHeaderTimeout: 5 * time.Second,
-		TLSConfig:         tlsCfg,
+	ready := func() bool { return !shuttingDown.Load() }
+	// With --metrics-addr, /metrics is served there only; /healthz and
+	// /readyz on both ports.
+	var checkGatherer prometheus.Gatherer = reg
+	if lis.metrics != nil {
+		checkGatherer = nil
 	}
-	serveErr := make(chan error, 3)
-	var as *http.Server
-	if al != nil {
-		as = &http.Server{Handler: rsrc.admin, ReadHeaderTimeout: 5 * time.Second, TLSConfig: tlsCfg}
-		go func() {
-			var err error
-			if tlsCfg != nil {
-				err = as.ServeTLS(al, "", "")
-			} else {
-				err = as.Serve(al)
-			}
-			if errors.Is(err, http.ErrServerClosed) {
-				err = nil
-			}
-			serveErr <- err
-		}()
+	hh := regional.NewHTTPHandler(enf, checkGatherer, ready)
+	servers := []*http.Server{serve.NewHTTP(hh, o.httpTimeouts, tlsCfg, log)}
+	listeners := []net.Listener{lis.http}
+	if lis.admin != nil {
+		servers = append(servers, serve.NewHTTP(rsrc.admin, o.httpTimeouts, tlsCfg, log))
+		listeners = append(listeners, lis.admin)
 	}
-	go func() { serveErr <- gs.Serve(gl) }()
-	go func() {
-		var err error
-		if tlsCfg != nil {
-			err = hs.ServeTLS(hl, "", "")
-		} else {
-			err = hs.Serve(hl)
-		}
-		if errors.Is(err, http.ErrServerClosed) {
-			err = nil
-		}
-		serveErr <- err
-	}()
+	if lis.metrics != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle("/healthz", hh)
+		mux.Handle("/readyz", hh)
+		servers = append(servers, serve.NewHTTP(mux, o.httpTimeouts, nil, log))
+		listeners = append(listeners, lis.metrics)
+	}
+	serveErr := make(chan error, len(servers)+1)
+	for i, hs := range servers {
+		go func() { serveErr <- serve.HTTP(hs, listeners[i]) }()
+	}
+	go func() { serveErr <- gs.Serve(lis.grpc) }()
 	svc.SetServing(true)
-	log.Info("serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(), "rules", len(enf.Rules()))
-	if al != nil {
-		log.Info("admin API serving", "addr", al.Addr().String())
-		fmt.Fprintf(stdout, "ready grpc=%s http=%s admin=%s\n", gl.Addr(), hl.Addr(), al.Addr())
-	} else {
-		fmt.Fprintf(stdout, "ready grpc=%s http=%s\n", gl.Addr(), hl.Addr())
+	log.Info("serving", "grpc", lis.grpc.Addr().String(), "http", lis.http.Addr().String(), "rules", len(enf.Rules()),
+		"tls", tlsSrv != nil, "mutual_tls", tlsSrv != nil && tlsSrv.MutualTLS())
+	line := fmt.Sprintf("ready grpc=%s http=%s", lis.grpc.Addr(), lis.http.Addr())
+	if lis.admin != nil {
+		log.Info("admin API serving", "addr", lis.admin.Addr().String())
+		line += " admin=" + lis.admin.Addr().String()
 	}
+	if lis.metrics != nil {
+		log.Info("metrics and health serving", "addr", lis.metrics.Addr().String())
+		line += " metrics=" + lis.metrics.Addr().String()
+	}
+	fmt.Fprintln(stdout, line)
 
 	var runErr error
 	select {
@@ -316,12 +313,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	done := make(chan struct{})
 	go func() { gs.GracefulStop(); close(done) }()
-	if err := hs.Shutdown(sctx); err != nil {
-		log.Warn("http shutdown", "error", err)
-	}
-	if as != nil {
-		if err := as.Shutdown(sctx); err != nil {
-			log.Warn("admin shutdown", "error", err)
+	for _, hs := range servers {
+		if err := hs.Shutdown(sctx); err != nil {
+			log.Warn("http shutdown", "error", err)
 		}
 	}
 	select {
@@ -342,4 +336,44 @@ func splitList(v string) []string {
 		}
 	}
 	return out
+}
+
+// listeners are the daemon's bound ports; admin and metrics may be nil.
+type listeners struct {
+	grpc, http, admin, metrics net.Listener
+}
+
+// listen binds every port the flags ask for, or none.
+func listen(o *options, admin bool) (*listeners, error) {
+	var l listeners
+	var bound []net.Listener
+	bind := func(what, addr string) (net.Listener, error) {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			for _, b := range bound {
+				b.Close()
+			}
+			return nil, fmt.Errorf("%s listen: %w", what, err)
+		}
+		bound = append(bound, ln)
+		return ln, nil
+	}
+	var err error
+	if l.grpc, err = bind("grpc", o.grpcAddr); err != nil {
+		return nil, err
+	}
+	if l.http, err = bind("http", o.httpAddr); err != nil {
+		return nil, err
+	}
+	if admin {
+		if l.admin, err = bind("admin", o.adminAddr); err != nil {
+			return nil, err
+		}
+	}
+	if o.metricsAddr != "" {
+		if l.metrics, err = bind("metrics", o.metricsAddr); err != nil {
+			return nil, err
+		}
+	}
+	return &l, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/apportion/apportion/rules/etcdstore"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/connectivity"
 )
 
 // ruleSource is the rule source the flags name, plus what closes it and the
@@ -62,7 +63,7 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 			cli.Close()
 			return nil, err
 		}
-		aopts := []admin.Option{admin.WithLogger(log)}
+		aopts := []admin.Option{admin.WithLogger(log), admin.WithStoreTimeout(o.adminTimeout)}
 		switch {
 		case o.adminToken != "":
 			aopts = append(aopts, admin.WithToken(o.adminToken))
@@ -77,7 +78,19 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 			cli.Close()
 			return nil, err
 		}
-		rs.admin = h
+		rs.admin = reconnectFirst(cli, h)
 	}
 	return rs, nil
+}
+
+// reconnectFirst makes an etcd client that is waiting out its reconnect
+// backoff try again at once when an admin request arrives, so the first
+// request after etcd returns is served rather than answered 503.
+func reconnectFirst(cli *clientv3.Client, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if cc := cli.ActiveConnection(); cc != nil && cc.GetState() == connectivity.TransientFailure {
+			cc.ResetConnectBackoff()
+		}
+		next.ServeHTTP(w, r)
+	})
 }

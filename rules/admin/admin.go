@@ -17,6 +17,7 @@
 package admin
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -28,6 +29,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/etcdstore"
@@ -35,6 +37,9 @@ import (
 
 // MaxBodyBytes is the largest rule document accepted (64 KiB).
 const MaxBodyBytes = 64 << 10
+
+// DefaultStoreTimeout bounds each request's calls to the store (2 s).
+const DefaultStoreTimeout = 2 * time.Second
 
 // Option configures a Handler.
 type Option func(*Handler) error
@@ -72,11 +77,24 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
+// WithStoreTimeout bounds the time a request spends in the store (etcd):
+// past it the answer is 503. Default DefaultStoreTimeout.
+func WithStoreTimeout(d time.Duration) Option {
+	return func(h *Handler) error {
+		if d <= 0 {
+			return errors.New("admin: store timeout must be positive")
+		}
+		h.timeout = d
+		return nil
+	}
+}
+
 // Handler is the admin API. It is safe for concurrent use.
 type Handler struct {
 	store     *etcdstore.Store
 	tokenHash *[sha256.Size]byte
 	noAuth    bool
+	timeout   time.Duration
 	log       *slog.Logger
 	mux       *http.ServeMux
 }
@@ -87,7 +105,7 @@ func New(store *etcdstore.Store, opts ...Option) (*Handler, error) {
 	if store == nil {
 		return nil, errors.New("admin: nil store")
 	}
-	h := &Handler{store: store, log: slog.New(slog.DiscardHandler)}
+	h := &Handler{store: store, timeout: DefaultStoreTimeout, log: slog.New(slog.DiscardHandler)}
 	for _, o := range opts {
 		if err := o(h); err != nil {
 			return nil, err
@@ -142,7 +160,9 @@ func (h *Handler) auth(next http.HandlerFunc) http.Handler {
 				return
 			}
 		}
-		next(w, r)
+		ctx, cancel := context.WithTimeout(r.Context(), h.timeout)
+		defer cancel()
+		next(w, r.WithContext(ctx))
 	})
 }
 
@@ -159,11 +179,19 @@ func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, err error) 
 		writeError(w, http.StatusUnprocessableEntity, fe.Field, "%v", err)
 	case errors.As(err, &fe):
 		writeError(w, http.StatusBadRequest, fe.Field, "%v", err)
-	case r.Context().Err() != nil:
+	case errors.Is(r.Context().Err(), context.Canceled):
 		// The client went away; nothing useful to answer.
 	default:
 		h.log.Error("admin: store error", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusServiceUnavailable, "", "rule store unavailable: %v", err)
+		msg := fmt.Sprintf("rule store unavailable: %v", err)
+		if r.Context().Err() != nil {
+			msg = fmt.Sprintf("rule store unavailable: etcd did not answer within %v (down or unreachable?); retry later", h.timeout)
+		}
+		if r.Method != http.MethodGet {
+			msg += "; the change may or may not have been applied: GET the rule to see"
+		}
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "", "%s", msg)
 	}
 }
 

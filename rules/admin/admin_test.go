@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/apportion/apportion/internal/testutil"
 	"github.com/apportion/apportion/rules"
@@ -327,5 +328,60 @@ func TestClientMirrorsStore(t *testing.T) {
 	bad, _ := NewClient(e.srv.URL, "wrong", nil)
 	if _, _, err := bad.List(ctx); !errors.Is(err, ErrUnauthorized) {
 		t.Fatalf("wrong token: %v", err)
+	}
+}
+
+// While etcd is down every store route answers 503 with the JSON error body
+// and Retry-After within the store timeout, and serves again once etcd is
+// back.
+func TestEtcdDownAnswers503WithinTheStoreTimeout(t *testing.T) {
+	testutil.CheckGoroutines(t)
+	e := testutil.StartEtcd(t)
+	s, err := etcdstore.New(e.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 300 * time.Millisecond
+	h, err := New(s, WithToken(token), WithStoreTimeout(timeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	env := &env{srv: srv, h: h, store: s}
+	if r := env.do(t, "PUT", "/rules/orders", goodDoc, nil); r.code != 200 {
+		t.Fatalf("PUT before the outage: %d %s", r.code, r.body)
+	}
+	e.Stop()
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", "/rules", ""}, {"GET", "/rules/orders", ""}, {"PUT", "/rules/orders", goodDoc}, {"DELETE", "/rules/orders", ""},
+	} {
+		start := time.Now()
+		r := env.do(t, c.method, c.path, c.body, nil)
+		d := time.Since(start)
+		t.Logf("%s %s with etcd down: %d in %v: %s", c.method, c.path, r.code, d, bytes.TrimSpace(r.body))
+		if r.code != http.StatusServiceUnavailable || !strings.Contains(r.err.Error, "did not answer within 300ms") ||
+			r.hdr.Get("Retry-After") == "" || r.hdr.Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s: %d %v %s, want 503 JSON naming the timeout, with Retry-After", c.method, c.path, r.code, r.hdr, r.body)
+		}
+		if c.method != "GET" && !strings.Contains(r.err.Error, "may or may not have been applied") {
+			t.Errorf("%s %s: the error does not say the write's outcome is unknown: %s", c.method, c.path, r.body)
+		}
+		if d > timeout+2*time.Second {
+			t.Errorf("%s %s took %v with a store timeout of %v", c.method, c.path, d, timeout)
+		}
+	}
+	if r := env.do(t, "GET", "/healthz", "", nil); r.code != 200 {
+		t.Errorf("/healthz with etcd down: %d, want 200 (the process is alive)", r.code)
+	}
+	e.Restart(t)
+	testutil.WaitFor(t, 30*time.Second, "the admin API after etcd returned", func() bool {
+		return env.do(t, "GET", "/rules/orders", "", nil).code == 200
+	})
+}
+
+func TestStoreTimeoutOption(t *testing.T) {
+	if _, err := New(&etcdstore.Store{}, WithoutAuth(), WithStoreTimeout(0)); err == nil || !strings.Contains(err.Error(), "positive") {
+		t.Fatalf("got %v, want a refusal of a zero timeout", err)
 	}
 }

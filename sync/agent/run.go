@@ -15,6 +15,7 @@ import (
 
 	"github.com/apportion/apportion/internal/backend"
 	"github.com/apportion/apportion/internal/flagenv"
+	"github.com/apportion/apportion/internal/serve"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules/etcdstore"
 	"github.com/nats-io/nats.go"
@@ -34,6 +35,7 @@ type options struct {
 	log            backend.Log
 	registryPrefix string
 	httpAddr       string
+	httpTimeouts   serve.Timeouts
 	interval       time.Duration
 	lease          time.Duration
 	rho            float64
@@ -53,6 +55,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.etcd.Register(fs, "comma-separated etcd endpoints (required): rules and the reclaim registry")
 	fs.StringVar(&o.registryPrefix, "registry-prefix", DefaultRegistryPrefix, "etcd key prefix of the reclaim registry (one document per global rule)")
 	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:9091", "HTTP listen address for /metrics, /healthz, /readyz and "+SharesPath+"?rule=ID")
+	o.httpTimeouts.Register(fs)
 	fs.DurationVar(&o.interval, "interval", def.Interval, "sync interval")
 	fs.DurationVar(&o.lease, "lease", def.Lease, "lease: a region unheard for this long falls back to its floor and is reclaimed")
 	fs.Float64Var(&o.rho, "clock-rate-bound", def.Rho, "bound on every clock's rate error (0.01: within 1% of real time)")
@@ -69,6 +72,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("--region is required")
 	case o.etcd.Endpoints == "":
 		return nil, errors.New("--etcd-endpoints is required")
+	}
+	if err := o.httpTimeouts.Validate(); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
@@ -153,15 +159,9 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 	})
 	mux.Handle(SharesPath, SharesHandler(current.Load))
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	hs := serve.NewHTTP(mux, o.httpTimeouts, nil, log)
 	serveErr := make(chan error, 1)
-	go func() {
-		err := hs.Serve(hl)
-		if errors.Is(err, http.ErrServerClosed) {
-			err = nil
-		}
-		serveErr <- err
-	}()
+	go func() { serveErr <- serve.HTTP(hs, hl) }()
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"strings"
@@ -74,7 +75,7 @@ func TestRunCommand(t *testing.T) {
 	e := testutil.StartEtcd(t)
 	t.Setenv("APPORTION_REGION", "us-east") // every flag also reads the environment
 	rc := startCommand(t, "--redis-addr", r.Addr, "--nats-url", ns.ClientURL(), "--etcd-endpoints", e.Endpoint,
-		"--http-addr", "127.0.0.1:0", "--interval", "50ms")
+		"--http-addr", "127.0.0.1:0", "--interval", "50ms", "--http-read-timeout", "500ms")
 	testutil.WaitFor(t, 20*time.Second, "/readyz 200", func() bool { c, _ := rc.get("/readyz"); return c == 200 })
 	if c, _ := rc.get("/healthz"); c != 200 {
 		t.Fatalf("/healthz %d", c)
@@ -91,6 +92,29 @@ func TestRunCommand(t *testing.T) {
 			t.Errorf("/metrics lacks %s", name)
 		}
 	}
+
+	// A client that sends its body slowly is cut off after the read timeout.
+	c, err := net.Dial("tcp", rc.http)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	io.WriteString(c, "POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+	closed := make(chan struct{})
+	go func() { io.Copy(io.Discard, c); close(closed) }()
+	for trickling := true; trickling; {
+		select {
+		case <-closed:
+			trickling = false
+		case <-time.After(100 * time.Millisecond):
+			c.Write([]byte("x"))
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Fatalf("the agent's HTTP server still holds a slow body after %v (--http-read-timeout 500ms)", d)
+		}
+	}
+	t.Logf("a slow body was cut off after %v (--http-read-timeout 500ms)", time.Since(start))
 }
 
 func TestRunCommandFlags(t *testing.T) {
@@ -107,6 +131,7 @@ func TestRunCommandFlags(t *testing.T) {
 		{"bad demand alpha", []string{"--region", "a", "--etcd-endpoints", "x", "--demand-alpha", "0"}, "Alpha"},
 		{"redis cert without key", []string{"--region", "a", "--etcd-endpoints", "x", "--redis-cert", "c.pem"}, "--redis-cert"},
 		{"extra args", []string{"--region", "a", "--etcd-endpoints", "x", "more"}, "unexpected arguments"},
+		{"zero HTTP timeout", []string{"--region", "a", "--etcd-endpoints", "x", "--http-idle-timeout", "0s"}, "must be positive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := RunCommand(context.Background(), tc.args, io.Discard, io.Discard)
