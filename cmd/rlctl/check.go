@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/apportion/apportion/internal/tlsconfig"
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -21,7 +20,6 @@ type checkFlags struct {
 	cost      int64
 	attrs     attrFlag
 	tls       bool
-	tlsCA     string
 }
 
 func (c *cli) checkCmd() *cobra.Command {
@@ -44,9 +42,7 @@ is rejected, 1 when the enforcer could not be asked.`,
 	fs.StringVar(&f.resource, "resource", "", "resource, e.g. \"POST /orders\"")
 	fs.Int64Var(&f.cost, "cost", 1, "request cost")
 	fs.Var(&f.attrs, "attr", "attribute k=v (repeatable; comma-separated pairs also accepted)")
-	fs.BoolVar(&f.tls, "tls", false, "connect over TLS (server certificate checked against the system roots)")
-	fs.StringVar(&f.tlsCA, "tls-ca", "", "PEM CA bundle that signs the enforcer's certificate (implies --tls)")
-	cmd.MarkFlagFilename("tls-ca", "pem", "crt")
+	fs.BoolVar(&f.tls, "tls", false, "connect over TLS (server certificate checked against --tls-ca or the system roots; implied by --tls-ca and --tls-cert)")
 	return cmd
 }
 
@@ -73,10 +69,10 @@ func (c *cli) check(cmd *cobra.Command, f *checkFlags) error {
 		return usagef("check needs --addr and --client-key")
 	}
 	creds := insecure.NewCredentials()
-	if f.tls || f.tlsCA != "" {
-		tc, err := tlsconfig.Client(f.tlsCA, "", "")
+	if f.tls || c.g.tlsCA != "" || c.g.tlsCert != "" {
+		tc, err := c.g.clientTLS()
 		if err != nil {
-			return fmt.Errorf("--tls-ca: %w", err)
+			return usagef("%v", err)
 		}
 		creds = credentials.NewTLS(tc)
 	}

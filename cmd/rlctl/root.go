@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/apportion/apportion/internal/backend"
 	"github.com/apportion/apportion/internal/flagenv"
+	"github.com/apportion/apportion/internal/tlsconfig"
 	"github.com/apportion/apportion/internal/version"
 	"github.com/apportion/apportion/rules/etcdstore"
 	"github.com/spf13/cobra"
@@ -74,6 +76,19 @@ type globals struct {
 	token    string
 	output   string
 	timeout  time.Duration
+	// Client TLS for the admin API (https://) and check's gRPC (--tls):
+	// the CA that signs the server's certificate, and this client's own
+	// certificate and key for servers that require mutual TLS.
+	tlsCA, tlsCert, tlsKey string
+}
+
+// clientTLS is the TLS configuration of --tls-ca, --tls-cert and --tls-key.
+func (g *globals) clientTLS() (*tls.Config, error) {
+	tc, err := tlsconfig.Client(g.tlsCA, g.tlsCert, g.tlsKey)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-ca/--tls-cert/--tls-key: %w", err)
+	}
+	return tc, nil
 }
 
 // cli is the state of one invocation.
@@ -169,6 +184,9 @@ func (c *cli) registerGlobals(pfs *pflag.FlagSet) {
 	pfs.MarkHidden("prefix")
 	pfs.StringVar(&g.adminURL, "admin-url", "", "admin API base URL (talk through the admin API)")
 	pfs.StringVar(&g.token, "token", "", "admin API bearer token (prefer APPORTION_TOKEN)")
+	pfs.StringVar(&g.tlsCA, "tls-ca", "", "PEM CA bundle that signs the admin API's or enforcer's certificate")
+	pfs.StringVar(&g.tlsCert, "tls-cert", "", "client certificate for servers that require mutual TLS (with --tls-key)")
+	pfs.StringVar(&g.tlsKey, "tls-key", "", "client key for --tls-cert")
 	pfs.StringVarP(&g.output, "output", "o", "table", "output format: table, json or yaml")
 	pfs.DurationVar(&g.timeout, "timeout", 10*time.Second, "per-command timeout")
 }

@@ -11,6 +11,8 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
@@ -152,4 +154,55 @@ func newTestPKI(t *testing.T, dir string) testPKI {
 		}
 	}
 	return p
+}
+
+// TestMutualTLSClient: against servers that require a client certificate,
+// rlctl presents --tls-cert/--tls-key on check's gRPC and on the admin API,
+// and without one it is refused.
+func TestMutualTLSClient(t *testing.T) {
+	ca := testutil.NewCA(t, "rlctl mTLS CA")
+	srvPair := ca.Server(t, "server")
+	cli := ca.Client(t, "operator")
+	pair, err := tls.LoadX509KeyPair(srvPair.Cert, srvPair.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	caPEM, err := os.ReadFile(ca.File)
+	if err != nil || !pool.AppendCertsFromPEM(caPEM) {
+		t.Fatalf("CA file: %v", err)
+	}
+	serverTLS := &tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool,
+		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(serverTLS)))
+	ratelimitv1.RegisterRateLimiterServer(srv, &fakeLimiter{})
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-served
+	})
+	addr := lis.Addr().String()
+	rlctl(t, "check", "--addr", addr, "--client-key", "k", "--tls-ca", ca.File, "--tls-cert", cli.Cert, "--tls-key", cli.Key).must(t, exitOK, "ALLOWED")
+	rlctl(t, "--timeout", "2s", "check", "--addr", addr, "--client-key", "k", "--tls-ca", ca.File).must(t, exitFailure, "CheckLimit")
+	rlctl(t, "check", "--addr", addr, "--client-key", "k", "--tls-ca", ca.File, "--tls-cert", cli.Cert).must(t, exitUsage, "both the certificate and the key")
+
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/rules" || len(r.TLS.PeerCertificates) == 0 {
+			http.Error(w, "unexpected", http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte("[]"))
+	}))
+	hs.TLS = serverTLS
+	hs.StartTLS()
+	t.Cleanup(hs.Close)
+	rlctl(t, "--admin-url", hs.URL, "--token", "t", "--tls-ca", ca.File, "--tls-cert", cli.Cert, "--tls-key", cli.Key, "rules", "list", "-o", "json").must(t, exitOK, "[]")
+	rlctl(t, "--timeout", "2s", "--admin-url", hs.URL, "--token", "t", "--tls-ca", ca.File, "rules", "list").must(t, exitFailure)
 }

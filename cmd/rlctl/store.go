@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -31,7 +32,15 @@ func (c *cli) store() (st ruleStore, close func(), err error) {
 	case g.etcd.Endpoints != "" && g.adminURL != "":
 		return nil, nil, usagef("give --etcd-endpoints or --admin-url, not both")
 	case g.adminURL != "":
-		ac, err := admin.NewClient(g.adminURL, g.token, nil)
+		var hc *http.Client
+		if g.tlsCA != "" || g.tlsCert != "" {
+			tc, err := g.clientTLS()
+			if err != nil {
+				return nil, nil, usagef("%v", err)
+			}
+			hc = &http.Client{Transport: &http.Transport{TLSClientConfig: tc, Proxy: http.ProxyFromEnvironment}}
+		}
+		ac, err := admin.NewClient(g.adminURL, g.token, hc)
 		if err != nil {
 			return nil, nil, usagef("%v", err)
 		}
