@@ -74,6 +74,7 @@ func TestRunCommand(t *testing.T) {
 	ns := testutil.StartNATS(t)
 	e := testutil.StartEtcd(t)
 	t.Setenv("APPORTION_REGION", "us-east") // every flag also reads the environment
+	t.Setenv("APPORTION_REPORT_SEED_FILE", testSeedFile(t, "us-east"))
 	rc := startCommand(t, "--redis-addr", r.Addr, "--nats-url", ns.ClientURL(), "--etcd-endpoints", e.Endpoint,
 		"--http-addr", "127.0.0.1:0", "--interval", "50ms", "--http-read-timeout", "500ms")
 	testutil.WaitFor(t, 20*time.Second, "/readyz 200", func() bool { c, _ := rc.get("/readyz"); return c == 200 })
@@ -150,7 +151,7 @@ func TestRunCommandStandby(t *testing.T) {
 	ns := testutil.StartNATS(t)
 	e := testutil.StartEtcd(t)
 	args := []string{"--region", "a", "--redis-addr", r.Addr, "--nats-url", ns.ClientURL(), "--etcd-endpoints", e.Endpoint,
-		"--http-addr", "127.0.0.1:0", "--standby"}
+		"--http-addr", "127.0.0.1:0", "--standby", "--report-seed-file", testSeedFile(t, "a")}
 	p1 := startCommand(t, args...)
 	p2 := startCommand(t, args...)
 	leader := func(rc *runningCommand) bool {

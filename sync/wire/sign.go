@@ -114,6 +114,9 @@ func (s *Signer) Region() string { return s.region }
 // PublicKey returns the NKey public key ("U...") that verifies s's signatures.
 func (s *Signer) PublicKey() string { return s.pub }
 
+// Public returns the public key that verifies s's signatures.
+func (s *Signer) Public() ed25519.PublicKey { return s.priv.Public().(ed25519.PublicKey) }
+
 // Seal returns the signed envelope of an encoded message (Encode's output).
 func (s *Signer) Seal(msg []byte) []byte {
 	out := make([]byte, 0, len(msg)+Overhead)
