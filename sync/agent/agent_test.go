@@ -67,11 +67,14 @@ func testConfig(region string, t testing.TB) Config {
 	return cfg
 }
 
-func (r *testRegion) start(t testing.TB, ec *clientv3.Client) {
+func (r *testRegion) start(t testing.TB, ec *clientv3.Client, tweak ...func(*Config)) {
 	t.Helper()
 	cfg := testConfig(r.name, t)
 	if testInterval > 0 {
 		cfg.Interval, cfg.Lease = testInterval, 10*testInterval
+	}
+	for _, f := range tweak {
+		f(&cfg)
 	}
 	r.reg = prometheus.NewRegistry()
 	cfg.Metrics = r.reg
@@ -118,7 +121,7 @@ func newStack(t testing.TB, mkStore func(name string) (Store, *memStore)) *stack
 	return newStackOf(t, []string{"a", "b", "c"}, mkStore)
 }
 
-func newStackOf(t testing.TB, names []string, mkStore func(name string) (Store, *memStore)) *stack {
+func newStackOf(t testing.TB, names []string, mkStore func(name string) (Store, *memStore), tweak ...func(*Config)) *stack {
 	s := &stack{regions: map[string]*testRegion{}, names: names, world: &world{}}
 	s.cluster = testutil.StartSuperCluster(t, names...)
 	s.etcd = testutil.StartEtcd(t).Client(t)
@@ -126,7 +129,7 @@ func newStackOf(t testing.TB, names []string, mkStore func(name string) (Store, 
 		st, mem := mkStore(n)
 		r := &testRegion{name: n, nats: s.cluster[n], nc: s.cluster[n].Connect(t), store: st, mem: mem}
 		s.regions[n] = r
-		r.start(t, s.etcd)
+		r.start(t, s.etcd, tweak...)
 	}
 	for _, x := range names {
 		for _, y := range names {

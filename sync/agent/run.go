@@ -128,15 +128,7 @@ func keygen(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(args[0], os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("keygen: %w", err)
-	}
-	if _, err := f.Write(append(seed, '\n')); err != nil {
-		f.Close()
-		return fmt.Errorf("keygen: %w", err)
-	}
-	if err := f.Close(); err != nil {
+	if err := writeNew(args[0], append(seed, '\n'), 0o600); err != nil {
 		return fmt.Errorf("keygen: %w", err)
 	}
 	fmt.Fprintln(stdout, pub)
@@ -167,7 +159,8 @@ func pubkey(args []string, stdout io.Writer) error {
 //
 // "syncagent keygen FILE" writes a new report signing seed to FILE and
 // prints its public key; "syncagent pubkey FILE" prints the public key of
-// a seed file.
+// a seed file; "syncagent keys DIR REGION..." creates the missing keys of
+// a deployment's regions (see keysInit).
 func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 {
 		switch args[0] {
@@ -175,6 +168,8 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return keygen(args[1:], stdout)
 		case "pubkey":
 			return pubkey(args[1:], stdout)
+		case "keys":
+			return keysInit(args[1:], stdout)
 		}
 	}
 	o, err := parseFlags(args, stderr)
