@@ -88,6 +88,11 @@ func TestRunCommand(t *testing.T) {
 		"apportion_sync_peers_seen", "apportion_sync_keys_coordinated", "apportion_sync_gifts_total",
 		"apportion_sync_fenced", "apportion_sync_reclaims_total", "apportion_sync_tick_duration_seconds_bucket",
 		`apportion_sync_leader{region="us-east"} 1`,
+		// Every rejection reason is a series from the start.
+		`apportion_sync_reports_rejected_total{reason="bad_signature",region="us-east"} 0`,
+		`apportion_sync_reports_rejected_total{reason="unsigned",region="us-east"} 0`,
+		`apportion_sync_reports_rejected_total{reason="replayed",region="us-east"} 0`,
+		`apportion_sync_reports_rejected_total{reason="implausible",region="us-east"} 0`,
 	} {
 		if !strings.Contains(body, name) {
 			t.Errorf("/metrics lacks %s", name)
