@@ -192,8 +192,9 @@ func TestRunCommandKeys(t *testing.T) {
 // While demand in a holds the shares at a = everything but b's floor, a
 // third connection injects forged, unsigned, truncated, bit-flipped and
 // replayed copies of real reports: every one is refused and counted by
-// reason, no share moves and nobody fences; then demand moves to b and the
-// shares follow it (the agents still converge).
+// reason, no share moves and nobody fences. a's agent restarts and its
+// first incarnation's reports are replayed: refused, nothing moves. Then
+// demand moves to b and the shares follow it (the agents still converge).
 func TestForgedReportsChangeNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
@@ -324,6 +325,35 @@ func TestForgedReportsChangeNothing(t *testing.T) {
 	}
 	if s.regions["a"].agent.Incarnation(testRule) != incA || b.Incarnation(testRule) != incB {
 		t.Errorf("an agent fenced: incarnations a %d->%d, b %d->%d", incA, s.regions["a"].agent.Incarnation(testRule), incB, b.Incarnation(testRule))
+	}
+
+	// Replays from an older incarnation: a's agent restarts (a new
+	// incarnation, from its floor); once the shares have settled again, a's
+	// first incarnation's reports are replayed to b.
+	ra := s.regions["a"]
+	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if err := ra.agent.Close(cctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	ra.start(t, s.etcd, func(c *Config) { c.Lease, c.Margin = 5*time.Second, time.Second })
+	testutil.WaitFor(t, 30*time.Second, "a's new incarnation to hold all but b's floor again", func() bool {
+		return ra.agent.Incarnation(testRule) > incA && s.enforced("a", testKey) >= U-floors[1]-lc.Hysteresis && s.enforced("b", testKey) == floors[1]
+	})
+	incA2, incB2 := ra.agent.Incarnation(testRule), b.Incarnation(testRule)
+	r0 := metricValue(b.m.rejected.WithLabelValues(ReasonReplayed))
+	for _, m := range replays {
+		mallet.Publish(ReportSubject("a"), m)
+	}
+	mallet.Flush()
+	testutil.WaitFor(t, 20*time.Second, "old-incarnation replays counted", func() bool {
+		return metricValue(b.m.rejected.WithLabelValues(ReasonReplayed)) >= r0+float64(len(replays))
+	})
+	if e := s.enforced("b", testKey); e != floors[1] {
+		t.Errorf("b enforces %d after old-incarnation replays, want its floor %d", e, floors[1])
+	}
+	if ra.agent.Incarnation(testRule) != incA2 || b.Incarnation(testRule) != incB2 {
+		t.Errorf("an agent fenced after old-incarnation replays")
 	}
 
 	// Liveness: demand moves to b and the shares follow.
