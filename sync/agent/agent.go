@@ -289,7 +289,13 @@ func (a *Agent) onReport(msg *nats.Msg) {
 
 func (a *Agent) reject(reason, peer, rule string, err error) {
 	a.m.rejected.WithLabelValues(reason).Inc()
-	a.logs.Log(slog.LevelWarn, "reject/"+reason+"/"+peer, "report dropped", logKeyReason, reason, logKeyPeer, peer, logKeyRule, rule, logKeyErr, err)
+	// The log is rate-limited per reason and peer; a peer without a key is
+	// only a subject token anyone can choose, so those share one limit.
+	who := peer
+	if a.cfg.PeerKeys[peer] == nil {
+		who = "?"
+	}
+	a.logs.Log(slog.LevelWarn, "reject/"+reason+"/"+who, "report dropped", logKeyReason, reason, logKeyPeer, peer, logKeyRule, rule, logKeyErr, err)
 }
 
 func rejectReason(err error) string {
