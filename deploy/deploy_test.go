@@ -402,6 +402,9 @@ func TestComposeStructure(t *testing.T) {
 			}
 		}
 		b := s.binary()
+		if name == "keys-init" { // a one-shot, like rules-init
+			continue
+		}
 		if (b == "ratelimitd" || b == "syncagent" || strings.HasPrefix(name, "redis-") || strings.HasPrefix(name, "nats-") || name == "etcd") &&
 			(s.Healthcheck == nil || len(s.Healthcheck.Test) == 0) {
 			t.Errorf("service %s has no healthcheck", name)
@@ -449,6 +452,23 @@ func TestComposeStructure(t *testing.T) {
 		if !found {
 			t.Errorf("nats-%s does not mount ./nats/%s.conf", r, r)
 		}
+		// The agent signs with its own key (made by keys-init), which also
+		// authenticates it to its NATS server, and verifies every region's.
+		env := c.Services["syncagent-"+r].env()
+		seed := "/keys/" + r + ".nk"
+		if env["APPORTION_REPORT_SEED_FILE"] != seed || env["APPORTION_NATS_NKEY"] != seed || env["APPORTION_REPORT_PEER_KEYS"] != "@/keys/peers" {
+			t.Errorf("syncagent-%s: report seed %q, NATS nkey %q, peer keys %q; want %s, %s, @/keys/peers", r,
+				env["APPORTION_REPORT_SEED_FILE"], env["APPORTION_NATS_NKEY"], env["APPORTION_REPORT_PEER_KEYS"], seed, seed)
+		}
+		if env["APPORTION_INSECURE_UNSIGNED_REPORTS"] != "" {
+			t.Errorf("syncagent-%s accepts unsigned reports", r)
+		}
+		if !slices.Contains(c.Services["nats-"+r].Volumes, "keys:/etc/nats/keys:ro") || !slices.Contains(c.Services["syncagent-"+r].Volumes, "keys:/keys:ro") {
+			t.Errorf("nats-%s or syncagent-%s does not mount the keys volume", r, r)
+		}
+	}
+	if cmd := c.Services["keys-init"].command(); !slices.Equal(cmd, append([]string{"syncagent", "keys", "/keys"}, regions...)) {
+		t.Errorf("keys-init runs %q, want syncagent keys /keys %s", cmd, strings.Join(regions, " "))
 	}
 }
 
@@ -980,7 +1000,7 @@ func TestPortsMatchFlags(t *testing.T) {
 	metricsPort := map[string]int{} // compose service -> its /metrics port
 	for name, s := range c.Services {
 		bin := s.binary()
-		if want[bin] == nil {
+		if want[bin] == nil || name == "keys-init" { // keys-init: syncagent keys, a one-shot
 			continue
 		}
 		where := "docker-compose.yml service " + name
@@ -1214,6 +1234,7 @@ func agentMetrics(t testing.TB) map[string][]string {
 	reg := &recorder{Registry: prometheus.NewRegistry()}
 	cfg := agent.DefaultConfig()
 	cfg.Region, cfg.Metrics = "r", reg
+	cfg.InsecureUnsigned = true // metrics only
 	if _, err := agent.New(cfg, noStore{}, &nats.Conn{}, noRegistry{}, rules.StaticSource(nil)); err != nil {
 		t.Fatal(err)
 	}
@@ -1380,9 +1401,48 @@ func TestPromtool(t *testing.T) {
 // ---------------------------------------------------------------------------
 // NATS, image names, Dockerfile.
 
+// natsKeys runs "syncagent keys" for every region into dir/keys, as the
+// compose one-shot keys-init does, and returns each region's public key.
+func natsKeys(t testing.TB, dir string) map[string]string {
+	t.Helper()
+	var out bytes.Buffer
+	if err := agent.RunCommand(context.Background(), append([]string{"keys", filepath.Join(dir, "keys")}, regions...), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	pubs := map[string]string{}
+	for _, line := range strings.Fields(out.String()) {
+		r, pub, _ := strings.Cut(line, "=")
+		pubs[r] = pub
+	}
+	return pubs
+}
+
+// regionNATSConfig parses deploy/nats/<region>.conf as the compose stack
+// runs it: next to the keys directory that keys-init fills.
+func regionNATSConfig(t testing.TB, dir, region string) (*natsserver.Options, error) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("nats", region+".conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, region+".conf")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return natsserver.ProcessConfigFile(path)
+}
+
 func TestNATSConfigs(t *testing.T) {
+	dir := t.TempDir()
+	natsKeys(t, dir)
 	check := func(path, region string) {
-		o, err := natsserver.ProcessConfigFile(path)
+		var o *natsserver.Options
+		var err error
+		if strings.HasPrefix(path, "nats") {
+			o, err = regionNATSConfig(t, dir, region)
+		} else {
+			o, err = natsserver.ProcessConfigFile(path)
+		}
 		if err != nil {
 			t.Errorf("%s: %v", path, err)
 			return
@@ -1413,6 +1473,148 @@ func TestNATSConfigs(t *testing.T) {
 	t.Setenv("POD_NAME", "nats-0")
 	t.Setenv("NATS_GATEWAY_NAME", "eu-west")
 	check(filepath.Join("k8s", "base", "nats.conf"), "eu-west")
+}
+
+// subjectMatches reports whether NATS subject pattern p (with * and >)
+// matches subject x.
+func subjectMatches(p, x string) bool {
+	pt, xt := strings.Split(p, "."), strings.Split(x, ".")
+	for i, tok := range pt {
+		if tok == ">" {
+			return len(xt) > i
+		}
+		if i >= len(xt) || tok != "*" && tok != xt[i] {
+			return false
+		}
+	}
+	return len(pt) == len(xt)
+}
+
+// TestNATSPermissions: in every region's NATS configuration only that
+// region's sync agent (its NKey, made by keys-init) may publish the
+// region's reports, nobody may publish another region's, and clients
+// without credentials are the enforcers, who may publish usage only. Then
+// the same configuration runs (on free ports, without gateways) and a
+// client of each kind tries.
+func TestNATSPermissions(t *testing.T) {
+	dir := t.TempDir()
+	pubs := natsKeys(t, dir)
+	for _, r := range regions {
+		o, err := regionNATSConfig(t, dir, r)
+		if err != nil {
+			t.Fatalf("%s: %v", r, err)
+		}
+		type who struct {
+			name  string
+			perms *natsserver.Permissions
+		}
+		var all []who
+		for _, u := range o.Users {
+			all = append(all, who{"user " + u.Username, u.Permissions})
+		}
+		for _, u := range o.Nkeys {
+			all = append(all, who{"nkey " + u.Nkey, u.Permissions})
+		}
+		if o.NoAuthUser != "ratelimitd" || len(o.Nkeys) != 1 || o.Nkeys[0].Nkey != pubs[r] {
+			t.Errorf("%s: no_auth_user %q, nkeys %d (want ratelimitd, and one: the agent's %s)", r, o.NoAuthUser, len(o.Nkeys), pubs[r])
+		}
+		for _, w := range all {
+			if w.perms == nil || w.perms.Publish == nil || len(w.perms.Publish.Allow) == 0 {
+				t.Errorf("%s: %s may publish anything", r, w.name)
+				continue
+			}
+			for _, other := range append(slices.Clone(regions), "zz") {
+				for _, p := range w.perms.Publish.Allow {
+					may := subjectMatches(p, agent.ReportSubject(other))
+					if may && (other != r || w.name != "nkey "+pubs[r]) {
+						t.Errorf("%s: %s may publish %s (%q)", r, w.name, agent.ReportSubject(other), p)
+					}
+				}
+			}
+		}
+
+		// Live: the same options on free ports, alone.
+		o.Port, o.HTTPPort, o.Cluster.Port, o.Gateway.Port, o.Gateway.Gateways, o.Gateway.Name = -1, 0, 0, 0, nil, ""
+		o.Cluster.Name, o.NoLog, o.NoSigs = "", true, true
+		ns, err := natsserver.NewServer(o)
+		if err != nil {
+			t.Fatalf("%s: %v", r, err)
+		}
+		go ns.Start()
+		if !ns.ReadyForConnections(10 * time.Second) {
+			t.Fatalf("%s: NATS not ready", r)
+		}
+		errs := make(chan error, 16)
+		connect := func(opts ...nats.Option) (*nats.Conn, error) {
+			return nats.Connect(ns.ClientURL(), append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))...)
+		}
+		nkey := func(region string) nats.Option {
+			opt, err := nats.NkeyOptionFromSeed(filepath.Join(dir, "keys", region+".nk"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return opt
+		}
+		agentNC, err := connect(nkey(r))
+		if err != nil {
+			t.Fatalf("%s: the agent's NKey is refused: %v", r, err)
+		}
+		anon, err := connect()
+		if err != nil {
+			t.Fatalf("%s: a client without credentials is refused: %v", r, err)
+		}
+		other := regions[0]
+		if other == r {
+			other = regions[1]
+		}
+		if nc, err := connect(nkey(other)); err == nil {
+			nc.Close()
+			t.Errorf("%s: %s's agent key is accepted", r, other)
+		}
+		got := make(chan string, 16)
+		for _, subj := range []string{agent.ReportPrefix + "*", usage.Subject(r)} {
+			if _, err := agentNC.Subscribe(subj, func(m *nats.Msg) { got <- m.Subject }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		agentNC.Flush()
+		// Refused publications: each gets a permissions error, no delivery.
+		for _, tc := range []struct {
+			nc   *nats.Conn
+			subj string
+		}{{anon, agent.ReportSubject(r)}, {anon, agent.ReportSubject(other)}, {agentNC, agent.ReportSubject(other)}} {
+			tc.nc.Publish(tc.subj, []byte("x"))
+			tc.nc.Flush()
+			select {
+			case err := <-errs:
+				if !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+					t.Errorf("%s: publish %s: %v", r, tc.subj, err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Errorf("%s: publish on %s was not refused", r, tc.subj)
+			}
+		}
+		// Allowed ones arrive, and nothing refused arrived before them.
+		anon.Publish(usage.Subject(r), []byte("x"))
+		anon.Flush()
+		agentNC.Publish(agent.ReportSubject(r), []byte("x"))
+		agentNC.Flush()
+		want := map[string]bool{usage.Subject(r): true, agent.ReportSubject(r): true} // two connections: any order
+		for range 2 {
+			select {
+			case s := <-got:
+				if !want[s] {
+					t.Errorf("%s: got a message on %s, want one of %v", r, s, want)
+				}
+				delete(want, s)
+			case <-time.After(5 * time.Second):
+				t.Errorf("%s: nothing arrived on %v", r, want)
+			}
+		}
+		anon.Close()
+		agentNC.Close()
+		ns.Shutdown()
+	}
 }
 
 func TestImageNames(t *testing.T) {

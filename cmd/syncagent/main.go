@@ -1,7 +1,9 @@
 // Command syncagent is a region's sync agent: it moves shares of global
 // limits between regions (see package sync/agent).
 //
-//	syncagent --region NAME --redis-addr HOST:PORT --nats-url URL --etcd-endpoints URLS
+//	syncagent --region NAME --redis-addr HOST:PORT --nats-url URL --etcd-endpoints URLS \
+//	    --report-seed-file FILE --report-peer-keys REGION=PUBKEY,...
+//	syncagent keygen FILE | pubkey FILE | keys DIR REGION...
 //	syncagent --version
 package main
 

@@ -157,6 +157,8 @@ func (e *Etcd) Config(dialTimeout time.Duration) (clientv3.Config, error) {
 // NATS is how to reach the region's NATS server.
 type NATS struct {
 	URL, Creds, CA string
+	// Nkey is a file holding an NKey user seed to authenticate with.
+	Nkey string
 }
 
 // Register defines --nats-url (with the given default and help), --nats-creds
@@ -165,6 +167,7 @@ func (n *NATS) Register(fs *flag.FlagSet, defaultURL, urlHelp string) {
 	fs.StringVar(&n.URL, "nats-url", defaultURL, urlHelp)
 	fs.StringVar(&n.Creds, "nats-creds", "", "NATS credentials file (JWT and NKey seed)")
 	fs.StringVar(&n.CA, "nats-ca", "", "PEM file of the CA that signed the NATS server's certificate")
+	fs.StringVar(&n.Nkey, "nats-nkey", "", "file holding an NKey user seed (SU...) to authenticate to NATS with (a syncagent can use its --report-seed-file)")
 }
 
 // Connect connects as name; it keeps reconnecting forever, also when the
@@ -177,6 +180,13 @@ func (n *NATS) Connect(name string) (*nats.Conn, error) {
 	}
 	if n.CA != "" {
 		opts = append(opts, nats.RootCAs(n.CA))
+	}
+	if n.Nkey != "" {
+		o, err := nats.NkeyOptionFromSeed(n.Nkey)
+		if err != nil {
+			return nil, fmt.Errorf("--nats-nkey: %w", err)
+		}
+		opts = append(opts, o)
 	}
 	nc, err := nats.Connect(n.URL, opts...)
 	if err != nil {

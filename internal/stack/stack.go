@@ -159,6 +159,9 @@ func (s *Stack) start(ctx, runCtx context.Context, rs []rules.Rule) error {
 	if err := s.startNATS(s.cfg.RegionNames); err != nil {
 		return err
 	}
+	if err := s.writeKeys(s.cfg.RegionNames); err != nil {
+		return err
+	}
 	for i, name := range s.cfg.RegionNames {
 		r := Region{Name: name, NATSURL: s.natsURL[name]}
 		addr, err := s.startRedis(r.Name)
@@ -255,7 +258,8 @@ func (s *Stack) startEnforcer(ctx, runCtx context.Context, r *Region, admin bool
 // startAgent runs the region's sync agent in-process and waits for its ready line.
 func (s *Stack) startAgent(ctx, runCtx context.Context, r *Region) error {
 	args := []string{"--region", r.Name, "--redis-addr", r.RedisAddr, "--nats-url", r.NATSURL,
-		"--etcd-endpoints", s.EtcdEndpoint, "--http-addr", "127.0.0.1:0"}
+		"--etcd-endpoints", s.EtcdEndpoint, "--http-addr", "127.0.0.1:0",
+		"--report-seed-file", s.seedFile(r.Name), "--report-peer-keys", "@" + s.peersFile()}
 	if s.cfg.SyncInterval > 0 {
 		args = append(args, "--interval", s.cfg.SyncInterval.String())
 	}

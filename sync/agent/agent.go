@@ -63,6 +63,7 @@ type Agent struct {
 	logs  *logsample.Logger
 	m     *metrics
 	start time.Time
+	ver   *wire.Verifier
 
 	mu     sync.Mutex // guards cancel, subs, closed
 	cancel context.CancelFunc
@@ -110,7 +111,8 @@ type ruleState struct {
 	backoff      time.Duration
 	contributing bool
 	fedRev       int64
-	written      map[string]int64 // last units written per key (gift metric)
+	written      map[string]int64     // last units written per key (gift metric)
+	fresh        map[string]freshness // peer region -> newest report accepted (verify.go)
 }
 
 // New returns an agent. It does nothing until Start. store is the region's
@@ -130,6 +132,7 @@ func New(cfg Config, store Store, nc *nats.Conn, reg Registry, src rules.Source)
 	a := &Agent{
 		cfg: cfg, lcfg: cfg.ledgerConfig(), store: store, nc: nc, reg: reg, src: src,
 		log:       cfg.Logger,
+		ver:       wire.NewVerifier(cfg.PeerKeys, cfg.InsecureUnsigned),
 		logs:      logsample.New(cfg.Logger, logEvery),
 		usage:     map[bucketID]usageCounts{},
 		rulesCh:   make(chan []rules.Rule, 1),
@@ -272,12 +275,9 @@ func (a *Agent) onReport(msg *nats.Msg) {
 	}
 	a.m.reports.WithLabelValues("received").Inc()
 	a.m.bytes.WithLabelValues("received").Add(float64(len(msg.Data)))
-	m, err := wire.Decode(msg.Data)
-	if err == nil && m.From != from {
-		err = fmt.Errorf("%w: message from %q on %s", wire.ErrMalformed, m.From, msg.Subject)
-	}
+	m, err := a.ver.Open(from, msg.Data)
 	if err != nil {
-		a.reject(ReasonMalformed, from, "", err)
+		a.reject(openReason(err), from, "", err)
 		return
 	}
 	select {
@@ -289,7 +289,13 @@ func (a *Agent) onReport(msg *nats.Msg) {
 
 func (a *Agent) reject(reason, peer, rule string, err error) {
 	a.m.rejected.WithLabelValues(reason).Inc()
-	a.logs.Log(slog.LevelWarn, "reject/"+reason+"/"+peer, "report dropped", logKeyReason, reason, logKeyPeer, peer, logKeyRule, rule, logKeyErr, err)
+	// The log is rate-limited per reason and peer; a peer without a key is
+	// only a subject token anyone can choose, so those share one limit.
+	who := peer
+	if a.cfg.PeerKeys[peer] == nil {
+		who = "?"
+	}
+	a.logs.Log(slog.LevelWarn, "reject/"+reason+"/"+who, "report dropped", logKeyReason, reason, logKeyPeer, peer, logKeyRule, rule, logKeyErr, err)
 }
 
 func rejectReason(err error) string {
@@ -304,6 +310,8 @@ func rejectReason(err error) string {
 		return ReasonFrozen
 	case errors.Is(err, ledger.ErrBackwards):
 		return ReasonBackwards
+	case errors.Is(err, ledger.ErrImplausible):
+		return ReasonImplausible
 	}
 	return ReasonOther
 }
@@ -399,7 +407,7 @@ func (a *Agent) setRules(rs []rules.Rule) {
 	for id, r := range want {
 		st := a.rules[id]
 		if st == nil {
-			st = &ruleState{id: id, written: map[string]int64{}}
+			st = &ruleState{id: id, written: map[string]int64{}, fresh: map[string]freshness{}}
 			a.rules[id] = st
 		} else if st.led != nil && !a.specOf(r).equal(st.spec) {
 			a.logs.Log(slog.LevelWarn, "spec/"+id, "rule's regions, weights or min_share changed; coordination keeps the spec it started with (use a new rule id to change it)", logKeyRule, id)
@@ -606,12 +614,15 @@ func (a *Agent) publish(rs []wire.RuleReport) {
 	if len(rs) == 0 {
 		return
 	}
-	parts, err := wire.EncodeSplit(wire.Message{From: a.cfg.Region, Rules: rs}, int(a.nc.MaxPayload()))
+	parts, err := wire.EncodeSplit(wire.Message{From: a.cfg.Region, Rules: rs}, int(a.nc.MaxPayload())-wire.Overhead)
 	if err != nil {
 		a.logs.Log(slog.LevelError, "encode", "cannot encode reports", logKeyErr, err)
 		return
 	}
 	for _, p := range parts {
+		if a.cfg.Signer != nil {
+			p = a.cfg.Signer.Seal(p)
+		}
 		if err := a.nc.Publish(ReportSubject(a.cfg.Region), p); err != nil {
 			a.logs.Log(slog.LevelWarn, "publish", "report publish failed (the ledger tolerates loss)", logKeyErr, err)
 			continue
@@ -724,12 +735,17 @@ func (a *Agent) receive(ctx context.Context, m wire.Message) {
 		if st.led == nil {
 			continue // starting: the peer repeats itself
 		}
+		if err := st.fresh[m.From].check(rr.Report); err != nil {
+			a.reject(ReasonReplayed, m.From, rr.Rule, err)
+			continue
+		}
 		out, err := st.led.Receive(now, rr.Report)
 		if err != nil && !errors.Is(err, ledger.ErrFenced) {
 			a.reject(rejectReason(err), m.From, rr.Rule, err)
 		}
 		if err == nil {
 			accepted = true
+			st.fresh[m.From] = st.fresh[m.From].accepted(rr.Report)
 		}
 		a.collect(ctx, b, st, out)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -62,14 +63,18 @@ func testConfig(region string, t testing.TB) Config {
 	cfg.StoreTimeout = 200 * time.Millisecond
 	cfg.RegistryPoll = 200 * time.Millisecond
 	cfg.Logger = testLogger(t).With("region", region)
+	cfg.Signer, cfg.PeerKeys = testSigner(t, region), testPeerKeys(t, "a", "b", "c")
 	return cfg
 }
 
-func (r *testRegion) start(t testing.TB, ec *clientv3.Client) {
+func (r *testRegion) start(t testing.TB, ec *clientv3.Client, tweak ...func(*Config)) {
 	t.Helper()
 	cfg := testConfig(r.name, t)
 	if testInterval > 0 {
 		cfg.Interval, cfg.Lease = testInterval, 10*testInterval
+	}
+	for _, f := range tweak {
+		f(&cfg)
 	}
 	r.reg = prometheus.NewRegistry()
 	cfg.Metrics = r.reg
@@ -113,7 +118,10 @@ type probe interface {
 }
 
 func newStack(t testing.TB, mkStore func(name string) (Store, *memStore)) *stack {
-	names := []string{"a", "b", "c"}
+	return newStackOf(t, []string{"a", "b", "c"}, mkStore)
+}
+
+func newStackOf(t testing.TB, names []string, mkStore func(name string) (Store, *memStore), tweak ...func(*Config)) *stack {
 	s := &stack{regions: map[string]*testRegion{}, names: names, world: &world{}}
 	s.cluster = testutil.StartSuperCluster(t, names...)
 	s.etcd = testutil.StartEtcd(t).Client(t)
@@ -121,7 +129,7 @@ func newStack(t testing.TB, mkStore func(name string) (Store, *memStore)) *stack
 		st, mem := mkStore(n)
 		r := &testRegion{name: n, nats: s.cluster[n], nc: s.cluster[n].Connect(t), store: st, mem: mem}
 		s.regions[n] = r
-		r.start(t, s.etcd)
+		r.start(t, s.etcd, tweak...)
 	}
 	for _, x := range names {
 		for _, y := range names {
@@ -371,7 +379,7 @@ func (s *stack) badInput(t *testing.T) {
 	var mu sync.Mutex
 	var captured *wire.Message
 	sub, err := nc.Subscribe(ReportSubject("a"), func(m *nats.Msg) {
-		d, err := wire.Decode(m.Data)
+		d, err := testVerifier(t).Open("a", m.Data)
 		if err != nil {
 			return
 		}
@@ -404,52 +412,52 @@ func (s *stack) badInput(t *testing.T) {
 	// Wait for b's interest in the forged subjects to reach a's server.
 	s.cluster["a"].WaitForGatewayInterest(t, "b", ReportSubject("zz"))
 
-	m0 := counter(ReasonMalformed)
+	m0, s0 := counter(ReasonMalformed), counter(ReasonUnsigned)
 	nc.Publish(ReportSubject("a"), []byte{0xB1, 0xff, 0xff})
 	nc.Publish(ReportSubject("a"), []byte("garbage"))
-	testutil.WaitFor(t, 10*time.Second, "malformed reports counted", func() bool { return counter(ReasonMalformed) >= m0+2 })
+	testutil.WaitFor(t, 10*time.Second, "malformed and unsigned reports counted", func() bool {
+		return counter(ReasonMalformed) >= m0+1 && counter(ReasonUnsigned) >= s0+1
+	})
 
+	// The reports below are signed with a's key, as if a's agent sent them
+	// (a leaked key or a bug): the ledger's own checks refuse them.
 	u0 := counter(ReasonUnknownReg)
-	forged := *captured
-	forged.From = "zz"
-	forged.Rules = nil
+	forged := wire.Message{From: "a"}
 	for _, rr := range captured.Rules {
-		rr.Report.From = "zz"
+		rr.Report.Seq += 500_000
+		rr.Report.Acks = append(slices.Clone(rr.Report.Acks), ledger.Ack{Region: "zz", Inc: 1, Seq: 1})
 		forged.Rules = append(forged.Rules, rr)
 	}
-	data, err := wire.Encode(forged)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc.Publish(ReportSubject("zz"), data)
+	nc.Publish(ReportSubject("a"), testSeal(t, forged))
 	testutil.WaitFor(t, 10*time.Second, "unknown-region report counted", func() bool { return counter(ReasonUnknownReg) >= u0+1 })
 
 	k0 := counter(ReasonBackwards)
 	before := b.agent.Shares(testRule)[testKey]
 	back := wire.Message{From: "a"}
 	for _, rr := range captured.Rules {
+		// Every counter back to 0, so that b and c both refuse it: a report
+		// with a far higher sequence that one of them accepted would make
+		// it drop a's real reports from then on as older (see freshness).
 		rr.Report.Seq += 1_000_000
 		var keys []ledger.KeyReport
 		for _, k := range rr.Report.Keys {
-			var gave []ledger.Counter
-			for _, g := range k.Gave {
-				if g.Region == "b" {
-					g.Units = 0
+			zero := func(cs []ledger.Counter) (out []ledger.Counter) {
+				for _, c := range cs {
+					c.Units = 0
+					out = append(out, c)
 				}
-				gave = append(gave, g)
+				return out
 			}
-			k.Gave = gave
+			k.Gave, k.Applied = zero(k.Gave), zero(k.Applied)
 			keys = append(keys, k)
 		}
 		rr.Report.Keys = keys
 		back.Rules = append(back.Rules, rr)
 	}
-	data, err = wire.Encode(back)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc.Publish(ReportSubject("a"), data)
+	nc.Publish(ReportSubject("a"), testSeal(t, back))
 	testutil.WaitFor(t, 10*time.Second, "backwards report counted", func() bool { return counter(ReasonBackwards) >= k0+1 })
+	cBack := func() float64 { return metricValue(s.regions["c"].agent.m.rejected.WithLabelValues(ReasonBackwards)) }
+	testutil.WaitFor(t, 10*time.Second, "c refusing the backwards report too", func() bool { return cBack() >= 1 })
 	if after := b.agent.Shares(testRule)[testKey]; after < before {
 		t.Errorf("b's share dropped from %d to %d after a rejected report", before, after)
 	}

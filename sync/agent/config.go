@@ -11,6 +11,7 @@ import (
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/sync/ledger"
 	"github.com/apportion/apportion/sync/usage"
+	"github.com/apportion/apportion/sync/wire"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -64,6 +65,20 @@ type Config struct {
 	// EWMA, default 0.5): higher follows demand shifts faster, lower is
 	// steadier under noisy traffic (see simulations/README.md, the alpha sweep).
 	Alpha float64
+	// Signer signs every report this agent publishes (wire.NewSigner from
+	// the region's NKey seed). Required unless InsecureUnsigned; its region
+	// must be Region.
+	Signer *wire.Signer
+	// PeerKeys holds the regions' public keys: a report is accepted only if
+	// it verifies with the key of the region whose subject it arrived on.
+	// A region without a key here is refused (unless InsecureUnsigned). It
+	// may list this region too (one list for every region), with Signer's key.
+	PeerKeys wire.Keys
+	// InsecureUnsigned lets Signer be nil (reports go out unsigned) and
+	// accepts unsigned reports from regions without a key in PeerKeys.
+	// Anyone able to publish on NATS can then move shares and fence
+	// regions: for tests and for migrating a deployment to signed reports.
+	InsecureUnsigned bool
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// Metrics, if set, gets the agent's metrics, labelled with Region.
@@ -93,6 +108,14 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	if err := usage.ValidRegion(c.Region); err != nil {
 		return fmt.Errorf("%w: Region: %w", ErrConfig, err)
+	}
+	switch {
+	case c.Signer == nil && !c.InsecureUnsigned:
+		return fmt.Errorf("%w: Signer: reports must be signed (set a signing key, or InsecureUnsigned to run without authentication)", ErrConfig)
+	case c.Signer != nil && c.Signer.Region() != c.Region:
+		return fmt.Errorf("%w: Signer is region %q's, not %q's", ErrConfig, c.Signer.Region(), c.Region)
+	case c.Signer != nil && c.PeerKeys[c.Region] != nil && !c.PeerKeys[c.Region].Equal(c.Signer.Public()):
+		return fmt.Errorf("%w: PeerKeys gives region %q another public key than its Signer's (%s)", ErrConfig, c.Region, c.Signer.PublicKey())
 	}
 	if _, err := allocation.ByName(c.Strategy); err != nil {
 		return fmt.Errorf("%w: Strategy: %w", ErrConfig, err)

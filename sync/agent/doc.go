@@ -9,7 +9,9 @@
 // reported only with the version the store says it holds afterwards; every
 // report published is one the ledger returned; and every input the ledger
 // rejects (a malformed message, an unknown region, a stale or frozen
-// incarnation, a counter that went backwards) is dropped, counted in
+// incarnation, a counter that went backwards or one its sender could not
+// hold), and every message that fails authentication or is a replay, is
+// dropped, counted in
 // apportion_sync_reports_rejected_total{reason} and logged at a limited
 // rate, and changes nothing. No-overshoot therefore rests on the ledger's
 // proof and on the store contract of the ledger package doc, which
@@ -28,6 +30,16 @@
 //     to "ratelimit.report.*", ignores its own subject and feeds the rest to
 //     Ledger.Receive. A message whose From differs from its subject token is
 //     malformed.
+//   - Authentication (verify.go): every message is sealed with the
+//     region's Ed25519 key (Config.Signer, an NKey seed: wire.Signer) and
+//     opened with the key Config.PeerKeys holds for the region of its
+//     subject (wire.Verifier); unsigned, forged, altered or truncated
+//     messages are dropped before they are decoded further. A signature
+//     proves origin, not freshness, so a rule report also has to be newer
+//     than the newest accepted from its region (incarnation, sequence, key
+//     range of a split report), which drops replays. Without a Signer the
+//     Config is invalid unless InsecureUnsigned (RunCommand: a startup error
+//     unless --insecure-unsigned-reports).
 //   - Store: Store (regional/redisstore.Store). Marker writes go to
 //     WriteMarker(rule), key writes to WriteShares(rule) with the rule's
 //     global capacity and rate in thousandths, Total = Units, Floor = this

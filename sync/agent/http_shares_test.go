@@ -283,7 +283,7 @@ func TestSharesEndpointRunCommand(t *testing.T) {
 	ns := testutil.StartNATS(t)
 	e := testutil.StartEtcd(t)
 	rc := startCommand(t, "--region", "solo", "--redis-addr", r.Addr, "--nats-url", ns.ClientURL(), "--etcd-endpoints", e.Endpoint,
-		"--http-addr", "127.0.0.1:0", "--interval", "50ms")
+		"--http-addr", "127.0.0.1:0", "--interval", "50ms", "--report-seed-file", testSeedFile(t, "solo"))
 	base := "http://" + rc.http
 	code, _, bad := getShares(t, base, url.Values{"rule": {"orders"}})
 	if code != http.StatusNotFound && code != http.StatusServiceUnavailable {

@@ -8,7 +8,7 @@ import (
 
 // Reasons of apportion_sync_reports_rejected_total.
 const (
-	ReasonMalformed   = "malformed"          // does not decode, or sender differs from the subject
+	ReasonMalformed   = "malformed"          // does not decode, or its sender is not its subject's region
 	ReasonUnknownRule = "unknown_rule"       // a rule this region does not coordinate
 	ReasonUnknownReg  = "unknown_region"     // sender or a named region not in the rule
 	ReasonStale       = "stale_incarnation"  // an older incarnation than the one paired with
@@ -61,6 +61,9 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 			Help: "Usage deltas dropped (buffer full or undecodable).", ConstLabels: cl}),
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_store_errors_total",
 			Help: "Failed Redis calls (writes and run id reads).", ConstLabels: cl}),
+	}
+	for _, r := range reasons {
+		m.rejected.WithLabelValues(r)
 	}
 	for _, d := range []string{"sent", "received"} {
 		m.reports.WithLabelValues(d)

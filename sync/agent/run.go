@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/apportion/apportion/internal/serve"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules/etcdstore"
+	"github.com/apportion/apportion/sync/wire"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -41,6 +43,9 @@ type options struct {
 	rho            float64
 	standby        bool
 	alpha          float64
+	seedFile       string
+	peerKeys       string
+	insecure       bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -61,6 +66,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.rho, "clock-rate-bound", def.Rho, "bound on every clock's rate error (0.01: within 1% of real time)")
 	fs.Float64Var(&o.alpha, "demand-alpha", def.Alpha, "weight of the newest interval in the demand estimate: higher follows shifts faster, lower is steadier under noisy traffic")
 	fs.BoolVar(&o.standby, "standby", false, "campaign for the region's agent role in etcd and act only while leader")
+	fs.StringVar(&o.seedFile, "report-seed-file", "", "file holding this region's NKey user seed (SU..., or a NATS .creds file): every report is signed with it (required unless --insecure-unsigned-reports; syncagent keygen FILE makes one)")
+	fs.StringVar(&o.peerKeys, "report-peer-keys", "", "the regions' NKey public keys, region=U...,region=U... (may include this region), or @FILE to read that list from FILE: reports are accepted only when signed by their region's key")
+	fs.BoolVar(&o.insecure, "insecure-unsigned-reports", false, "INSECURE: allow running without --report-seed-file (reports go out unsigned) and accept unsigned reports from regions without a key in --report-peer-keys; anyone who can publish on NATS can then move shares")
 	if err := flagenv.Parse(fs, args, nil); err != nil {
 		return nil, err
 	}
@@ -79,15 +87,96 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	return o, nil
 }
 
+// reportKeys loads the signer and the peers' keys of o.
+func (o *options) reportKeys() (*wire.Signer, wire.Keys, error) {
+	var signer *wire.Signer
+	if o.seedFile == "" && !o.insecure {
+		return nil, nil, errors.New("--report-seed-file is required: reports are signed (make a key with: syncagent keygen FILE; " +
+			"give every region's public key in --report-peer-keys), or pass --insecure-unsigned-reports to run without authentication")
+	}
+	if o.seedFile != "" {
+		seed, err := os.ReadFile(o.seedFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--report-seed-file: %w", err)
+		}
+		if signer, err = wire.NewSigner(o.region, seed); err != nil {
+			return nil, nil, fmt.Errorf("--report-seed-file %s: %w", o.seedFile, err)
+		}
+	}
+	list := o.peerKeys
+	if f, ok := strings.CutPrefix(list, "@"); ok {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--report-peer-keys: %w", err)
+		}
+		list = string(b)
+	}
+	keys, err := wire.ParseKeys(list)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--report-peer-keys: %w", err)
+	}
+	return signer, keys, nil
+}
+
+// keygen writes a new NKey user seed to path (which must not exist) and
+// prints its public key.
+func keygen(args []string, stdout io.Writer) error {
+	if len(args) != 1 {
+		return errors.New("usage: syncagent keygen FILE (writes a new seed to FILE and prints its public key)")
+	}
+	seed, pub, err := wire.GenerateSeed()
+	if err != nil {
+		return err
+	}
+	if err := writeNew(args[0], append(seed, '\n'), 0o600); err != nil {
+		return fmt.Errorf("keygen: %w", err)
+	}
+	fmt.Fprintln(stdout, pub)
+	return nil
+}
+
+// pubkey prints the public key of the seed in path.
+func pubkey(args []string, stdout io.Writer) error {
+	if len(args) != 1 {
+		return errors.New("usage: syncagent pubkey FILE (prints the public key of the seed in FILE)")
+	}
+	seed, err := os.ReadFile(args[0])
+	if err != nil {
+		return fmt.Errorf("pubkey: %w", err)
+	}
+	s, err := wire.NewSigner("", seed)
+	if err != nil {
+		return fmt.Errorf("pubkey: %s: %w", args[0], err)
+	}
+	fmt.Fprintln(stdout, s.PublicKey())
+	return nil
+}
+
 // RunCommand parses the syncagent command line, runs the agent and blocks
 // until ctx is done, then shuts down. It prints "ready region=NAME
 // http=ADDR" to stdout once the agent runs (with --standby: once it serves
 // HTTP and campaigns). cmd/syncagent and rlstack both run it.
+//
+// "syncagent keygen FILE" writes a new report signing seed to FILE and
+// prints its public key; "syncagent pubkey FILE" prints the public key of
+// a seed file; "syncagent keys DIR REGION..." creates the missing keys of
+// a deployment's regions (see keysInit).
 func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "keygen":
+			return keygen(args[1:], stdout)
+		case "pubkey":
+			return pubkey(args[1:], stdout)
+		case "keys":
+			return keysInit(args[1:], stdout)
+		}
+	}
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
 	}
+
 	log, err := o.log.New(stderr)
 	if err != nil {
 		return err
@@ -96,6 +185,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cfg := DefaultConfig()
 	cfg.Region, cfg.Interval, cfg.Lease, cfg.Rho, cfg.Logger = o.region, o.interval, o.lease, o.rho, log
 	cfg.Alpha = o.alpha
+	cfg.InsecureUnsigned = true // the keys are checked next, once the rest is valid
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -111,6 +201,23 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	ropts, err := o.redis.Options()
 	if err != nil {
 		return err
+	}
+	signer, peerKeys, err := o.reportKeys()
+	if err != nil {
+		return err
+	}
+	cfg.Signer, cfg.PeerKeys, cfg.InsecureUnsigned = signer, peerKeys, o.insecure
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case signer == nil:
+		log.Warn("INSECURE: reports are not signed (--insecure-unsigned-reports); anyone who can publish on NATS can move shares")
+	case len(peerKeys) == 0 || len(peerKeys) == 1 && peerKeys[o.region] != nil:
+		log.Warn("no peer public keys (--report-peer-keys): every other region's report will be refused")
+	}
+	if o.insecure && signer != nil {
+		log.Warn("INSECURE: accepting unsigned reports from regions without a key (--insecure-unsigned-reports)")
 	}
 	rc := redis.NewUniversalClient(ropts)
 	defer rc.Close()

@@ -74,6 +74,7 @@ func TestRunCommand(t *testing.T) {
 	ns := testutil.StartNATS(t)
 	e := testutil.StartEtcd(t)
 	t.Setenv("APPORTION_REGION", "us-east") // every flag also reads the environment
+	t.Setenv("APPORTION_REPORT_SEED_FILE", testSeedFile(t, "us-east"))
 	rc := startCommand(t, "--redis-addr", r.Addr, "--nats-url", ns.ClientURL(), "--etcd-endpoints", e.Endpoint,
 		"--http-addr", "127.0.0.1:0", "--interval", "50ms", "--http-read-timeout", "500ms")
 	testutil.WaitFor(t, 20*time.Second, "/readyz 200", func() bool { c, _ := rc.get("/readyz"); return c == 200 })
@@ -87,6 +88,11 @@ func TestRunCommand(t *testing.T) {
 		"apportion_sync_peers_seen", "apportion_sync_keys_coordinated", "apportion_sync_gifts_total",
 		"apportion_sync_fenced", "apportion_sync_reclaims_total", "apportion_sync_tick_duration_seconds_bucket",
 		`apportion_sync_leader{region="us-east"} 1`,
+		// Every rejection reason is a series from the start.
+		`apportion_sync_reports_rejected_total{reason="bad_signature",region="us-east"} 0`,
+		`apportion_sync_reports_rejected_total{reason="unsigned",region="us-east"} 0`,
+		`apportion_sync_reports_rejected_total{reason="replayed",region="us-east"} 0`,
+		`apportion_sync_reports_rejected_total{reason="implausible",region="us-east"} 0`,
 	} {
 		if !strings.Contains(body, name) {
 			t.Errorf("/metrics lacks %s", name)
@@ -150,7 +156,7 @@ func TestRunCommandStandby(t *testing.T) {
 	ns := testutil.StartNATS(t)
 	e := testutil.StartEtcd(t)
 	args := []string{"--region", "a", "--redis-addr", r.Addr, "--nats-url", ns.ClientURL(), "--etcd-endpoints", e.Endpoint,
-		"--http-addr", "127.0.0.1:0", "--standby"}
+		"--http-addr", "127.0.0.1:0", "--standby", "--report-seed-file", testSeedFile(t, "a")}
 	p1 := startCommand(t, args...)
 	p2 := startCommand(t, args...)
 	leader := func(rc *runningCommand) bool {

@@ -39,8 +39,9 @@
 //     A receiver may raise (apply a larger counter) at any time.
 //   - Reports carry cumulative counters, so merging is max(): loss,
 //     duplication and reordering change nothing. A report from an unknown
-//     region, a stale or frozen incarnation, malformed, or with a counter lower
-//     than one already applied from the same incarnation in an older report is
+//     region, a stale or frozen incarnation, malformed, with a counter lower
+//     than one already applied from the same incarnation in an older report,
+//     or implausible (values its sender could not hold: plausible.go) is
 //     rejected whole (an error, Stats.Rejected) and changes nothing.
 //   - Every Tick: fold usage into an EWMA demand (units, per key), compute
 //     targets with the injected Allocator over the live regions (heard within

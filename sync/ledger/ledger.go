@@ -766,7 +766,7 @@ func (l *Ledger) check(r Report) error {
 			}
 		}
 	}
-	return nil
+	return l.plausible(r) // plausible.go
 }
 
 // ShareApplied tells the ledger that the store now holds a version >= v for

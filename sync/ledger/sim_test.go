@@ -120,6 +120,7 @@ type sim struct {
 	violation string
 	trace     func(format string, args ...any)
 	stepHook  func()
+	recvHook  func(to *region, rep Report, err error) // after every network delivery (adversary_test.go)
 	// real times: an incarnation's Fenced output, and the first application
 	// of its reclaim by a survivor
 	fencedAt, reclaimedAt map[Incarnation]int64
@@ -347,6 +348,9 @@ func (s *sim) send(from, to *region, rep Report) {
 			out, err := to.led.Receive(s.local(to), rep)
 			if err != nil {
 				s.rejected++
+			}
+			if s.recvHook != nil {
+				s.recvHook(to, rep, err)
 			}
 			if len(out.Writes) > 0 {
 				s.raises++

@@ -1,6 +1,7 @@
 // Package wire is the binary encoding of the sync agents' report messages:
 // one NATS message per region per sync interval carrying the ledger Report
-// of every global rule the region coordinates.
+// of every global rule the region coordinates, and (sign.go) the signed
+// envelope every message travels in: Signer.Seal and Verifier.Open.
 //
 // Invariants:
 //   - Deterministic and canonical. Encode of a Message always yields the same

@@ -1,0 +1,368 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/internal/testutil"
+	"github.com/apportion/apportion/sync/ledger"
+	"github.com/apportion/apportion/sync/wire"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// testSeed is a fixed NKey user seed of region (tests only).
+func testSeed(t testing.TB, region string) []byte {
+	t.Helper()
+	raw := sha256.Sum256([]byte("agent test key " + region))
+	seed, err := nkeys.EncodeSeed(nkeys.PrefixByteUser, raw[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seed
+}
+
+func testSigner(t testing.TB, region string) *wire.Signer {
+	t.Helper()
+	s, err := wire.NewSigner(region, testSeed(t, region))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func testPeerKeys(t testing.TB, regions ...string) wire.Keys {
+	t.Helper()
+	var parts []string
+	for _, r := range regions {
+		parts = append(parts, r+"="+testSigner(t, r).PublicKey())
+	}
+	k, err := wire.ParseKeys(strings.Join(parts, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func testVerifier(t testing.TB) *wire.Verifier {
+	return wire.NewVerifier(testPeerKeys(t, "a", "b", "c"), false)
+}
+
+// testSeal encodes m and signs it with the test key of its region.
+func testSeal(t testing.TB, m wire.Message) []byte {
+	t.Helper()
+	b, err := wire.Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return testSigner(t, m.From).Seal(b)
+}
+
+// testSeedFile writes region's test seed to a file and returns its path.
+func testSeedFile(t testing.TB, region string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), region+".nk")
+	if err := os.WriteFile(p, testSeed(t, region), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestFreshness(t *testing.T) {
+	rep := func(inc, seq uint64, keys ...string) ledger.Report {
+		r := ledger.Report{From: "a", Inc: inc, Seq: seq}
+		for _, k := range keys {
+			r.Keys = append(r.Keys, ledger.KeyReport{Key: k})
+		}
+		return r
+	}
+	var f freshness
+	steps := []struct {
+		name string
+		r    ledger.Report
+		ok   bool
+	}{
+		{"first", rep(2, 5, "k1", "k2"), true},
+		{"repeat", rep(2, 5, "k1", "k2"), false},
+		{"older sequence", rep(2, 4, "k9"), false},
+		{"older incarnation", rep(1, 900, "k9"), false},
+		{"next part of the split report", rep(2, 5, "k3", "k4"), true},
+		{"earlier part again", rep(2, 5, "k1", "k2"), false},
+		{"next report", rep(2, 6), true},
+		{"keyless repeat", rep(2, 6), false},
+		{"newer incarnation", rep(3, 1, "k1"), true},
+		{"previous incarnation's newest", rep(2, 6), false},
+	}
+	for _, st := range steps {
+		err := f.check(st.r)
+		if st.ok != (err == nil) {
+			t.Fatalf("%s: check = %v, want ok=%v", st.name, err, st.ok)
+		}
+		if err != nil && !errors.Is(err, errReplayed) {
+			t.Fatalf("%s: %v does not wrap errReplayed", st.name, err)
+		}
+		if err == nil {
+			f = f.accepted(st.r)
+		}
+	}
+}
+
+func TestConfigKeys(t *testing.T) {
+	base := testConfig("a", t)
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+		want string // "" valid
+	}{
+		{"signed", func(c *Config) {}, ""},
+		{"no signer", func(c *Config) { c.Signer = nil }, "Signer"},
+		{"no signer, insecure", func(c *Config) { c.Signer, c.InsecureUnsigned = nil, true }, ""},
+		{"another region's signer", func(c *Config) { c.Signer = testSigner(t, "b") }, "region"},
+		{"own key differs from the signer's", func(c *Config) { c.PeerKeys = testPeerKeys(t, "b"); c.PeerKeys["a"] = testPeerKeys(t, "c")["c"] }, "PeerKeys"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base
+			tc.mod(&c)
+			err := c.Validate()
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("Validate = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRunCommandKeys(t *testing.T) {
+	dir := t.TempDir()
+	seed := filepath.Join(dir, "a.nk")
+	var out bytes.Buffer
+	if err := RunCommand(context.Background(), []string{"keygen", seed}, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	pub := strings.TrimSpace(out.String())
+	if fi, err := os.Stat(seed); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("seed file %v %v", fi, err)
+	}
+	if err := RunCommand(context.Background(), []string{"keygen", seed}, io.Discard, io.Discard); err == nil {
+		t.Fatal("keygen overwrote an existing file")
+	}
+	out.Reset()
+	if err := RunCommand(context.Background(), []string{"pubkey", seed}, &out, io.Discard); err != nil || strings.TrimSpace(out.String()) != pub {
+		t.Fatalf("pubkey: %v %q, want %s", err, out.String(), pub)
+	}
+	list := filepath.Join(dir, "peers")
+	os.WriteFile(list, []byte("# every region\na="+pub+"\nb="+testSigner(t, "b").PublicKey()+"\n"), 0o644)
+	o := &options{region: "a", seedFile: seed, peerKeys: "@" + list}
+	s, k, err := o.reportKeys()
+	if err != nil || s.PublicKey() != pub || len(k) != 2 {
+		t.Fatalf("reportKeys: %v, %v, %v", s, k, err)
+	}
+	common := []string{"--region", "a", "--etcd-endpoints", "x"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no seed", nil, "--report-seed-file is required"},
+		{"missing seed file", []string{"--report-seed-file", filepath.Join(dir, "nope")}, "--report-seed-file"},
+		{"not a seed", []string{"--report-seed-file", list}, "--report-seed-file"},
+		{"bad peer keys", []string{"--report-seed-file", seed, "--report-peer-keys", "a=UNOPE"}, "--report-peer-keys"},
+		{"missing peer keys file", []string{"--report-seed-file", seed, "--report-peer-keys", "@" + filepath.Join(dir, "nope")}, "--report-peer-keys"},
+		{"own key differs", []string{"--report-seed-file", seed, "--report-peer-keys", "a=" + testSigner(t, "b").PublicKey()}, "PeerKeys"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := RunCommand(context.Background(), append(common, tc.args...), io.Discard, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestForgedReportsChangeNothing runs two agents on a NATS super-cluster.
+// While demand in a holds the shares at a = everything but b's floor, a
+// third connection injects forged, unsigned, truncated, bit-flipped and
+// replayed copies of real reports: every one is refused and counted by
+// reason, no share moves and nobody fences. a's agent restarts and its
+// first incarnation's reports are replayed: refused, nothing moves. Then
+// demand moves to b and the shares follow it (the agents still converge).
+func TestForgedReportsChangeNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	w := &world{}
+	s := newStackOf(t, []string{"a", "b"}, func(n string) (Store, *memStore) {
+		m := newMemStore(w, n)
+		return m, m
+	}, func(c *Config) {
+		// A lease long enough that a loaded test machine does not fence
+		// anyone: the test asserts that nobody fences.
+		c.Lease, c.Margin = 5*time.Second, time.Second
+	})
+	s.world = w
+	rule := globalRule()
+	rule.Regions = map[string]float64{"a": 1, "b": 1}
+	s.probe = memProbe{s: s, floors: floorsOf(s.regions["a"].agent.specOf(rule))}
+	s.putRule(t, rule)
+	spec := s.regions["a"].agent.specOf(rule)
+	lc := spec.ledgerConfig(ledger.DefaultConfig())
+	floors, _ := ledger.Split(lc, spec.Regions)
+	U := lc.Units
+	sm := startSampler(t, s, U)
+
+	// Capture a's real signed reports.
+	spy := s.cluster["b"].Connect(t)
+	var mu sync.Mutex
+	var captured [][]byte
+	sub, err := spy.Subscribe(ReportSubject("a"), func(m *nats.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(captured) < 50 {
+			captured = append(captured, bytes.Clone(m.Data))
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := startLoad(t, s)
+	load.region.Store("a")
+	testutil.WaitFor(t, 30*time.Second, "a to hold all but b's floor", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return s.enforced("a", testKey) >= U-floors[1]-lc.Hysteresis && s.enforced("b", testKey) == floors[1] && len(captured) >= 10
+	})
+	sub.Unsubscribe()
+	b := s.regions["b"].agent
+	incA, incB := s.regions["a"].agent.Incarnation(testRule), b.Incarnation(testRule)
+
+	// The forgeries. The longest captured report (one carrying the key) is
+	// the base of the bit flips and truncations.
+	mu.Lock()
+	real := captured[0]
+	for _, c := range captured {
+		if len(c) > len(real) {
+			real = c
+		}
+	}
+	replays := slices.Clone(captured[:10])
+	mu.Unlock()
+	msg, err := testVerifier(t).Open("a", real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gift := wire.Message{From: "a"}
+	for _, rr := range msg.Rules {
+		rr.Report.Seq += 1_000_000
+		for i, k := range rr.Report.Keys {
+			k.Gave = []ledger.Counter{{Region: "b", Inc: incB, Units: U}}
+			rr.Report.Keys[i] = k
+		}
+		gift.Rules = append(gift.Rules, rr)
+	}
+	plain, _ := wire.Encode(gift)
+	mallory, err := wire.NewSigner("a", testSeed(t, "mallory"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inject [][]byte
+	inject = append(inject, plain, mallory.Seal(plain))
+	for n := 0; n < len(real); n += 7 {
+		inject = append(inject, real[:n])
+	}
+	for bit := 0; bit < 8*len(real); bit++ {
+		c := bytes.Clone(real)
+		c[bit/8] ^= 1 << (bit % 8)
+		inject = append(inject, c)
+	}
+	inject = append(inject, replays...)
+
+	reasonsBefore := map[string]float64{}
+	total := func() float64 {
+		var sum float64
+		for _, r := range reasons {
+			sum += metricValue(b.m.rejected.WithLabelValues(r))
+		}
+		return sum
+	}
+	for _, r := range reasons {
+		reasonsBefore[r] = metricValue(b.m.rejected.WithLabelValues(r))
+	}
+	t0 := total()
+	mallet := s.cluster["a"].Connect(t) // the third connection
+	for _, m := range inject {
+		if err := mallet.Publish(ReportSubject("a"), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mallet.Flush()
+	testutil.WaitFor(t, 20*time.Second, "every injected message counted", func() bool { return total() >= t0+float64(len(inject)) })
+	got := map[string]float64{}
+	for _, r := range reasons {
+		if d := metricValue(b.m.rejected.WithLabelValues(r)) - reasonsBefore[r]; d > 0 {
+			got[r] = d
+		}
+	}
+	t.Logf("%d messages injected (%d bit flips of a %d-byte report), refused by reason: %v", len(inject), 8*len(real), len(real), got)
+	if total() != t0+float64(len(inject)) {
+		t.Errorf("%v rejections for %d injected messages", total()-t0, len(inject))
+	}
+	for _, r := range []string{ReasonUnsigned, ReasonBadSignature, ReasonReplayed} {
+		if got[r] == 0 {
+			t.Errorf("no rejection counted as %s", r)
+		}
+	}
+	if e := s.enforced("b", testKey); e != floors[1] {
+		t.Errorf("b enforces %d after the forgeries, want its floor %d", e, floors[1])
+	}
+	if s.regions["a"].agent.Incarnation(testRule) != incA || b.Incarnation(testRule) != incB {
+		t.Errorf("an agent fenced: incarnations a %d->%d, b %d->%d", incA, s.regions["a"].agent.Incarnation(testRule), incB, b.Incarnation(testRule))
+	}
+
+	// Replays from an older incarnation: a's agent restarts (a new
+	// incarnation, from its floor); once the shares have settled again, a's
+	// first incarnation's reports are replayed to b.
+	ra := s.regions["a"]
+	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if err := ra.agent.Close(cctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	ra.start(t, s.etcd, func(c *Config) { c.Lease, c.Margin = 5*time.Second, time.Second })
+	testutil.WaitFor(t, 30*time.Second, "a's new incarnation to hold all but b's floor again", func() bool {
+		return ra.agent.Incarnation(testRule) > incA && s.enforced("a", testKey) >= U-floors[1]-lc.Hysteresis && s.enforced("b", testKey) == floors[1]
+	})
+	incA2, incB2 := ra.agent.Incarnation(testRule), b.Incarnation(testRule)
+	r0 := metricValue(b.m.rejected.WithLabelValues(ReasonReplayed))
+	for _, m := range replays {
+		mallet.Publish(ReportSubject("a"), m)
+	}
+	mallet.Flush()
+	testutil.WaitFor(t, 20*time.Second, "old-incarnation replays counted", func() bool {
+		return metricValue(b.m.rejected.WithLabelValues(ReasonReplayed)) >= r0+float64(len(replays))
+	})
+	if e := s.enforced("b", testKey); e != floors[1] {
+		t.Errorf("b enforces %d after old-incarnation replays, want its floor %d", e, floors[1])
+	}
+	if ra.agent.Incarnation(testRule) != incA2 || b.Incarnation(testRule) != incB2 {
+		t.Errorf("an agent fenced after old-incarnation replays")
+	}
+
+	// Liveness: demand moves to b and the shares follow.
+	load.region.Store("b")
+	testutil.WaitFor(t, 30*time.Second, "b to hold all but a's floor", func() bool {
+		return s.enforced("b", testKey) >= U-floors[0]-lc.Hysteresis && s.enforced("a", testKey) == floors[0]
+	})
+	sm.finish()
+	if v := sm.violations.Load(); v > 0 {
+		t.Fatalf("sum of enforced units exceeded %d in %d of %d samples (worst %d)", U, v, sm.samples.Load(), sm.worst.Load())
+	}
+}

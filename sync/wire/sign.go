@@ -1,0 +1,237 @@
+package wire
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nkeys"
+)
+
+// # Signed envelope (format version 1)
+//
+//	magic    byte 0xB5
+//	message  a version-1 message (Encode's output, starting 0xB1)
+//	sig      64 bytes: Ed25519 signature of sigContext || message
+//
+// The key that verifies a message is the public key configured for the
+// region the message comes from (its subject, which must equal the
+// message's From): a region can only speak for itself, and any change to
+// any byte of the envelope makes Open fail. Keys are NATS NKeys (user keys:
+// seeds "SU...", public keys "U..."), so the seed a deployment already
+// manages for a region's NATS user can sign its reports too. sigContext
+// starts with the byte 0xFF, which no UTF-8 string holds, so no NATS
+// authentication nonce (a string the server chooses and the client signs)
+// can ever be a signed report.
+//
+// Signatures prove origin and integrity, not freshness: a recorded message
+// verifies forever. Replays are the receiver's business (the agent drops
+// reports older than the newest it accepted; the ledger rejects stale and
+// frozen incarnations).
+
+const (
+	magicSigned = 0xB5
+	// SignatureSize is the size of the signature that ends a signed message.
+	SignatureSize = ed25519.SignatureSize
+	sigContext    = "\xffapportion report v1\x00"
+	// Overhead is what Seal adds to an encoded message.
+	Overhead = 1 + SignatureSize
+)
+
+var (
+	// ErrUnsigned is returned by Open for an unsigned message from a
+	// region that must sign (every region, unless unsigned ones are allowed).
+	ErrUnsigned = errors.New("wire: unsigned report")
+	// ErrUnknownKey is returned by Open for a signed message from a region
+	// without a configured public key.
+	ErrUnknownKey = errors.New("wire: no public key for the sending region")
+	// ErrBadSignature is returned by Open when the signature does not verify:
+	// the message is forged, altered or truncated.
+	ErrBadSignature = errors.New("wire: bad signature")
+	// ErrKey is wrapped by errors about a seed or public key.
+	ErrKey = errors.New("wire: invalid key")
+)
+
+// Signer signs the messages of one region.
+type Signer struct {
+	region string
+	priv   ed25519.PrivateKey
+	pub    string
+}
+
+// NewSigner returns the signer of region from an NKey user seed ("SU...").
+// seed may be the content of a seed file or of a NATS .creds file (the seed
+// is found in it); surrounding whitespace is ignored.
+func NewSigner(region string, seed []byte) (*Signer, error) {
+	kp, err := nkeys.FromSeed(bytes.TrimSpace(seed))
+	if err != nil {
+		kp, err = nkeys.ParseDecoratedNKey(seed)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: seed: %v", ErrKey, err)
+	}
+	defer kp.Wipe()
+	s, err := kp.Seed()
+	if err != nil {
+		return nil, fmt.Errorf("%w: seed: %v", ErrKey, err)
+	}
+	prefix, raw, err := nkeys.DecodeSeed(s)
+	if err != nil {
+		return nil, fmt.Errorf("%w: seed: %v", ErrKey, err)
+	}
+	if prefix != nkeys.PrefixByteUser {
+		return nil, fmt.Errorf("%w: seed is not an NKey user seed (SU...)", ErrKey)
+	}
+	priv := ed25519.NewKeyFromSeed(raw)
+	pub, err := nkeys.Encode(nkeys.PrefixByteUser, priv.Public().(ed25519.PublicKey))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrKey, err)
+	}
+	return &Signer{region: region, priv: priv, pub: string(pub)}, nil
+}
+
+// GenerateSeed returns a new random NKey user seed and its public key.
+func GenerateSeed() (seed []byte, public string, err error) {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, "", err
+	}
+	seed, err = kp.Seed()
+	if err != nil {
+		return nil, "", err
+	}
+	public, err = kp.PublicKey()
+	return seed, public, err
+}
+
+// Region returns the region whose messages s signs.
+func (s *Signer) Region() string { return s.region }
+
+// PublicKey returns the NKey public key ("U...") that verifies s's signatures.
+func (s *Signer) PublicKey() string { return s.pub }
+
+// Public returns the public key that verifies s's signatures.
+func (s *Signer) Public() ed25519.PublicKey { return s.priv.Public().(ed25519.PublicKey) }
+
+// Seal returns the signed envelope of an encoded message (Encode's output).
+func (s *Signer) Seal(msg []byte) []byte {
+	out := make([]byte, 0, len(msg)+Overhead)
+	out = append(out, magicSigned)
+	out = append(out, msg...)
+	return append(out, ed25519.Sign(s.priv, signedBytes(msg))...)
+}
+
+func signedBytes(msg []byte) []byte {
+	b := make([]byte, 0, len(sigContext)+len(msg))
+	return append(append(b, sigContext...), msg...)
+}
+
+// Keys maps a region to the public key its messages verify with.
+type Keys map[string]ed25519.PublicKey
+
+// ParsePublicKey decodes an NKey user public key ("U...").
+func ParsePublicKey(s string) (ed25519.PublicKey, error) {
+	raw, err := nkeys.Decode(nkeys.PrefixByteUser, []byte(strings.TrimSpace(s)))
+	if err != nil {
+		return nil, fmt.Errorf("%w: public key %q: %v (want an NKey user public key, U...)", ErrKey, s, err)
+	}
+	return ed25519.PublicKey(raw), nil
+}
+
+// ParseKeys parses "region=PUBKEY" entries separated by commas, spaces or
+// newlines (a flag value or a file); lines starting with # are comments.
+// Every region appears once.
+func ParseKeys(s string) (Keys, error) {
+	out := Keys{}
+	var lines []string
+	for _, line := range strings.Split(s, "\n") {
+		if t := strings.TrimSpace(line); !strings.HasPrefix(t, "#") {
+			lines = append(lines, t)
+		}
+	}
+	for _, f := range strings.FieldsFunc(strings.Join(lines, " "), func(r rune) bool { return r == ',' || r == ' ' || r == '\t' || r == '\r' }) {
+		region, pub, ok := strings.Cut(f, "=")
+		if !ok || region == "" {
+			return nil, fmt.Errorf("%w: entry %q: want region=PUBLICKEY", ErrKey, f)
+		}
+		if _, dup := out[region]; dup {
+			return nil, fmt.Errorf("%w: region %q listed twice", ErrKey, region)
+		}
+		k, err := ParsePublicKey(pub)
+		if err != nil {
+			return nil, fmt.Errorf("region %q: %w", region, err)
+		}
+		out[region] = k
+	}
+	return out, nil
+}
+
+// String returns k in the form ParseKeys reads, sorted by region.
+func (k Keys) String() string {
+	var parts []string
+	for _, r := range slices.Sorted(maps.Keys(k)) {
+		pub, _ := nkeys.Encode(nkeys.PrefixByteUser, k[r])
+		parts = append(parts, r+"="+string(pub))
+	}
+	return strings.Join(parts, ",")
+}
+
+// Verifier opens the messages of the regions whose keys it holds.
+type Verifier struct {
+	keys     Keys
+	unsigned bool
+}
+
+// NewVerifier returns a verifier of keys' regions. With acceptUnsigned, a
+// region that has no key in keys may send unsigned messages (they are
+// accepted unverified: for tests and migrations only); a region with a key
+// must always sign.
+func NewVerifier(keys Keys, acceptUnsigned bool) *Verifier {
+	return &Verifier{keys: keys, unsigned: acceptUnsigned}
+}
+
+// Open checks the message data that arrived on region from's subject and
+// decodes it. It fails with ErrUnsigned, ErrUnknownKey, ErrBadSignature or
+// ErrMalformed (also when the message names another sender than from);
+// a message that fails changes nothing.
+func (v *Verifier) Open(from string, data []byte) (Message, error) {
+	if len(data) == 0 {
+		return Message{}, fmt.Errorf("%w: empty", ErrMalformed)
+	}
+	key, haveKey := v.keys[from]
+	var msg []byte
+	switch data[0] {
+	case magicV1:
+		if haveKey || !v.unsigned {
+			return Message{}, fmt.Errorf("%w from %q", ErrUnsigned, from)
+		}
+		msg = data
+	case magicSigned:
+		if len(data) < Overhead+1 {
+			return Message{}, fmt.Errorf("%w: signed message of %d bytes", ErrMalformed, len(data))
+		}
+		msg = data[1 : len(data)-SignatureSize]
+		switch {
+		case haveKey:
+			if !ed25519.Verify(key, signedBytes(msg), data[len(data)-SignatureSize:]) {
+				return Message{}, fmt.Errorf("%w: message on %q's subject", ErrBadSignature, from)
+			}
+		case !v.unsigned:
+			return Message{}, fmt.Errorf("%w: %q", ErrUnknownKey, from)
+		}
+	default:
+		return Message{}, fmt.Errorf("%w: unknown format byte 0x%02x", ErrMalformed, data[0])
+	}
+	m, err := Decode(msg)
+	if err != nil {
+		return Message{}, err
+	}
+	if m.From != from {
+		return Message{}, fmt.Errorf("%w: message from %q on %q's subject", ErrMalformed, m.From, from)
+	}
+	return m, nil
+}
