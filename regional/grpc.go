@@ -118,11 +118,11 @@ func fromProto(in *ratelimitv1.CheckLimitRequest) Request {
 
 func toProto(r Response) *ratelimitv1.CheckLimitResponse {
 	out := &ratelimitv1.CheckLimitResponse{Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining,
-		RetryAfterMs: r.RetryAfterMs, ResetAfterMs: r.ResetAfterMs, RuleId: r.RuleID, FailOpen: r.FailOpen,
+		RetryAfterMs: r.RetryAfterMs, ResetAfterMs: r.ResetAfterMs, RuleId: r.RuleID, FailOpen: r.FailOpen, WindowMs: r.windowMs,
 		Statuses: make([]*ratelimitv1.RuleStatus, len(r.Statuses))}
 	for i, s := range r.Statuses {
 		out.Statuses[i] = &ratelimitv1.RuleStatus{RuleId: s.RuleID, Allowed: s.Allowed, Limit: s.Limit, Remaining: s.Remaining,
-			RetryAfterMs: s.RetryAfterMs, ResetAfterMs: s.ResetAfterMs, Shadow: s.Shadow}
+			RetryAfterMs: s.RetryAfterMs, ResetAfterMs: s.ResetAfterMs, Shadow: s.Shadow, WindowMs: s.WindowMs}
 	}
 	return out
 }

@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/apportion/apportion/regional/header"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -109,12 +109,7 @@ func (h *HTTPHandler) check(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	setHeaders(w.Header(), resp)
-	code := http.StatusOK
-	if !resp.Allowed {
-		code = http.StatusTooManyRequests
-	}
-	writeJSON(w, code, resp)
+	writeAnswer(w, resp, req.Cost)
 }
 
 // decodeCheck parses a strict JSON CheckLimit request. It returns the name
@@ -148,38 +143,35 @@ func decodeCheck(body []byte) (Request, string, error) {
 	return req, "", nil
 }
 
-// setHeaders writes the rate-limit headers of the binding rule:
-// X-RateLimit-Limit (tokens), X-RateLimit-Remaining (tokens),
-// X-RateLimit-Reset (whole seconds until the bucket is full again / the
-// window resets, rounded up), the IETF RateLimit-Policy and RateLimit fields,
-// and on a rejection Retry-After (whole seconds, rounded up).
-func setHeaders(h http.Header, r Response) {
-	if r.RuleID == "" {
-		return // no rule matched: nothing limits this request
+// HeaderAnswer is the header writer's view of resp, the answer to a request
+// of cost tokens: regional/header writes the headers of every front end
+// (this HTTP API, the middleware, the Envoy service) from it.
+func HeaderAnswer(resp Response, cost int64) header.Answer {
+	a := header.Answer{Allowed: resp.Allowed, Cost: cost, Binding: resp.RuleID, Rules: make([]header.Rule, len(resp.Statuses))}
+	for i, s := range resp.Statuses {
+		a.Rules[i] = header.Rule{ID: s.RuleID, Allowed: s.Allowed, Shadow: s.Shadow, Limit: s.Limit, Remaining: s.Remaining,
+			RetryAfterMs: s.RetryAfterMs, ResetAfterMs: s.ResetAfterMs, WindowMs: s.WindowMs}
 	}
-	reset := ceilSeconds(r.ResetAfterMs)
-	h.Set("X-RateLimit-Limit", strconv.FormatInt(r.Limit, 10))
-	h.Set("X-RateLimit-Remaining", strconv.FormatInt(r.Remaining, 10))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
-	w := ceilSeconds(r.windowMs)
-	if w < 1 {
-		w = 1
-	}
-	name := strconv.Quote(r.RuleID)
-	h.Set("RateLimit-Policy", fmt.Sprintf("%s;q=%d;w=%d", name, r.Limit, w))
-	h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", name, r.Remaining, reset))
-	if !r.Allowed {
-		ra := ceilSeconds(r.RetryAfterMs)
-		if ra < 1 {
-			ra = 1
-		}
-		h.Set("Retry-After", strconv.FormatInt(ra, 10))
-	}
+	return a
 }
 
-func ceilSeconds(ms int64) int64 {
-	if ms <= 0 {
-		return 0
+// checkBody is the JSON body of an answer: the response, and for a
+// rejection that waiting cannot help, the reason.
+type checkBody struct {
+	Response
+	Reason string `json:"reason,omitempty"`
+}
+
+// writeAnswer writes the headers (regional/header), the status and the JSON
+// body of an answer: 200, 429, or 413 when the cost is above what a rule
+// can ever admit.
+func writeAnswer(w http.ResponseWriter, resp Response, cost int64) {
+	a := HeaderAnswer(resp, cost)
+	header.Set(w.Header(), a)
+	code, reason := header.Status(a)
+	body := checkBody{Response: resp}
+	if _, ok := w.Header()[header.RetryAfter]; !ok && !resp.Allowed {
+		body.Reason = reason // waiting cannot help: say why
 	}
-	return (ms + 999) / 1000
+	writeJSON(w, code, body)
 }

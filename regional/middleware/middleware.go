@@ -2,7 +2,10 @@
 // before a request reaches the handler it asks the region's enforcer
 // (ratelimit.v1.RateLimiter/CheckLimit) and answers 429 Too Many Requests
 // itself when the request is over a limit, with the same headers as the
-// enforcer's HTTP API (X-RateLimit-*, the IETF RateLimit fields, Retry-After).
+// enforcer's HTTP API and the Envoy service (X-RateLimit-*, the IETF
+// RateLimit-Policy and RateLimit fields, Retry-After: regional/header writes
+// them all). A request whose cost is above what a rule can ever admit is
+// answered 413 with a body saying so and no Retry-After: retrying cannot help.
 //
 // Invariant: the enforcer being unreachable never turns into an outage of
 // the wrapped handler unless the caller asks for it (WithFailClosed): by
@@ -16,10 +19,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strconv"
 	"time"
 
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
+	"github.com/apportion/apportion/regional/header"
 	"google.golang.org/grpc"
 )
 
@@ -141,9 +144,10 @@ func New(c Checker, opts ...Option) (func(http.Handler) http.Handler, error) {
 				next.ServeHTTP(w, r)
 				return
 			}
-			SetHeaders(w.Header(), resp)
-			if !resp.GetAllowed() {
-				http.Error(w, "too many requests", http.StatusTooManyRequests)
+			a := header.FromProto(resp, req.Cost)
+			header.Set(w.Header(), a)
+			if code, reason := header.Status(a); code != http.StatusOK {
+				http.Error(w, reason, code)
 				return
 			}
 			next.ServeHTTP(w, r)
@@ -151,28 +155,11 @@ func New(c Checker, opts ...Option) (func(http.Handler) http.Handler, error) {
 	}, nil
 }
 
-// SetHeaders writes the rate-limit headers of a CheckLimit answer:
-// X-RateLimit-Limit and -Remaining (tokens), X-RateLimit-Reset (whole
-// seconds until reset, rounded up), RateLimit (IETF: "<rule>";r=..;t=..) and,
-// on a rejection, Retry-After (whole seconds, rounded up, at least 1). It
-// writes nothing when no rule bound the request.
-func SetHeaders(h http.Header, resp *ratelimitv1.CheckLimitResponse) {
-	if resp.GetRuleId() == "" {
-		return
-	}
-	reset := ceilSeconds(resp.GetResetAfterMs())
-	h.Set("X-RateLimit-Limit", strconv.FormatInt(resp.GetLimit(), 10))
-	h.Set("X-RateLimit-Remaining", strconv.FormatInt(resp.GetRemaining(), 10))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
-	h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", strconv.Quote(resp.GetRuleId()), resp.GetRemaining(), reset))
-	if !resp.GetAllowed() {
-		h.Set("Retry-After", strconv.FormatInt(max(1, ceilSeconds(resp.GetRetryAfterMs())), 10))
-	}
-}
-
-func ceilSeconds(ms int64) int64 {
-	if ms <= 0 {
-		return 0
-	}
-	return (ms + 999) / 1000
+// SetHeaders writes the rate-limit headers of a CheckLimit answer to a
+// request of cost tokens, as the enforcer's HTTP API does (see
+// regional/header.Fields): X-RateLimit-Limit, -Remaining and -Reset,
+// RateLimit-Policy, RateLimit and, on a rejection that waiting can help,
+// Retry-After. It writes nothing when no enforced rule bound the request.
+func SetHeaders(h http.Header, resp *ratelimitv1.CheckLimitResponse, cost int64) {
+	header.Set(h, header.FromProto(resp, cost))
 }

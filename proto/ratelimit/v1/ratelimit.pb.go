@@ -106,7 +106,11 @@ type RuleStatus struct {
 	RetryAfterMs int64                  `protobuf:"varint,5,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	ResetAfterMs int64                  `protobuf:"varint,6,opt,name=reset_after_ms,json=resetAfterMs,proto3" json:"reset_after_ms,omitempty"`
 	// True when the rule is in shadow mode: it is evaluated and counted but never rejects.
-	Shadow        bool `protobuf:"varint,7,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	Shadow bool `protobuf:"varint,7,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	// The rule's policy window in milliseconds: the window of a window
+	// algorithm, or for a bucket the time to refill from empty (the w of the
+	// RateLimit-Policy header).
+	WindowMs      int64 `protobuf:"varint,8,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -190,6 +194,13 @@ func (x *RuleStatus) GetShadow() bool {
 	return false
 }
 
+func (x *RuleStatus) GetWindowMs() int64 {
+	if x != nil {
+		return x.WindowMs
+	}
+	return 0
+}
+
 type CheckLimitResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Allowed bool                   `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
@@ -203,7 +214,9 @@ type CheckLimitResponse struct {
 	// One status per matched rule.
 	Statuses []*RuleStatus `protobuf:"bytes,7,rep,name=statuses,proto3" json:"statuses,omitempty"`
 	// True when the answer came from the failure policy, not from the store.
-	FailOpen      bool `protobuf:"varint,8,opt,name=fail_open,json=failOpen,proto3" json:"fail_open,omitempty"`
+	FailOpen bool `protobuf:"varint,8,opt,name=fail_open,json=failOpen,proto3" json:"fail_open,omitempty"`
+	// The binding rule's policy window in milliseconds (see RuleStatus.window_ms).
+	WindowMs      int64 `protobuf:"varint,9,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -292,6 +305,13 @@ func (x *CheckLimitResponse) GetFailOpen() bool {
 		return x.FailOpen
 	}
 	return false
+}
+
+func (x *CheckLimitResponse) GetWindowMs() int64 {
+	if x != nil {
+		return x.WindowMs
+	}
+	return 0
 }
 
 type CheckLimitsRequest struct {
@@ -397,7 +417,7 @@ const file_ratelimit_v1_ratelimit_proto_rawDesc = "" +
 	"attributes\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd7\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf4\x01\n" +
 	"\n" +
 	"RuleStatus\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x18\n" +
@@ -406,7 +426,8 @@ const file_ratelimit_v1_ratelimit_proto_rawDesc = "" +
 	"\tremaining\x18\x04 \x01(\x03R\tremaining\x12$\n" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12$\n" +
 	"\x0ereset_after_ms\x18\x06 \x01(\x03R\fresetAfterMs\x12\x16\n" +
-	"\x06shadow\x18\a \x01(\bR\x06shadow\"\x9a\x02\n" +
+	"\x06shadow\x18\a \x01(\bR\x06shadow\x12\x1b\n" +
+	"\twindow_ms\x18\b \x01(\x03R\bwindowMs\"\xb7\x02\n" +
 	"\x12CheckLimitResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -415,7 +436,8 @@ const file_ratelimit_v1_ratelimit_proto_rawDesc = "" +
 	"\x0ereset_after_ms\x18\x05 \x01(\x03R\fresetAfterMs\x12\x17\n" +
 	"\arule_id\x18\x06 \x01(\tR\x06ruleId\x124\n" +
 	"\bstatuses\x18\a \x03(\v2\x18.ratelimit.v1.RuleStatusR\bstatuses\x12\x1b\n" +
-	"\tfail_open\x18\b \x01(\bR\bfailOpen\"Q\n" +
+	"\tfail_open\x18\b \x01(\bR\bfailOpen\x12\x1b\n" +
+	"\twindow_ms\x18\t \x01(\x03R\bwindowMs\"Q\n" +
 	"\x12CheckLimitsRequest\x12;\n" +
 	"\brequests\x18\x01 \x03(\v2\x1f.ratelimit.v1.CheckLimitRequestR\brequests\"U\n" +
 	"\x13CheckLimitsResponse\x12>\n" +
