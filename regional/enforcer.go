@@ -651,3 +651,14 @@ func (e *Enforcer) Rules() []rules.Rule {
 	sort.Slice(rs, func(i, j int) bool { return rs[i].ID < rs[j].ID })
 	return rs
 }
+
+// RuleIndex returns the active rule index, nil before the first SetRules.
+// The index is immutable: a front end may derive data from it and keep it
+// until RuleIndex returns another one.
+func (e *Enforcer) RuleIndex() *rules.Index {
+	c := e.index.Load()
+	if c == nil {
+		return nil
+	}
+	return c.index
+}

@@ -129,8 +129,9 @@ func tokenBucket(id, resource string, capacity int64, refill float64) rules.Rule
 }
 
 func TestTokenBucketAllowedThenOverLimit(t *testing.T) {
-	// Capacity 5, refill 0.5/s: the period (refill from empty) is 10s, nearer
-	// a minute than a second on a log scale, so current_limit is 30/MINUTE.
+	// Capacity 5, refill 0.5/s: the period (refill from empty) is 10s, so
+	// current_limit is the capacity per the shortest unit that holds the
+	// period: 5/MINUTE (limit_remaining never above it).
 	e := newEnv(t, []rules.Rule{tokenBucket("orders", "edge /orders", 5, 0.5)})
 	req := &rlsv3.RateLimitRequest{Domain: "edge",
 		Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("remote_address", "10.0.0.1", "path", "/orders")}}
@@ -144,8 +145,11 @@ func TestTokenBucketAllowedThenOverLimit(t *testing.T) {
 			t.Errorf("request %d: limit_remaining %d, want %d", i+1, st.LimitRemaining, 4-i)
 		}
 		cl := st.GetCurrentLimit()
-		if cl.GetName() != "orders" || cl.GetRequestsPerUnit() != 30 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
-			t.Errorf("request %d: current_limit %v, want orders 30/MINUTE", i+1, cl)
+		if cl.GetName() != "orders" || cl.GetRequestsPerUnit() != 5 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
+			t.Errorf("request %d: current_limit %v, want orders 5/MINUTE", i+1, cl)
+		}
+		if st.LimitRemaining > cl.GetRequestsPerUnit() {
+			t.Errorf("request %d: limit_remaining %d above requests_per_unit %d", i+1, st.LimitRemaining, cl.GetRequestsPerUnit())
 		}
 		if d := st.GetDurationUntilReset().AsDuration(); d <= 0 || d > 10*time.Second {
 			t.Errorf("request %d: duration_until_reset %v, want in (0, 10s]", i+1, d)
@@ -264,10 +268,10 @@ func TestAttributesAndOptions(t *testing.T) {
 	if resp := e.ask(t, req("paid")); resp.OverallCode != ok || resp.Statuses[0].CurrentLimit != nil || len(resp.ResponseHeadersToAdd) != 0 {
 		t.Errorf("paid plan: %v, want a bare OK (no rule matches)", resp)
 	}
-	// With the client key list replaced, client_key no longer names the client.
-	_, err := e.call(&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("client_key", "x")}})
-	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "tenant") {
-		t.Errorf("client_key with WithClientKeyEntries(tenant): %v, want InvalidArgument naming tenant", err)
+	// With the client key list replaced, client_key no longer names the
+	// client: the descriptor's identity does, and no rule matches it.
+	if resp := e.ask(t, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("client_key", "x")}}); resp.OverallCode != ok || resp.Statuses[0].CurrentLimit != nil {
+		t.Errorf("client_key with WithClientKeyEntries(tenant): %v, want a bare OK", resp)
 	}
 }
 
@@ -281,30 +285,19 @@ func headers(resp *rlsv3.RateLimitResponse) map[string]string {
 
 func TestInvalidRequest(t *testing.T) {
 	e := newEnv(t, []rules.Rule{tokenBucket("r", "x", 5, 1)})
-	big := desc("client_key", "u")
-	big.HitsAddend = wrapperspb.UInt64(5000)
+	many := &rlsv3.RateLimitRequest{Domain: "d"}
+	for range envoy.MaxDescriptors + 1 {
+		many.Descriptors = append(many.Descriptors, desc("client_key", "u"))
+	}
 	tests := []struct {
 		name string
 		in   *rlsv3.RateLimitRequest
 		want string // in the message
 	}{
 		{"no descriptors", &rlsv3.RateLimitRequest{Domain: "d"}, "descriptors: at least one"},
-		{"no entries", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{{}}}, "descriptors[0].entries"},
-		{"no client key", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{
-			desc("client_key", "u"), desc("path", "/a", "header_match", "h")}},
-			"descriptors[1]: no client key entry; want an entry keyed client_key, remote_address, generic_key, user_id, api_key"},
-		{"empty client key", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("path", "/a", "user_id", "")}},
-			`descriptors[0].entries[1] (key "user_id"): client key value is empty`},
-		{"empty entry key", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("client_key", "u", "", "v")}},
-			`descriptors[0].entries[1] (key ""): key is empty`},
-		{"client key too long", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("api_key", strings.Repeat("k", 300))}},
-			`descriptors[0].entries[0] (key "api_key"): client key is 300 bytes`},
-		{"request hits_addend above max cost", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("client_key", "u")}, HitsAddend: 5000},
-			"hits_addend: 5000 is above the maximum"},
-		{"descriptor hits_addend above max cost", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{big}},
-			"descriptors[0].hits_addend: 5000 is above the maximum"},
-		{"value too long", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("client_key", "u", "tier", strings.Repeat("t", 2000))}},
-			`descriptors[0].entries[1] (key "tier"): is longer than`},
+		{"too many descriptors", many, "descriptors: 65 descriptors, the maximum is 64"},
+		{"hits_addend beyond any cost", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: desc("client_key", "u").Entries, HitsAddend: wrapperspb.UInt64(1 << 63)}}}, "descriptors[0].hits_addend: 9223372036854775808 is above the maximum"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -313,6 +306,52 @@ func TestInvalidRequest(t *testing.T) {
 				t.Fatalf("got %v, want InvalidArgument containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestEveryDescriptorIsAnswered sends descriptors that envoyproxy/ratelimit
+// accepts and that once failed the whole call here: none fails it now.
+func TestEveryDescriptorIsAnswered(t *testing.T) {
+	perIdentity := rules.Rule{ID: "per-identity", Match: map[string]string{"domain": "basic"}, Key: []string{"client_key"},
+		Algorithm: rules.SlidingLog, Limit: 1, Window: rules.Duration(time.Hour)}
+	e := newEnv(t, []rules.Rule{perIdentity})
+	twice := func(name string, d *ratelimitv3.RateLimitDescriptor, wantSecond rlsv3.RateLimitResponse_Code) {
+		t.Helper()
+		req := &rlsv3.RateLimitRequest{Domain: "basic", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}}
+		if resp := e.ask(t, req); resp.OverallCode != ok {
+			t.Errorf("%s, first: %v, want OK", name, resp)
+		}
+		if resp := e.ask(t, req); resp.OverallCode != wantSecond {
+			t.Errorf("%s, second: %v, want %v", name, resp, wantSecond)
+		}
+	}
+	// No client key entry: the descriptor's key/value path is the identity,
+	// one bucket per path (key1=foo and key1=bar are two clients).
+	twice("key1=foo", desc("key1", "foo"), overLimit)
+	twice("key1=bar", desc("key1", "bar"), overLimit)
+	twice("source_cluster/destination_cluster", desc("source_cluster", "proxy", "destination_cluster", "mock"), overLimit)
+	twice("an empty client key value falls back to the path", desc("user_id", "", "path", "/a"), overLimit)
+	twice("an empty entry key", desc("", "v"), overLimit)
+	twice("an over-long client key is hashed", desc("api_key", strings.Repeat("k", 300)), overLimit)
+	twice("an over-long value is hashed", desc("tier", strings.Repeat("t", 2000)), overLimit)
+	// hello=world in a domain no rule names: OK, no limit (as
+	// envoyproxy/ratelimit answers its integration test's first call).
+	resp := e.ask(t, &rlsv3.RateLimitRequest{Domain: "foo", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("hello", "world")}})
+	if resp.OverallCode != ok || resp.Statuses[0].CurrentLimit != nil || resp.Statuses[0].LimitRemaining != 0 {
+		t.Errorf("hello=world: %v, want OK with no current_limit", resp)
+	}
+	// A descriptor without entries: no limit can apply.
+	if resp := e.ask(t, &rlsv3.RateLimitRequest{Domain: "basic", Descriptors: []*ratelimitv3.RateLimitDescriptor{{}}}); resp.OverallCode != ok {
+		t.Errorf("no entries: %v, want OK", resp)
+	}
+	// A cost above the enforcer's maximum: that descriptor is over limit,
+	// and the body says why; the call does not fail.
+	big := desc("key1", "big")
+	big.HitsAddend = wrapperspb.UInt64(5000)
+	resp = e.ask(t, &rlsv3.RateLimitRequest{Domain: "basic", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("key1", "small"), big}})
+	if resp.OverallCode != overLimit || resp.Statuses[0].Code != ok || resp.Statuses[1].Code != overLimit ||
+		!strings.Contains(string(resp.RawBody), "descriptors[1].hits_addend: 5000 is above the maximum of 1000") {
+		t.Errorf("cost above the maximum: %v, want descriptor 1 OVER_LIMIT and a body naming hits_addend", resp)
 	}
 }
 

@@ -13,8 +13,10 @@ func TestCurrentLimit(t *testing.T) {
 		minute = rlsv3.RateLimitResponse_RateLimit_MINUTE
 		hour   = rlsv3.RateLimitResponse_RateLimit_HOUR
 		day    = rlsv3.RateLimitResponse_RateLimit_DAY
+		week   = rlsv3.RateLimitResponse_RateLimit_WEEK
+		month  = rlsv3.RateLimitResponse_RateLimit_MONTH
+		year   = rlsv3.RateLimitResponse_RateLimit_YEAR
 	)
-	ms := func(d time.Duration) int64 { return d.Milliseconds() }
 	tests := []struct {
 		name   string
 		limit  int64
@@ -22,23 +24,21 @@ func TestCurrentLimit(t *testing.T) {
 		n      uint32
 		unit   rlsv3.RateLimitResponse_RateLimit_Unit
 	}{
-		{"fixed window 100 per minute", 100, time.Minute, 100, minute},
-		{"fixed window 10 per second", 10, time.Second, 10, second},
-		{"window 1000 per day", 1000, 24 * time.Hour, 1000, day},
-		{"window 100 per 10s", 100, 10 * time.Second, 600, minute},
-		{"window 100 per 5s", 100, 5 * time.Second, 20, second},
-		{"token bucket 20, refill 10/s (2s)", 20, 2 * time.Second, 10, second},
-		{"token bucket 5, refill 0.5/s (10s)", 5, 10 * time.Second, 30, minute},
-		{"token bucket 1000, refill 1/s (1000s)", 1000, 1000 * time.Second, 3600, hour},
-		{"token bucket 7, refill 3/s (2333ms)", 7, 2333 * time.Millisecond, 3, second},
-		{"window 2 per 2h", 2, 2 * time.Hour, 1, hour},
-		{"slow: 1 per 10 days rounds up to 1/DAY", 1, 240 * time.Hour, 1, day},
-		{"1 per 20s: nearer a minute", 1, 20 * time.Second, 3, minute},
-		{"1 per 7s rounds to 0/SECOND: next unit", 1, 7 * time.Second, 9, minute},
+		{"fixed window 100 per minute (exact)", 100, time.Minute, 100, minute},
+		{"fixed window 10 per second (exact)", 10, time.Second, 10, second},
+		{"window 1000 per day (exact)", 1000, 24 * time.Hour, 1000, day},
+		{"window 20 per week (exact)", 20, 7 * 24 * time.Hour, 20, week},
+		{"window 5 per 30 days (exact month)", 5, 30 * 24 * time.Hour, 5, month},
+		{"window 100 per 10s: per minute", 100, 10 * time.Second, 100, minute},
+		{"token bucket 3, refill 1/s (3s): 3/MINUTE, never below limit_remaining", 3, 3 * time.Second, 3, minute},
+		{"token bucket 20, refill 10/s (2s)", 20, 2 * time.Second, 20, minute},
+		{"token bucket 5, refill 5/s (1s)", 5, time.Second, 5, second},
+		{"token bucket 1000, refill 1/s (1000s)", 1000, 1000 * time.Second, 1000, hour},
+		{"window 1 per 366 days: per year", 1, 366 * 24 * time.Hour, 1, year},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := currentLimit("r", tc.limit, ms(tc.period))
+			got := currentLimit("r", tc.limit, tc.period.Milliseconds())
 			if got.GetName() != "r" || got.GetRequestsPerUnit() != tc.n || got.GetUnit() != tc.unit {
 				t.Fatalf("currentLimit(%d per %v) = %d/%v, want %d/%v", tc.limit, tc.period, got.GetRequestsPerUnit(), got.GetUnit(), tc.n, tc.unit)
 			}
