@@ -40,6 +40,8 @@ const (
 type env struct {
 	redis  *testutil.Redis
 	client rlsv3.RateLimitServiceClient
+	enf    *regional.Enforcer
+	addr   string // the gRPC server: ratelimit.v1 and Envoy's service
 }
 
 func newEnv(t testing.TB, rs []rules.Rule, opts ...envoy.Option) *env {
@@ -83,7 +85,7 @@ func newEnv(t testing.TB, rs []rules.Rule, opts ...envoy.Option) *env {
 	}
 	go gs.Serve(l)
 	t.Cleanup(gs.Stop)
-	return &env{redis: r, client: dial(t, l.Addr().String())}
+	return &env{redis: r, client: dial(t, l.Addr().String()), enf: enf, addr: l.Addr().String()}
 }
 
 func dial(t testing.TB, addr string) rlsv3.RateLimitServiceClient {
