@@ -142,7 +142,7 @@ CheckLimit to an enforcer.`,
 	root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
 	root.SetOut(c.stdout) // help and completion scripts
 	root.SetErr(c.stderr)
-	root.AddCommand(c.rulesCmd(), c.limitsCmd(), c.checkCmd(), c.versionCmd())
+	root.AddCommand(c.rulesCmd(), c.limitsCmd(), c.checkCmd(), c.importCmd(), c.versionCmd())
 	c.strictBuiltins(root)
 	return root
 }

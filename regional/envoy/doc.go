@@ -1,49 +1,82 @@
 // Package envoy serves Envoy's rate-limit protocol,
 // envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit, on an
-// Enforcer, so that Envoy, Istio and Envoy Gateway use apportion unchanged.
-// Register adds the service to the enforcer's gRPC server.
+// Enforcer, so that Envoy, Istio and Envoy Gateway use apportion unchanged,
+// and so that a configuration of envoyproxy/ratelimit imported with
+// rules/envoyconfig limits every descriptor the way envoyproxy/ratelimit
+// would. Register adds the service to the enforcer's gRPC server.
 //
 // Mapping of a RateLimitRequest. Each descriptor is one Enforcer.Check:
 //
-//   - ClientKey: the value of the first entry whose key is in the client key
-//     list (WithClientKeyEntries; default client_key, remote_address,
-//     generic_key, user_id, api_key, in that order of preference). A
-//     descriptor without such an entry is InvalidArgument naming it.
+//   - ClientKey: the value of the first entry, with a non-empty value, whose
+//     key is in the client key list (WithClientKeyEntries; default
+//     client_key, remote_address, generic_key, user_id, api_key, in that
+//     order of preference); without one, the descriptor's identity: its
+//     entries as key=value joined by "|" (envoyconfig.Identity), e.g.
+//     "key1=foo" or "source_cluster=proxy|destination_cluster=mock". A value
+//     over regional.MaxClientKeyBytes is replaced by "sha256:" and its hex
+//     SHA-256.
 //   - Resource: the value of the "resource" entry; else the request's domain,
 //     a space and the value of the first resource entry (WithResourceEntries;
 //     default path, header_match), e.g. "edge /orders"; else the domain alone.
 //   - Attributes: every entry, key -> value (the first of repeated keys
-//     wins), and "domain" -> the request's domain unless an entry is named so.
+//     wins; a value over 1024 bytes becomes its "sha256:" form), "domain" ->
+//     the request's domain unless an entry is named so, and
+//     "envoy.descriptor" -> the identity. Entries named envoy.descriptor,
+//     envoy.node, envoy.name, envoy.replaces or envoy.limit are not
+//     attributes: this service sets those.
 //   - Cost: the descriptor's hits_addend when set, else the request's;
 //     0 means 1. A descriptor with is_negative_hits (a refund) is answered OK
-//     and consumes nothing: apportion does not refund. A descriptor's limit
-//     override is ignored: limits come from apportion's rules.
+//     and consumes nothing: apportion does not refund. A descriptor without
+//     entries is answered OK (no limit can apply). A cost above the
+//     enforcer's maximum is OVER_LIMIT for that descriptor, with a body
+//     naming hits_addend. A descriptor's limit override is ignored: limits
+//     come from apportion's rules.
+//
+// Imported configuration. The service derives, from the rules of the
+// enforcer's current rule index that carry envoy.node (rules/envoyconfig),
+// envoyproxy/ratelimit's configuration tree per domain, and resolves each
+// descriptor as envoyproxy/ratelimit does: per entry the node keyed
+// key_value, else the first wildcard node matching it (longest fixed text
+// first), else the node keyed by the key alone; the node's limit applies
+// only when the descriptor's last entry reaches it. Then, across the
+// request, every resolved node's replaces removes the other named nodes
+// (not unlimited ones). A descriptor resolved to a bucket node is checked
+// with that node's match attributes set (so its rule matches, and no other
+// imported rule); to an unlimited node it is OK with limit_remaining
+// 4294967295 and no check; to a requests_per_unit 0 node it is OVER_LIMIT
+// (OK in shadow mode) with current_limit 0 per its unit and no check.
+// Any other descriptor is checked with the attributes above, so rules
+// written for apportion apply to every descriptor they match.
 //
 // Response: overall_code is OVER_LIMIT when any descriptor is. Each
-// descriptor status carries the binding rule (rule id in current_limit.name)
-// of that descriptor's check; a descriptor that no rule matched is OK with no
-// current_limit. limit_remaining is the binding rule's remaining tokens;
-// duration_until_reset is its reset_after_ms when OK, and when OVER_LIMIT its
-// retry_after_ms (the time until the request would pass, which is what a
-// fixed window's reset means to a client). current_limit is a rate: the
-// binding rule's limit over its period (a window algorithm's window, a
-// bucket's time to refill from empty, so for a token bucket the refill rate),
-// expressed per the unit among SECOND, MINUTE, HOUR and DAY nearest to that
-// period and rounded to a whole number of requests (the next larger unit when
-// that rounds to 0): 100 per 1m is 100/MINUTE, a token bucket refilling
-// 10/s is 10/SECOND, one refilling 0.5/s over a 200s period is 30/MINUTE.
+// descriptor status carries the binding rule of that descriptor's check
+// (rule id in current_limit.name); a descriptor that no enforced rule bound
+// (none matched, or only shadow rules did) is OK or OVER_LIMIT with no
+// current_limit. limit_remaining is the binding rule's remaining tokens.
+// current_limit is the binding rule's limit in tokens (a window's limit, a
+// bucket's capacity) per the shortest unit (SECOND, MINUTE, HOUR, DAY,
+// WEEK, MONTH of 30 days, YEAR of 365) at least as long as the rule's
+// period (its window; a bucket's time to refill from empty): exact for an
+// imported rule (20 per 1m is 20/MINUTE), and otherwise consistent with
+// the bucket: limit_remaining never exceeds requests_per_unit and the rule
+// is full again within one unit (a token bucket of capacity 3 refilling
+// 1/s is 3/MINUTE). duration_until_reset is reset_after_ms when OK, and
+// when OVER_LIMIT retry_after_ms (the time until the request would pass,
+// which is what a fixed window's reset means to a client), or
+// reset_after_ms when waiting cannot help. With WithResponseHeaders, the
+// most restrictive descriptor's headers are those regional/header writes
+// for every front end; when waiting cannot help, raw_body says why (Envoy
+// sends it as the body of its 429) and there is no retry-after.
 //
 // Failure policy: an answer from a rule's failure_mode while the store is
 // unreachable (fail_open in ratelimit.v1) is OK when it allows, so a Redis
 // outage never turns into rejections unless a rule says failure_mode closed.
 //
-// Invariant: descriptors are checked concurrently and independently, not as
-// one atomic bucket set (they may name different client keys, and a Check
-// takes one). Like Envoy's reference service, a descriptor that passes
-// consumes its tokens even when another descriptor of the same request is
-// over limit. Every descriptor is mapped before any is checked, so a request
-// whose mapping is invalid (no client key, an empty entry key, a client key
-// over regional.MaxClientKeyBytes) consumes nothing; the enforcer's own input
-// limits (cost above its maximum, over-long values) fail the whole request
-// with InvalidArgument after the other descriptors' checks.
+// Invariant: every descriptor envoyproxy/ratelimit accepts is answered (the
+// call fails only with no or too many descriptors, a hits_addend beyond
+// any cost, or no rule set loaded yet). Descriptors are checked
+// concurrently and independently, not as one atomic bucket set (they may
+// name different client keys, and a Check takes one): like
+// envoyproxy/ratelimit, a descriptor that passes consumes its tokens even
+// when another descriptor of the same request is over limit.
 package envoy
