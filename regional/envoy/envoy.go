@@ -82,6 +82,7 @@ type service struct {
 	resourceKeys []string
 	headers      bool
 	tree         atomic.Pointer[trees]
+	rebuild      sync.Mutex // one goroutine rebuilds tree after a rule change; the others wait for it
 }
 
 func newService(e *regional.Enforcer, opts ...Option) *service {
@@ -100,6 +101,11 @@ func newService(e *regional.Enforcer, opts ...Option) *service {
 // building them once per rule index.
 func (s *service) trees() *trees {
 	ix := s.e.RuleIndex()
+	if t := s.tree.Load(); t != nil && t.ix == ix {
+		return t
+	}
+	s.rebuild.Lock()
+	defer s.rebuild.Unlock()
 	if t := s.tree.Load(); t != nil && t.ix == ix {
 		return t
 	}
@@ -168,7 +174,7 @@ func (s *service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReques
 			tightest = i
 		}
 	}
-	if tightest >= 0 {
+	if tightest >= 0 && (s.headers || out.OverallCode != rlsv3.RateLimitResponse_OK) {
 		c := &checks[tightest]
 		a := regional.HeaderAnswer(c.resp, c.req.Cost)
 		fields := header.Fields(a)
