@@ -178,7 +178,7 @@ func (c *check) finish() error {
 		if !c.node.rule.Shadow {
 			c.status.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: c.node.rule.ID, Unit: unitOf(c.node.window())}
 		}
-		c.bound = true
+		c.bound = !c.resp.Allowed // in shadow mode it binds nothing, headers included
 		return nil
 	}
 	if c.err != nil {

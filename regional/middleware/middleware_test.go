@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
@@ -120,4 +121,48 @@ func ExampleNew() {
 	// Output:
 	// 200 0
 	// 429 0
+}
+
+// staticChecker answers every check with resp.
+type staticChecker struct{ resp *ratelimitv1.CheckLimitResponse }
+
+func (s staticChecker) CheckLimit(context.Context, *ratelimitv1.CheckLimitRequest, ...grpc.CallOption) (*ratelimitv1.CheckLimitResponse, error) {
+	return s.resp, nil
+}
+
+func TestHonestAnswers(t *testing.T) {
+	tests := []struct {
+		name       string
+		resp       *ratelimitv1.CheckLimitResponse
+		wantStatus int
+		wantBody   string
+		wantHeader map[string]string // "" : absent
+	}{
+		{"cost above capacity: 413, no Retry-After", &ratelimitv1.CheckLimitResponse{RuleId: "llm", Limit: 3, Remaining: 3, RetryAfterMs: -1,
+			Statuses: []*ratelimitv1.RuleStatus{{RuleId: "llm", Limit: 3, Remaining: 3, RetryAfterMs: -1, WindowMs: 3000}}},
+			413, `cost 5 is above the 3 tokens rule "llm" admits here at most: waiting cannot help`,
+			map[string]string{"Retry-After": "", "X-RateLimit-Limit": "3", "RateLimit-Policy": `"llm";q=3;w=3`}},
+		{"shadow only: no headers", &ratelimitv1.CheckLimitResponse{Allowed: true, RuleId: "trial", Limit: 1,
+			Statuses: []*ratelimitv1.RuleStatus{{RuleId: "trial", Shadow: true, Limit: 1, RetryAfterMs: 500, WindowMs: 1000}}},
+			200, "ok", map[string]string{"X-RateLimit-Limit": "", "RateLimit": "", "Retry-After": ""}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			mw, err := New(staticChecker{tc.resp}, WithCost(func(*http.Request) int64 { return 5 }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := httptest.NewRecorder()
+			mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })).
+				ServeHTTP(rec, httptest.NewRequest("POST", "/complete", nil))
+			if rec.Code != tc.wantStatus || !strings.Contains(rec.Body.String(), tc.wantBody) {
+				t.Errorf("%d %q, want %d containing %q", rec.Code, rec.Body, tc.wantStatus, tc.wantBody)
+			}
+			for k, v := range tc.wantHeader {
+				if got := rec.Header().Get(k); got != v {
+					t.Errorf("%s = %q, want %q", k, got, v)
+				}
+			}
+		})
+	}
 }
