@@ -124,7 +124,9 @@ func ExampleNew() {
 }
 
 // staticChecker answers every check with resp.
-type staticChecker struct{ resp *ratelimitv1.CheckLimitResponse }
+type staticChecker struct {
+	resp *ratelimitv1.CheckLimitResponse
+}
 
 func (s staticChecker) CheckLimit(context.Context, *ratelimitv1.CheckLimitRequest, ...grpc.CallOption) (*ratelimitv1.CheckLimitResponse, error) {
 	return s.resp, nil
