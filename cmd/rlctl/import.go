@@ -18,7 +18,7 @@ import (
 // each) into one rule list and writes it to out: YAML, or JSON when asJSON.
 // A file that does not convert, or two files with the same rule ids (the
 // same domain twice), is an error naming the file; nothing is written then.
-func importEnvoy(files []string, asJSON bool, out io.Writer) error {
+func importEnvoy(files []string, asJSON bool, out io.Writer, opts ...envoyconfig.Option) error {
 	if len(files) == 0 {
 		return usagef("give one or more envoyproxy/ratelimit configuration files")
 	}
@@ -29,7 +29,7 @@ func importEnvoy(files []string, asJSON bool, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		rs, err := envoyconfig.Convert(data)
+		rs, err := envoyconfig.Convert(data, opts...)
 		if err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
@@ -82,12 +82,12 @@ func importEnvoy(files []string, asJSON bool, out io.Writer) error {
 
 // importEnvoyTo runs importEnvoy into the file path (written only when the
 // import succeeds), or to stdout when path is "".
-func importEnvoyTo(files []string, asJSON bool, path string, stdout io.Writer) error {
+func importEnvoyTo(files []string, asJSON bool, path string, stdout io.Writer, opts ...envoyconfig.Option) error {
 	if path == "" {
-		return importEnvoy(files, asJSON, stdout)
+		return importEnvoy(files, asJSON, stdout, opts...)
 	}
 	var buf bytes.Buffer
-	if err := importEnvoy(files, asJSON, &buf); err != nil {
+	if err := importEnvoy(files, asJSON, &buf, opts...); err != nil {
 		return err
 	}
 	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
@@ -165,25 +165,33 @@ review and then store with "rules put -f" (or load with ratelimitd --rules).`,
 // importEnvoyCmd is "rlctl import envoy FILE...": it prints the rules as
 // YAML (-o json: JSON), or writes them to --write.
 func (c *cli) importEnvoyCmd() *cobra.Command {
-	var write string
+	var (
+		write          string
+		ignoreMetadata bool
+	)
 	cmd := &cobra.Command{
 		Use:   "envoy FILE...",
 		Short: "Convert envoyproxy/ratelimit configuration files into rules",
 		Long: `Convert envoyproxy/ratelimit configuration files (one domain each: domain,
-nested descriptors, rate_limit units, unlimited, replaces, shadow_mode)
-into rules that the enforcer's Envoy service
-applies the way envoyproxy/ratelimit would. Prints YAML (-o json: JSON), or
+nested descriptors, rate_limit units, unlimited, replaces, shadow_mode,
+quota_mode) into rules that the enforcer's Envoy service applies the way
+envoyproxy/ratelimit would. Prints YAML (-o json: JSON), or
 writes --write FILE. A file envoyproxy/ratelimit refuses is refused, naming
 the field and its line; nothing is written then.
 See docs/migrating-from-envoy-ratelimit.md.`,
 		Example: `  rlctl import envoy config/ratelimit/*.yaml > rules.yaml && rlctl rules put -f rules.yaml
-  rlctl import envoy -w rules.json -o json config/ratelimit/basic.yaml`,
+  rlctl import envoy --ignore-metadata -w rules.json -o json examples/ratelimit/config/example.yaml`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return importEnvoyTo(args, c.g.output == "json", write, c.stdout)
+			var opts []envoyconfig.Option
+			if ignoreMetadata {
+				opts = append(opts, envoyconfig.IgnoreMetadata())
+			}
+			return importEnvoyTo(args, c.g.output == "json", write, c.stdout, opts...)
 		},
 	}
 	cmd.Flags().StringVarP(&write, "write", "w", "", "write the rules to this file instead of stdout")
 	cmd.MarkFlagFilename("write", "yaml", "yml", "json")
+	cmd.Flags().BoolVar(&ignoreMetadata, "ignore-metadata", false, "import descriptors that carry metadata, without it (apportion sends no dynamic metadata)")
 	return cmd
 }

@@ -56,6 +56,14 @@ func TestImportEnvoy(t *testing.T) {
 		t.Errorf("--write: %d rules, %v; output %q", len(rs), err, out.String())
 	}
 
+	out.Reset()
+	if err := run(context.Background(), []string{"import", "envoy", "--ignore-metadata", envoyFile("examples_example.yaml")}, &out, &out); err != nil {
+		t.Fatalf("--ignore-metadata: %v", err)
+	}
+	if rs, err := rules.ParseRules(out.Bytes()); err != nil || len(rs) != 17 {
+		t.Errorf("--ignore-metadata: %d rules, %v", len(rs), err)
+	}
+
 	tests := []struct {
 		name string
 		args []string
@@ -67,6 +75,7 @@ func TestImportEnvoy(t *testing.T) {
 			"test_config_bad_limit_unit.yaml: envoyconfig: line 6: descriptors[0].rate_limit.unit: invalid rate limit unit 'foo'"},
 		{"same domain twice", []string{"import", "envoy", basic, basic}, exitFailure, `rule "basic.key1" also comes from`},
 		{"missing file", []string{"import", "envoy", "nope.yaml"}, exitFailure, "nope.yaml"},
+		{"metadata", []string{"import", "envoy", envoyFile("examples_example.yaml")}, exitFailure, "descriptors[5].metadata: not supported"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -22,8 +22,8 @@
 //     wins; a value over 1024 bytes becomes its "sha256:" form), "domain" ->
 //     the request's domain unless an entry is named so, and
 //     "envoy.descriptor" -> the identity. Entries named envoy.descriptor,
-//     envoy.node, envoy.name, envoy.replaces or envoy.limit are not
-//     attributes: this service sets those.
+//     envoy.node, envoy.name, envoy.replaces, envoy.limit or envoy.quota
+//     are not attributes: this service sets those.
 //   - Cost: the descriptor's hits_addend when set, else the request's;
 //     0 means 1. A descriptor with is_negative_hits (a refund) is answered OK
 //     and consumes nothing: apportion does not refund. A descriptor without
@@ -48,7 +48,9 @@
 // Any other descriptor is checked with the attributes above, so rules
 // written for apportion apply to every descriptor they match.
 //
-// Response: overall_code is OVER_LIMIT when any descriptor is. Each
+// Response: overall_code is OVER_LIMIT when any descriptor is, except that
+// descriptors of quota_mode nodes make it OVER_LIMIT only when all of them
+// are (envoyproxy/ratelimit's quota mode). Each
 // descriptor status carries the binding rule of that descriptor's check
 // (rule id in current_limit.name); a descriptor that no enforced rule bound
 // (none matched, or only shadow rules did) is OK or OVER_LIMIT with no

@@ -161,16 +161,35 @@ func (s *service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReques
 	out := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(checks))}
 	tightest := -1
+	var overRate, quotas, overQuota int // envoyproxy/ratelimit's count of over-limit and quota-mode descriptors
 	for i := range checks {
 		c := &checks[i]
 		if err := c.finish(); err != nil {
 			return nil, err
 		}
 		out.Statuses[i] = c.status
-		if c.status.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
-			out.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		quota := c.node != nil && c.node.quota && c.node.kind != kindUnlimited
+		over := c.status.Code == rlsv3.RateLimitResponse_OVER_LIMIT
+		switch {
+		case quota && over:
+			quotas++
+			overQuota++
+		case quota:
+			quotas++
+		case over:
+			overRate++
 		}
-		if c.answered() && (tightest < 0 || tighter(c, &checks[tightest])) {
+	}
+	// Over limit when a descriptor not in quota mode is, or every quota-mode one is.
+	if overRate > 0 || quotas > 0 && quotas == overQuota {
+		out.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	// The headers are the most restrictive descriptor's; when the request
+	// passes (quota-mode descriptors over limit, but not all), an allowed one's.
+	for i := range checks {
+		c := &checks[i]
+		if c.answered() && (out.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT || c.resp.Allowed) &&
+			(tightest < 0 || tighter(c, &checks[tightest])) {
 			tightest = i
 		}
 	}

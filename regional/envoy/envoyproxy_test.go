@@ -30,10 +30,7 @@ func imported(t testing.TB, files ...string) []rules.Rule {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if f == "examples_example.yaml" { // without its two quota_mode descriptors, which the import refuses
-			b = b[:strings.Index(string(b), "  - key: service\n")]
-		}
-		rs, err := envoyconfig.Convert(b)
+		rs, err := envoyconfig.Convert(b, envoyconfig.IgnoreMetadata()) // example.yaml has metadata for Envoy's routing
 		if err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
@@ -218,8 +215,8 @@ func TestEnvoyproxyReplaces(t *testing.T) {
 
 // TestEnvoyproxyScripts follows envoyproxy/ratelimit's other end-to-end
 // scripts on its example configuration: trigger-ratelimit.sh,
-// trigger-shadow-mode-key.sh, value-included-in-stats-key-when-unspecified.sh
-// and simple-get.sh, and its unlimited descriptors.
+// trigger-shadow-mode-key.sh, value-included-in-stats-key-when-unspecified.sh,
+// quota.sh and simple-get.sh, and its unlimited descriptors.
 func TestEnvoyproxyScripts(t *testing.T) {
 	x := example{t, newEnv(t, imported(t, "examples_example.yaml"), envoy.WithResponseHeaders(true))}
 	inOneWindow(t, 10*time.Second)
@@ -245,6 +242,21 @@ func TestEnvoyproxyScripts(t *testing.T) {
 			if st.Code != ok || st.LimitRemaining != math.MaxUint32 || st.CurrentLimit != nil {
 				t.Errorf("unlimited, call %d, descriptor %d: %v, want OK with limit_remaining 4294967295", i+1, j, st)
 			}
+		}
+	}
+	// quota.sh: (service=service_1) 1/min and (service=service_2) 2/min in
+	// quota mode: the request is over limit only when both are.
+	quota := request("rl", desc("service", "service_1"), desc("service", "service_2"))
+	for i, want := range []rlsv3.RateLimitResponse_Code{ok, ok, overLimit} {
+		resp := x.e.ask(t, quota)
+		if resp.OverallCode != want {
+			t.Errorf("quota, call %d: %v, want %v", i+1, resp, want)
+		}
+		if i == 1 && (resp.Statuses[0].Code != overLimit || resp.Statuses[1].Code != ok) {
+			t.Errorf("quota, call 2: statuses %v, want service_1 over limit and service_2 OK", resp.Statuses)
+		}
+		if h := headers(resp); i == 1 && (h["retry-after"] != "" || h["x-ratelimit-remaining"] != "0") {
+			t.Errorf("quota, call 2 (let through): headers %v, want service_2's, without retry-after", h)
 		}
 	}
 	// (foo, baz=other): the key-only baz under foo, 1/second.

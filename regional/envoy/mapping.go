@@ -42,7 +42,7 @@ type check struct {
 // reserved are the attributes this service sets; descriptor entries with
 // these keys do not override them.
 var reserved = []string{envoyconfig.AttrDescriptor, envoyconfig.AttrNode, envoyconfig.AttrName,
-	envoyconfig.AttrReplaces, envoyconfig.AttrLimit}
+	envoyconfig.AttrReplaces, envoyconfig.AttrLimit, envoyconfig.AttrQuota}
 
 // hashed is s when it is at most max bytes, else "sha256:" and its hex
 // SHA-256: an identity within the enforcer's limits for any value.

@@ -30,6 +30,7 @@ type node struct {
 	rule      *rules.Rule // the node's rule; nil for an intermediate node
 	name      string      // rate_limit.name
 	replaces  []string    // rate_limit.replaces
+	quota     bool        // quota_mode
 }
 
 type wildcard struct {
@@ -108,6 +109,7 @@ func buildTrees(ix *rules.Index) *trees {
 		}
 		rule := r
 		n.rule, n.kind, n.name, n.replaces = &rule, kind, name, replaces
+		n.quota = r.Match[envoyconfig.AttrQuota] == "true"
 	}
 	for _, root := range t.domains {
 		sortWildcards(root)

@@ -68,7 +68,7 @@ const unitList = "second, minute, hour, day, week, month or year"
 // domain and its nested descriptors) into rules, one per configuration
 // node that the Envoy service needs, in the file's order; see the package
 // documentation for the mapping. Every rule is normalized and valid.
-func Convert(data []byte) ([]rules.Rule, error) {
+func Convert(data []byte, opts ...Option) ([]rules.Rule, error) {
 	if len(data) > MaxFileSize {
 		return nil, &Error{Msg: fmt.Sprintf("file is %d bytes, over the %d-byte limit", len(data), MaxFileSize)}
 	}
@@ -91,16 +91,39 @@ func Convert(data []byte) ([]rules.Rule, error) {
 		root = root.Content[0]
 	}
 	c := &converter{ids: map[string]bool{}}
+	for _, o := range opts {
+		o(c)
+	}
 	if err := c.file(root); err != nil {
 		return nil, err
 	}
 	return c.out, nil
 }
 
+// Option changes what Convert accepts.
+type Option func(*converter)
+
+// IgnoreMetadata accepts descriptors' metadata and leaves it out of the
+// rules (apportion's Envoy service sends no dynamic metadata). Default:
+// metadata is refused, naming the field, so that it is never lost unnoticed.
+func IgnoreMetadata() Option { return func(c *converter) { c.ignoreMetadata = true } }
+
 type converter struct {
-	domain string
-	ids    map[string]bool
-	out    []rules.Rule
+	domain         string
+	ignoreMetadata bool
+	ids            map[string]bool
+	out            []rules.Rule
+}
+
+// node is what a configuration node's rule carries besides its path.
+type node struct {
+	window   time.Duration // the unit; 0: a placeholder second
+	rpu      int64
+	limit    string // AttrLimit value; "": a bucket
+	name     string
+	replaces []string
+	shadow   bool
+	quota    bool
 }
 
 var (
@@ -284,20 +307,23 @@ func (c *converter) descriptors(n *yaml.Node, field string, path []Entry) error 
 				c.statsKey(append(slices.Clone(path), e)), prev)}
 		}
 		seen[composite] = df
-		for _, f := range []string{"quota_mode", "share_threshold"} {
-			if fn, ok := d[f]; ok {
-				on, err := boolean(fn, df+"."+f)
-				if err != nil {
-					return err
-				}
-				if on {
-					return &Error{Line: fn.Line, Field: df + "." + f, Msg: "not supported by the import: apportion's Envoy service has no " +
-						map[string]string{"quota_mode": "quota mode (a request over only quota limits passes)", "share_threshold": "shared wildcard buckets"}[f] + "; remove it or set false"}
-				}
+		if fn, ok := d["share_threshold"]; ok {
+			on, err := boolean(fn, df+".share_threshold")
+			if err != nil {
+				return err
+			}
+			if on {
+				return &Error{Line: fn.Line, Field: df + ".share_threshold", Msg: "not supported by the import: apportion's Envoy service has no shared wildcard buckets; remove it or set false"}
 			}
 		}
-		if mn, ok := d["metadata"]; ok && mn.ShortTag() != "!!null" {
-			return &Error{Line: mn.Line, Field: df + ".metadata", Msg: "not supported by the import: apportion's Envoy service sends no dynamic metadata; remove it"}
+		quota := false
+		if qn, ok := d["quota_mode"]; ok {
+			if quota, err = boolean(qn, df+".quota_mode"); err != nil {
+				return err
+			}
+		}
+		if mn, ok := d["metadata"]; ok && mn.ShortTag() != "!!null" && !c.ignoreMetadata {
+			return &Error{Line: mn.Line, Field: df + ".metadata", Msg: "not supported by the import: apportion's Envoy service sends no dynamic metadata; remove it, or import without it (rlctl import envoy --ignore-metadata)"}
 		}
 		for _, f := range []string{"detailed_metric", "value_to_metric"} { // statistics only: accepted, no effect
 			if fn, ok := d[f]; ok {
@@ -323,13 +349,13 @@ func (c *converter) descriptors(n *yaml.Node, field string, path []Entry) error 
 		}
 		switch {
 		case hasRL:
-			if err := c.rateLimit(rl, df+".rate_limit", here, shadow); err != nil {
+			if err := c.rateLimit(rl, df+".rate_limit", here, node{shadow: shadow, quota: quota}); err != nil {
 				return err
 			}
 		case !hasChildren:
 			// A leaf without a limit: requests that reach it are not
 			// limited, and do not fall back to a key-only sibling.
-			if err := c.emit(here, df, nil, 0, LimitNone, "", nil, shadow); err != nil {
+			if err := c.emit(here, df, node{limit: LimitNone, shadow: shadow}); err != nil {
 				return err
 			}
 		}
@@ -360,7 +386,7 @@ func (c *converter) statsKey(path []Entry) string {
 	return strings.Join(parts, ".")
 }
 
-func (c *converter) rateLimit(n *yaml.Node, field string, path []Entry, shadow bool) error {
+func (c *converter) rateLimit(n *yaml.Node, field string, path []Entry, nd node) error {
 	f, err := fields(n, field, rateLimitFields, "rate_limit")
 	if err != nil {
 		return err
@@ -427,44 +453,46 @@ func (c *converter) rateLimit(n *yaml.Node, field string, path []Entry, shadow b
 			replaces = append(replaces, r)
 		}
 	}
-	limit := ""
+	nd.window, nd.rpu, nd.name, nd.replaces = window, rpu, name, replaces
 	switch {
 	case unlimited:
-		limit, window = LimitUnlimited, time.Second
+		nd.limit, nd.window = LimitUnlimited, 0
 	case rpu == 0:
-		limit = LimitZero
+		nd.limit = LimitZero
 	}
-	return c.emit(path, field, &window, rpu, limit, name, replaces, shadow)
+	return c.emit(path, field, nd)
 }
 
 // emit appends the rule of the node at path.
-func (c *converter) emit(path []Entry, field string, window *time.Duration, rpu int64, limit, name string, replaces []string, shadow bool) error {
-	node := NodePath(path)
+func (c *converter) emit(path []Entry, field string, nd node) error {
 	r := rules.Rule{
 		ID:        c.id(path),
-		Match:     map[string]string{AttrDomain: c.domain, AttrNode: node},
+		Match:     map[string]string{AttrDomain: c.domain, AttrNode: NodePath(path)},
 		Key:       []string{AttrDescriptor},
 		Algorithm: rules.FixedWindow,
-		Limit:     max(rpu, 1),
+		Limit:     max(nd.rpu, 1),
 		Window:    rules.Duration(time.Second),
-		Shadow:    shadow,
+		Shadow:    nd.shadow,
 	}
-	if window != nil {
-		r.Window = rules.Duration(*window)
+	if nd.window > 0 {
+		r.Window = rules.Duration(nd.window)
 	}
-	if limit != "" {
-		r.Match[AttrLimit] = limit
+	if nd.limit != "" {
+		r.Match[AttrLimit] = nd.limit
 		r.Limit = 1 // a placeholder: never evaluated
 	}
-	if name != "" {
-		r.Match[AttrName] = Escape(name)
+	if nd.name != "" {
+		r.Match[AttrName] = Escape(nd.name)
 	}
-	if len(replaces) > 0 {
-		esc := make([]string, len(replaces))
-		for i, s := range replaces {
+	if len(nd.replaces) > 0 {
+		esc := make([]string, len(nd.replaces))
+		for i, s := range nd.replaces {
 			esc[i] = Escape(s)
 		}
 		r.Match[AttrReplaces] = strings.Join(esc, "|")
+	}
+	if nd.quota {
+		r.Match[AttrQuota] = "true"
 	}
 	for k, v := range r.Match {
 		if len(v) > rules.MaxMatchValueLen {

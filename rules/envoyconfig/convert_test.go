@@ -42,7 +42,7 @@ func TestRefusedAsEnvoyRefuses(t *testing.T) {
 		{"test_config_non_map_list.yaml", []string{"line 3: descriptors[0]: must be a mapping (a descriptor), got str \"a\""}},
 		{"test_config_unlimited_with_unit.yaml", []string{"line 6: descriptors[0].rate_limit.unit: should not specify rate limit unit when unlimited"}},
 		// Accepted by envoyproxy/ratelimit, but not reproducible here: refused, naming the field.
-		{"examples_example.yaml", []string{"line 89: descriptors[5].quota_mode: not supported by the import"}},
+		{"examples_example.yaml", []string{"line 94: descriptors[5].metadata: not supported by the import", "--ignore-metadata"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.file, func(t *testing.T) {
@@ -144,6 +144,20 @@ func TestConvertBasicConfig(t *testing.T) {
 		if err != nil || !reflect.DeepEqual(back, r) {
 			t.Errorf("%s: round trip: %v %v", r.ID, back, err)
 		}
+	}
+}
+
+func TestConvertExampleIgnoringMetadata(t *testing.T) {
+	rs, err := Convert(load(t, "examples_example.yaml"), IgnoreMetadata())
+	if err != nil {
+		t.Fatal(err)
+	}
+	quota := map[string]string{}
+	for _, r := range rs {
+		quota[r.ID] = r.Match[AttrQuota]
+	}
+	if quota["rl.service_service_1"] != "true" || quota["rl.service_service_2"] != "true" || quota["rl.foo"] != "" || len(rs) != 17 {
+		t.Errorf("%d rules, quota marks %v", len(rs), quota)
 	}
 }
 

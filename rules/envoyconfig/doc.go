@@ -4,11 +4,11 @@
 // counted per the same identity, over the same window.
 //
 // Invariant: a file envoyproxy/ratelimit refuses is refused, and so is one
-// that uses a feature the import cannot reproduce (quota_mode,
-// share_threshold, metadata); every error names the field by its path in
-// the file and its line. Nothing is silently dropped except statistics-only
-// settings (detailed_metric, value_to_metric: apportion's metrics are per
-// rule).
+// that uses a feature the import cannot reproduce (share_threshold;
+// metadata unless IgnoreMetadata); every error names the field by its path
+// in the file and its line. Nothing is silently dropped except
+// statistics-only settings (detailed_metric, value_to_metric: apportion's
+// metrics are per rule).
 //
 // # Mapping
 //
@@ -23,7 +23,7 @@
 //     path, NodePath: "source_cluster=proxy|destination_cluster=mock";
 //     a level without value is the key alone, "foo|bar"), plus
 //     envoy.name and envoy.replaces from rate_limit.name and
-//     rate_limit.replaces;
+//     rate_limit.replaces, and envoy.quota "true" for quota_mode;
 //   - key: [envoy.descriptor]: one bucket per descriptor identity (every
 //     entry's key and value), as envoyproxy/ratelimit keeps one counter per
 //     domain and entries;
@@ -43,5 +43,7 @@
 // as envoyproxy/ratelimit does (per level: the key and value, else a
 // wildcard value, else the key alone; the limit applies only when the
 // descriptor ends at that node), applies replaces across the request's
-// descriptors, and checks the node's rule alone (see regional/envoy).
+// descriptors, answers over limit when a descriptor not in quota mode is or
+// every quota-mode one is, and checks the node's rule alone (see
+// regional/envoy).
 package envoyconfig

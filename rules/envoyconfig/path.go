@@ -28,6 +28,9 @@ const (
 	// AttrReplaces lists the names the node's rate_limit replaces, escaped
 	// and joined by "|".
 	AttrReplaces = "envoy.replaces"
+	// AttrQuota is "true" for a node in quota mode (quota_mode): the
+	// request is over limit only when every quota-mode descriptor is.
+	AttrQuota = "envoy.quota"
 	// AttrLimit marks a node that the Envoy service answers itself, without
 	// a bucket: LimitUnlimited, LimitZero or LimitNone. The rule's
 	// algorithm fields are placeholders that rule validation requires;
