@@ -22,8 +22,8 @@
 //     wins; a value over 1024 bytes becomes its "sha256:" form), "domain" ->
 //     the request's domain unless an entry is named so, and
 //     "envoy.descriptor" -> the identity. Entries named envoy.descriptor,
-//     envoy.node, envoy.name, envoy.replaces, envoy.limit or envoy.quota
-//     are not attributes: this service sets those.
+//     envoy.node, envoy.name, envoy.replaces, envoy.limit, envoy.quota or
+//     envoy.share are not attributes: this service sets those.
 //   - Cost: the descriptor's hits_addend when set, else the request's;
 //     0 means 1. A descriptor with is_negative_hits (a refund) is answered OK
 //     and consumes nothing: apportion does not refund. A descriptor without
@@ -42,7 +42,8 @@
 // request, every resolved node's replaces removes the other named nodes
 // (not unlimited ones). A descriptor resolved to a bucket node is checked
 // with that node's match attributes set (so its rule matches, and no other
-// imported rule); to an unlimited node it is OK with limit_remaining
+// imported rule; at share_threshold levels the identity holds the wildcard
+// value, so all the values it matches share one bucket); to an unlimited node it is OK with limit_remaining
 // 4294967295 and no check; to a requests_per_unit 0 node it is OVER_LIMIT
 // (OK in shadow mode) with current_limit 0 per its unit and no check.
 // Any other descriptor is checked with the attributes above, so rules

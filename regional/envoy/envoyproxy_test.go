@@ -263,3 +263,26 @@ func TestEnvoyproxyScripts(t *testing.T) {
 	_, resp := x.get("/twoheader", "foo", "f", "baz", "other")
 	wantStatus(t, "foo+baz=other", resp.Statuses[0], ok, 1, rlsv3.RateLimitResponse_RateLimit_SECOND, 0)
 }
+
+// TestEnvoyproxyShareThreshold follows envoyproxy/ratelimit's integration
+// test of share_threshold (testShareThreshold, share_threshold.yaml): the
+// values a shared wildcard matches count in one bucket, the others each in
+// their own.
+func TestEnvoyproxyShareThreshold(t *testing.T) {
+	e := newEnv(t, imported(t, "integration_share_threshold.yaml"))
+	inOneWindow(t, 5*time.Second) // within one hour
+	const hour = rlsv3.RateLimitResponse_RateLimit_HOUR
+	for i := range 10 {
+		resp := e.ask(t, request("share-threshold-test", desc("files", "files/a.pdf")))
+		wantStatus(t, fmt.Sprintf("files/a.pdf #%d", i+1), resp.Statuses[0], ok, 10, hour, uint32(9-i))
+	}
+	resp := e.ask(t, request("share-threshold-test", desc("files", "files/b.csv")))
+	if resp.OverallCode != overLimit {
+		t.Errorf("files/b.csv: %v, want OVER_LIMIT (shares files/*)", resp.OverallCode)
+	}
+	wantStatus(t, "files/b.csv", resp.Statuses[0], overLimit, 10, hour, 0)
+	for i := range 10 {
+		resp := e.ask(t, request("share-threshold-test", desc("files_no_share", fmt.Sprintf("files_no_share/%d-%d", i, rand.Int()))))
+		wantStatus(t, fmt.Sprintf("files_no_share #%d", i+1), resp.Statuses[0], ok, 10, hour, 9)
+	}
+}

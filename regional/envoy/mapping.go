@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,7 +43,7 @@ type check struct {
 // reserved are the attributes this service sets; descriptor entries with
 // these keys do not override them.
 var reserved = []string{envoyconfig.AttrDescriptor, envoyconfig.AttrNode, envoyconfig.AttrName,
-	envoyconfig.AttrReplaces, envoyconfig.AttrLimit, envoyconfig.AttrQuota}
+	envoyconfig.AttrReplaces, envoyconfig.AttrLimit, envoyconfig.AttrQuota, envoyconfig.AttrShare}
 
 // hashed is s when it is at most max bytes, else "sha256:" and its hex
 // SHA-256: an identity within the enforcer's limits for any value.
@@ -151,13 +152,22 @@ func (c *check) needsCheck() bool {
 }
 
 // route sets the attributes that make the node's rule, and no other
-// imported rule, match the descriptor's check.
+// imported rule, match the descriptor's check; with share_threshold, the
+// identity holds the wildcard value at those levels, so that every value it
+// matches counts in one bucket.
 func (c *check) route() {
 	if c.node == nil {
 		return
 	}
 	for k, v := range c.node.rule.Match {
 		c.req.Attributes[k] = v
+	}
+	if len(c.node.shares) > 0 {
+		path := slices.Clone(c.path)
+		for l, v := range c.node.shares {
+			path[l].Value = v
+		}
+		c.req.Attributes[envoyconfig.AttrDescriptor] = envoyconfig.Identity(path, rules.MaxMatchValueLen)
 	}
 }
 

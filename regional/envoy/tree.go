@@ -3,6 +3,7 @@ package envoy
 import (
 	"cmp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,10 +28,11 @@ type node struct {
 	children  map[string]*node // by envoyproxy/ratelimit's composite key: "key" or "key_value"
 	wildcards []wildcard       // the children whose composite key holds "*"
 	kind      nodeKind
-	rule      *rules.Rule // the node's rule; nil for an intermediate node
-	name      string      // rate_limit.name
-	replaces  []string    // rate_limit.replaces
-	quota     bool        // quota_mode
+	rule      *rules.Rule    // the node's rule; nil for an intermediate node
+	name      string         // rate_limit.name
+	replaces  []string       // rate_limit.replaces
+	quota     bool           // quota_mode
+	shares    map[int]string // share_threshold: level -> the wildcard value that stands for every value it matches
 }
 
 type wildcard struct {
@@ -110,6 +112,14 @@ func buildTrees(ix *rules.Index) *trees {
 		rule := r
 		n.rule, n.kind, n.name, n.replaces = &rule, kind, name, replaces
 		n.quota = r.Match[envoyconfig.AttrQuota] == "true"
+		if sh := r.Match[envoyconfig.AttrShare]; sh != "" {
+			n.shares = map[int]string{}
+			for _, f := range strings.Split(sh, ",") {
+				if l, err := strconv.Atoi(f); err == nil && l >= 0 && l < len(path) {
+					n.shares[l] = path[l].Value
+				}
+			}
+		}
 	}
 	for _, root := range t.domains {
 		sortWildcards(root)

@@ -124,6 +124,7 @@ type node struct {
 	replaces []string
 	shadow   bool
 	quota    bool
+	shares   []int // levels with share_threshold
 }
 
 var (
@@ -267,13 +268,14 @@ func (c *converter) file(root *yaml.Node) error {
 		return &Error{Line: dn.Line, Field: "domain", Msg: fmt.Sprintf("is %d bytes, over the limit of %d", len(c.domain), rules.MaxMatchValueLen)}
 	}
 	if ds, ok := f["descriptors"]; ok {
-		return c.descriptors(ds, "descriptors", nil)
+		return c.descriptors(ds, "descriptors", nil, nil)
 	}
 	return nil
 }
 
 // descriptors converts one level of descriptors under path.
-func (c *converter) descriptors(n *yaml.Node, field string, path []Entry) error {
+// shares lists the levels of path whose node has share_threshold.
+func (c *converter) descriptors(n *yaml.Node, field string, path []Entry, shares []int) error {
 	if n.ShortTag() == "!!null" {
 		return nil
 	}
@@ -307,13 +309,19 @@ func (c *converter) descriptors(n *yaml.Node, field string, path []Entry) error 
 				c.statsKey(append(slices.Clone(path), e)), prev)}
 		}
 		seen[composite] = df
+		here := append(slices.Clone(path), e)
+		hereShares := shares
 		if fn, ok := d["share_threshold"]; ok {
 			on, err := boolean(fn, df+".share_threshold")
 			if err != nil {
 				return err
 			}
+			if on && !strings.Contains(composite, "*") {
+				return &Error{Line: fn.Line, Field: df + ".share_threshold", Msg: fmt.Sprintf(
+					"share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", composite)}
+			}
 			if on {
-				return &Error{Line: fn.Line, Field: df + ".share_threshold", Msg: "not supported by the import: apportion's Envoy service has no shared wildcard buckets; remove it or set false"}
+				hereShares = append(slices.Clone(shares), len(path))
 			}
 		}
 		quota := false
@@ -338,7 +346,6 @@ func (c *converter) descriptors(n *yaml.Node, field string, path []Entry) error 
 				return err
 			}
 		}
-		here := append(slices.Clone(path), e)
 		rl, hasRL := d["rate_limit"]
 		if hasRL && rl.ShortTag() == "!!null" {
 			hasRL = false
@@ -349,18 +356,18 @@ func (c *converter) descriptors(n *yaml.Node, field string, path []Entry) error 
 		}
 		switch {
 		case hasRL:
-			if err := c.rateLimit(rl, df+".rate_limit", here, node{shadow: shadow, quota: quota}); err != nil {
+			if err := c.rateLimit(rl, df+".rate_limit", here, node{shadow: shadow, quota: quota, shares: hereShares}); err != nil {
 				return err
 			}
 		case !hasChildren:
 			// A leaf without a limit: requests that reach it are not
 			// limited, and do not fall back to a key-only sibling.
-			if err := c.emit(here, df, node{limit: LimitNone, shadow: shadow}); err != nil {
+			if err := c.emit(here, df, node{limit: LimitNone, shadow: shadow, shares: hereShares}); err != nil {
 				return err
 			}
 		}
 		if cn, ok := d["descriptors"]; ok {
-			if err := c.descriptors(cn, df+".descriptors", here); err != nil {
+			if err := c.descriptors(cn, df+".descriptors", here, hereShares); err != nil {
 				return err
 			}
 		}
@@ -493,6 +500,13 @@ func (c *converter) emit(path []Entry, field string, nd node) error {
 	}
 	if nd.quota {
 		r.Match[AttrQuota] = "true"
+	}
+	if len(nd.shares) > 0 {
+		parts := make([]string, len(nd.shares))
+		for i, l := range nd.shares {
+			parts[i] = strconv.Itoa(l)
+		}
+		r.Match[AttrShare] = strings.Join(parts, ",")
 	}
 	for k, v := range r.Match {
 		if len(v) > rules.MaxMatchValueLen {

@@ -75,7 +75,8 @@ func TestRefusedInline(t *testing.T) {
 		{"repeated field", "domain: d\ndomain: e\n", "line 2: domain: appears more than once"},
 		{"domain with a star", "domain: \"a*\"\n", "domain: \"a*\" contains \"*\""},
 		{"two documents", "domain: a\n---\ndomain: b\n", "several YAML documents"},
-		{"share_threshold", "domain: d\ndescriptors:\n- key: k\n  value: a*\n  share_threshold: true\n  rate_limit: {unit: second, requests_per_unit: 1}\n", "descriptors[0].share_threshold: not supported"},
+		{"share_threshold without a wildcard", "domain: d\ndescriptors:\n- key: k\n  value: a\n  share_threshold: true\n  rate_limit: {unit: second, requests_per_unit: 1}\n",
+			"descriptors[0].share_threshold: share_threshold can only be used with wildcard values (containing '*'), but found key 'k_a'"},
 		{"metadata", "domain: d\ndescriptors:\n- key: k\n  metadata: {a: b}\n", "descriptors[0].metadata: not supported"},
 		{"descriptors not a list", "domain: d\ndescriptors: {key: k}\n", "descriptors: must be a list of descriptors, got a mapping"},
 	}
@@ -158,6 +159,31 @@ func TestConvertExampleIgnoringMetadata(t *testing.T) {
 	}
 	if quota["rl.service_service_1"] != "true" || quota["rl.service_service_2"] != "true" || quota["rl.foo"] != "" || len(rs) != 17 {
 		t.Errorf("%d rules, quota marks %v", len(rs), quota)
+	}
+}
+
+func TestConvertShareThreshold(t *testing.T) {
+	rs, err := Convert(load(t, "test_config_share_threshold.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	share := map[string]string{}
+	for _, r := range rs {
+		share[r.Match[AttrNode]] = r.Match[AttrShare]
+	}
+	want := map[string]string{
+		"files=files/%2A":                       "0",
+		"nested=parent|files=nested/%2A":        "1",
+		"files=top/%2A|files=nested/%2A":        "0,1",
+		"path=path/%2A|file=file/%2A|type":      "0",
+		"user=user/%2A|resource=res/%2A|action": "0,1",
+		"file=test1":                            "",
+		"tenant=t%2Aprod|resource=res%2Av2":     "0,1",
+	}
+	for node, w := range want {
+		if got, ok := share[node]; !ok || got != w {
+			t.Errorf("%s: envoy.share %q (present %v), want %q", node, got, ok, w)
+		}
 	}
 }
 

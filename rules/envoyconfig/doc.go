@@ -4,8 +4,8 @@
 // counted per the same identity, over the same window.
 //
 // Invariant: a file envoyproxy/ratelimit refuses is refused, and so is one
-// that uses a feature the import cannot reproduce (share_threshold;
-// metadata unless IgnoreMetadata); every error names the field by its path
+// that uses a feature the import cannot reproduce (metadata, unless
+// IgnoreMetadata); every error names the field by its path
 // in the file and its line. Nothing is silently dropped except
 // statistics-only settings (detailed_metric, value_to_metric: apportion's
 // metrics are per rule).
@@ -23,7 +23,8 @@
 //     path, NodePath: "source_cluster=proxy|destination_cluster=mock";
 //     a level without value is the key alone, "foo|bar"), plus
 //     envoy.name and envoy.replaces from rate_limit.name and
-//     rate_limit.replaces, and envoy.quota "true" for quota_mode;
+//     rate_limit.replaces, envoy.quota "true" for quota_mode, and
+//     envoy.share: the levels whose node has share_threshold;
 //   - key: [envoy.descriptor]: one bucket per descriptor identity (every
 //     entry's key and value), as envoyproxy/ratelimit keeps one counter per
 //     domain and entries;

@@ -31,6 +31,10 @@ const (
 	// AttrQuota is "true" for a node in quota mode (quota_mode): the
 	// request is over limit only when every quota-mode descriptor is.
 	AttrQuota = "envoy.quota"
+	// AttrShare lists the levels (0-based, comma-separated) of the node's
+	// path whose node has share_threshold: at those levels every value the
+	// wildcard matches shares one counter (the identity holds the pattern).
+	AttrShare = "envoy.share"
 	// AttrLimit marks a node that the Envoy service answers itself, without
 	// a bucket: LimitUnlimited, LimitZero or LimitNone. The rule's
 	// algorithm fields are placeholders that rule validation requires;
