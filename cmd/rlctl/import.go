@@ -174,10 +174,10 @@ func (c *cli) importEnvoyCmd() *cobra.Command {
 		Short: "Convert envoyproxy/ratelimit configuration files into rules",
 		Long: `Convert envoyproxy/ratelimit configuration files (one domain each: domain,
 nested descriptors, rate_limit units, unlimited, replaces, shadow_mode,
-quota_mode) into rules that the enforcer's Envoy service applies the way
-envoyproxy/ratelimit would. Prints YAML (-o json: JSON), or
-writes --write FILE. A file envoyproxy/ratelimit refuses is refused, naming
-the field and its line; nothing is written then.
+quota_mode, share_threshold) into rules that the enforcer's Envoy service
+applies the way envoyproxy/ratelimit would. Prints YAML (-o json: JSON), or
+writes -w FILE. A file envoyproxy/ratelimit refuses is refused, naming the
+field and its line; nothing is written then. Offline: no etcd needed.
 See docs/migrating-from-envoy-ratelimit.md.`,
 		Example: `  rlctl import envoy config/ratelimit/*.yaml > rules.yaml && rlctl rules put -f rules.yaml
   rlctl import envoy --ignore-metadata -w rules.json -o json examples/ratelimit/config/example.yaml`,
