@@ -72,6 +72,7 @@ func entries(kv ...string) []envoyconfig.Entry {
 func TestResolveAsEnvoy(t *testing.T) {
 	tr := treesOf(t, importRules(t, envoyData(t, "test_config_basic_config.yaml")))
 	wild := treesOf(t, importRules(t, envoyData(t, "test_config_wildcard.yaml")))
+	mongo := treesOf(t, importRules(t, envoyData(t, "examples_config.yaml"), envoyData(t, "integration_reload.yaml")))
 	type want struct {
 		kind   nodeKind // kindNone: no node
 		limit  int64
@@ -116,6 +117,13 @@ func TestResolveAsEnvoy(t *testing.T) {
 		{wild, "test-domain", entries("multiWild", "foobarbaz"), want{kindBucket, 10, time.Minute, ""}},
 		{wild, "test-domain", entries("multiWild", "foo123baz"), want{}},
 		{wild, "test-domain", entries("multiWild", "bar456baz"), want{}},
+		// examples/ratelimit/config/config.yaml and the integration test's reload.yaml
+		{mongo, "mongo_cps", entries("database", "users"), want{kindBucket, 500, time.Second, ""}},
+		{mongo, "mongo_cps", entries("database", "default"), want{kindBucket, 500, time.Second, ""}},
+		{mongo, "mongo_cps", entries("database", "other"), want{}},
+		{mongo, "reload", entries("key1", "foo"), want{kindBucket, 50, time.Second, ""}},
+		{mongo, "reload", entries("block", "foo"), want{kindZero, 1, time.Second, ""}},
+		{mongo, "reload", entries("one_per_minute", "foo"), want{kindBucket, 1, time.Minute, ""}},
 	}
 	for _, tc := range tests {
 		n := tc.tr.resolve(tc.domain, tc.entries)
