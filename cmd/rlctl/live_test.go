@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/testutil"
+	"github.com/apportion/apportion/regional/usage"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/sync/agent"
-	"github.com/apportion/apportion/sync/usage"
 )
 
 // fakeAgent serves the sync agent's endpoint with fixed answers, encoded

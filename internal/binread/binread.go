@@ -1,4 +1,4 @@
-// Package binread reads the canonical binary encodings of sync/usage and
+// Package binread reads the canonical binary encodings of regional/usage and
 // sync/wire: minimal uvarints, counts bounded by the bytes left, and
 // length-prefixed strings that share the input's memory. The first error
 // sticks (it wraps the codec's own ErrMalformed and names the byte offset);

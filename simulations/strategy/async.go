@@ -4,8 +4,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/apportion/apportion/regional/usage"
 	"github.com/apportion/apportion/simulations/sim"
-	"github.com/apportion/apportion/sync/usage"
 )
 
 // natsOverhead is the framing a NATS message adds on the wire per recipient
@@ -19,7 +19,7 @@ const natsOverhead = 40
 // key since the last message; a receiver debits that usage from its own copy
 // (the copy may go into debt, the most favourable variant: nothing is
 // forgotten). Lost messages are not resent. Sync bytes are the exact size of
-// the usage deltas in sync/usage's binary Batch encoding, plus NATS framing.
+// the usage deltas in regional/usage's binary Batch encoding, plus NATS framing.
 type Async struct {
 	env     *sim.Env
 	b       []buckets

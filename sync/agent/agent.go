@@ -15,9 +15,9 @@ import (
 
 	"github.com/apportion/apportion/internal/logsample"
 	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/regional/usage"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/sync/ledger"
-	"github.com/apportion/apportion/sync/usage"
 	"github.com/apportion/apportion/sync/wire"
 	"github.com/nats-io/nats.go"
 )

@@ -13,10 +13,10 @@ import (
 
 	"github.com/apportion/apportion/internal/testutil"
 	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/regional/usage"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/etcdstore"
 	"github.com/apportion/apportion/sync/ledger"
-	"github.com/apportion/apportion/sync/usage"
 	"github.com/apportion/apportion/sync/wire"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"

@@ -9,8 +9,8 @@ import (
 
 	"github.com/apportion/apportion/allocation"
 	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/regional/usage"
 	"github.com/apportion/apportion/sync/ledger"
-	"github.com/apportion/apportion/sync/usage"
 	"github.com/apportion/apportion/sync/wire"
 	"github.com/prometheus/client_golang/prometheus"
 )

@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/testutil"
+	"github.com/apportion/apportion/regional/usage"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/etcdstore"
-	"github.com/apportion/apportion/sync/usage"
 	"github.com/nats-io/nats.go"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/apportion/apportion/sync/usage"
+	"github.com/apportion/apportion/regional/usage"
 	"github.com/apportion/apportion/sync/wire"
 )
 

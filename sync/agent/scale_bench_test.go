@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apportion/apportion/sync/usage"
+	"github.com/apportion/apportion/regional/usage"
 	"github.com/nats-io/nats.go"
 	dto "github.com/prometheus/client_model/go"
 )

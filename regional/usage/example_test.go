@@ -3,7 +3,7 @@ package usage_test
 import (
 	"fmt"
 
-	"github.com/apportion/apportion/sync/usage"
+	"github.com/apportion/apportion/regional/usage"
 )
 
 func ExampleEncode() {
