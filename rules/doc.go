@@ -30,7 +30,13 @@
 //     needs regions (weights finite and above 0) and min_share in [0, 1].
 //     Global applies to every algorithm: a region's static share of the rate
 //     and capacity, or of the limit, is its weight over the sum of weights.
-//   - failure_mode open (default), closed or local.
+//   - failure_mode open (default), closed or local; priority high (default)
+//     or low.
+//   - Numbers are refused, naming the field, where the store cannot hold
+//     them: capacity at most 2^38 thousandths of a token, refill_per_second
+//     at least 0.001 (a thousandth per second), limit at most 2^40 and limit
+//     x window (ms) at most 2^52, and for a global rule every region's static
+//     share at least one unit (a thousandth of a token, or one request).
 //   - local_batch and split are future work: any value other than 0 (for
 //     split, 0 or 1, both meaning off) is refused, naming the field.
 //

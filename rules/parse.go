@@ -238,7 +238,7 @@ func decodeError(id string, err error) error {
 			return &FieldError{RuleID: id, Msg: fmt.Sprintf("a rule must be a JSON object, got %s", te.Value)}
 		}
 		want := map[string]string{
-			"id": "a string", "algorithm": "a string", "scope": "a string", "failure_mode": "a string",
+			"id": "a string", "algorithm": "a string", "scope": "a string", "failure_mode": "a string", "priority": "a string",
 			"capacity": "an integer", "limit": "an integer", "local_batch": "an integer", "split": "an integer",
 			"refill_per_second": "a number", "min_share": "a number", "shadow": "true or false",
 			"key": "a list of strings, e.g. [\"client_key\"]", "match": "an object of strings", "regions": "an object of numbers",

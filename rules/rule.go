@@ -42,6 +42,15 @@ const (
 	FailLocal  FailureMode = "local"  // conservative in-process limiter
 )
 
+// Priority says whether a rule's checks may be shed under overload.
+type Priority string
+
+// Priorities.
+const (
+	PriorityHigh Priority = "high" // never shed (the default)
+	PriorityLow  Priority = "low"  // shed first under overload
+)
+
 // Rule is one rate-limit rule, stored as one JSON document (DESIGN.md section 4).
 type Rule struct {
 	ID string `json:"id"`
@@ -67,6 +76,12 @@ type Rule struct {
 	MinShare    float64     `json:"min_share,omitempty"`
 	FailureMode FailureMode `json:"failure_mode,omitempty"`
 	Shadow      bool        `json:"shadow,omitempty"`
+	// Priority says whether checks of this rule may be shed while the
+	// enforcer is overloaded: "high" (the default) always goes to the
+	// store; "low" is answered without the store (rejected, never admitted
+	// unchecked) while the enforcer's queue or the store's latency is past
+	// its threshold.
+	Priority Priority `json:"priority,omitempty"`
 	// LocalBatch takes this many tokens at a time from the store (0: off).
 	LocalBatch int64 `json:"local_batch,omitempty"`
 	// Split spreads a hot key over this many sub-buckets (0 or 1: off).

@@ -9,15 +9,24 @@ import (
 	"time"
 )
 
-// Limits on the values of a rule. They keep every quantity exact in the
-// store's arithmetic (tokens in thousandths stay below 2^53, the exact-integer
-// range of a Lua number) and keep documents small.
+// Limits on the values of a rule. They are those of the store: tokens are
+// held in thousandths and every intermediate value of the store's arithmetic
+// stays below 2^53, the exact-integer range of a Lua number (the store
+// refuses a bucket outside them, and regional/redisstore's tests check that
+// the two sets of limits agree). They also keep documents small.
 const (
-	MaxIDLen           = 128
-	MaxNameLen         = 128  // a key part, match key, or region name
-	MaxMatchValueLen   = 1024 // a match value
-	MaxCapacity        = 1_000_000_000_000
-	MaxLimit           = 1_000_000_000_000
+	MaxIDLen         = 128
+	MaxNameLen       = 128  // a key part, match key, or region name
+	MaxMatchValueLen = 1024 // a match value
+	// MaxCapacity is 2^38 thousandths of a token, in whole tokens.
+	MaxCapacity = (1 << 38) / 1000
+	// MaxLimit is 2^40 tokens per window; Limit x Window (in ms) must also
+	// stay at most MaxLimitWindowMs.
+	MaxLimit         = 1 << 40
+	MaxLimitWindowMs = 1 << 52
+	// MinRefillPerSecond is one thousandth of a token per second; a refill
+	// is held in whole thousandths (truncated), at most 2^40.
+	MinRefillPerSecond = 0.001
 	MaxRefillPerSecond = 1e9
 	MinWindow          = time.Millisecond
 	MaxWindow          = 366 * 24 * time.Hour
@@ -186,6 +195,9 @@ func (r *Rule) Validate() error {
 		if math.IsNaN(r.MinShare) || r.MinShare < 0 || r.MinShare > 1 {
 			return fe("min_share", "must be between 0 and 1, got %v", r.MinShare)
 		}
+		if err := r.validateShares(fe); err != nil {
+			return err
+		}
 	default:
 		return fe("scope", "unknown scope %q; use \"regional\" or \"global\"", r.Scope)
 	}
@@ -194,6 +206,11 @@ func (r *Rule) Validate() error {
 	case "", FailOpen, FailClosed, FailLocal:
 	default:
 		return fe("failure_mode", "unknown failure mode %q; use \"open\", \"closed\" or \"local\"", r.FailureMode)
+	}
+	switch r.Priority {
+	case "", PriorityHigh, PriorityLow:
+	default:
+		return fe("priority", "unknown priority %q; use \"high\" (the default) or \"low\"", r.Priority)
 	}
 	if r.LocalBatch != 0 {
 		return fe("local_batch", "not supported yet (future work); remove the field or set 0")
@@ -214,7 +231,7 @@ func (r *Rule) validateBucket(fe func(string, string, ...any) error) error {
 	case r.Capacity < 0:
 		return fe("capacity", "must be at least 1, got %d (negative)", r.Capacity)
 	case r.Capacity > MaxCapacity:
-		return fe("capacity", "must be at most %d, got %d", int64(MaxCapacity), r.Capacity)
+		return fe("capacity", "must be at most %d (2^38 thousandths of a token, the store's limit), got %d", int64(MaxCapacity), r.Capacity)
 	}
 	switch f := r.RefillPerSecond; {
 	case math.IsNaN(f) || math.IsInf(f, 0):
@@ -223,6 +240,8 @@ func (r *Rule) validateBucket(fe func(string, string, ...any) error) error {
 		return fe("refill_per_second", "required for %s and must be above 0 (a bucket that never refills would block for ever)", a)
 	case f < 0:
 		return fe("refill_per_second", "must be above 0, got %v", f)
+	case f < MinRefillPerSecond:
+		return fe("refill_per_second", "must be at least %g (one thousandth of a token per second, the store's unit), got %v", MinRefillPerSecond, f)
 	case f > MaxRefillPerSecond:
 		return fe("refill_per_second", "must be at most %g, got %v", MaxRefillPerSecond, f)
 	}
@@ -255,12 +274,41 @@ func (r *Rule) validateWindow(fe func(string, string, ...any) error) error {
 		return fe("window", "must be a whole number of milliseconds, got %s", w)
 	case w > MaxWindow:
 		return fe("window", "must be at most %s, got %s", MaxWindow, w)
+	case r.Limit > MaxLimitWindowMs/w.Milliseconds():
+		return fe("limit", "%d over %s is beyond the store's range (limit x window in ms must be at most 2^52: at most %d for this window)", r.Limit, Duration(w), MaxLimitWindowMs/w.Milliseconds())
 	}
 	if r.Capacity != 0 {
 		return fe("capacity", "not used by %s (it takes limit and window)", a)
 	}
 	if r.RefillPerSecond != 0 {
 		return fe("refill_per_second", "not used by %s (it takes limit and window)", a)
+	}
+	return nil
+}
+
+// validateShares refuses a global rule whose static share in some region
+// rounds to nothing in the store's units (a region that could never admit
+// anything, and a bucket the store would refuse): each region's share of the
+// capacity and refill (in thousandths) or of the limit must be at least 1.
+func (r *Rule) validateShares(fe func(string, string, ...any) error) error {
+	for _, name := range slices.Sorted(maps.Keys(r.Regions)) {
+		f, ok := r.StaticShare(name)
+		if !ok {
+			continue
+		}
+		switch r.Algorithm {
+		case TokenBucket, LeakyBucket:
+			if int64(float64(r.Capacity)*1000*f) < 1 {
+				return fe("capacity", "region %s's static share (%.3g of %d) is below one thousandth of a token; raise capacity or the region's weight", name, f, r.Capacity)
+			}
+			if int64(r.RefillPerSecond*1000*f) < 1 {
+				return fe("refill_per_second", "region %s's static share (%.3g of %v) is below one thousandth of a token per second; raise refill_per_second or the region's weight", name, f, r.RefillPerSecond)
+			}
+		case SlidingWindow, FixedWindow, SlidingLog:
+			if int64(float64(r.Limit)*f) < 1 {
+				return fe("limit", "region %s's static share (%.3g of %d) rounds to 0 requests per window; raise limit or the region's weight", name, f, r.Limit)
+			}
+		}
 	}
 	return nil
 }

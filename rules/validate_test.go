@@ -91,6 +91,19 @@ func TestValidate(t *testing.T) {
 		{name: "global min share negative", base: globalRule, edit: func(r *Rule) { r.MinShare = -0.1 }, field: "min_share", msg: "between 0 and 1"},
 		{name: "regional with regions", base: tokenRule, edit: func(r *Rule) { r.Regions = map[string]float64{"us-east": 1} }, field: "regions", msg: "only a global rule"},
 		{name: "regional with min share", base: tokenRule, edit: func(r *Rule) { r.MinShare = 0.5 }, field: "min_share", msg: "only a global rule"},
+		{name: "capacity 1e9 beyond the store", base: tokenRule, edit: func(r *Rule) { r.Capacity = 1_000_000_000 }, field: "capacity", msg: "2^38 thousandths"},
+		{name: "refill below a thousandth", base: tokenRule, edit: func(r *Rule) { r.RefillPerSecond = 0.0004 }, field: "refill_per_second", msg: "at least 0.001"},
+		{name: "refill a thousandth ok", base: tokenRule, edit: func(r *Rule) { r.RefillPerSecond = 0.001 }},
+		{name: "limit x window beyond the store", base: windowRule, edit: func(r *Rule) { r.Limit = 1 << 30; r.Window = Duration(366 * 24 * time.Hour) }, field: "limit", msg: "2^52"},
+		{name: "limit 2^40 per second ok", base: windowRule, edit: func(r *Rule) { r.Limit = MaxLimit; r.Window = Duration(time.Second) }},
+		{name: "global share of capacity rounds to 0", base: globalRule, edit: func(r *Rule) { r.RefillPerSecond = 0.002; r.Regions = map[string]float64{"us-east": 1, "eu-west": 1000} }, field: "refill_per_second", msg: "region us-east"},
+		{name: "global share of limit rounds to 0", base: windowRule, edit: func(r *Rule) {
+			r.Limit = 2
+			r.Scope = Global
+			r.Regions = map[string]float64{"us-east": 1, "eu-west": 1, "ap-south": 1}
+		}, field: "limit", msg: "region ap-south"},
+		{name: "priority low ok", base: tokenRule, edit: func(r *Rule) { r.Priority = PriorityLow }},
+		{name: "priority unknown", base: tokenRule, edit: func(r *Rule) { r.Priority = "urgent" }, field: "priority", msg: "urgent"},
 		{name: "failure mode unknown", base: tokenRule, edit: func(r *Rule) { r.FailureMode = "maybe" }, field: "failure_mode", msg: "maybe"},
 		{name: "local batch", base: tokenRule, edit: func(r *Rule) { r.LocalBatch = 10 }, field: "local_batch", msg: "not supported yet"},
 		{name: "split", base: tokenRule, edit: func(r *Rule) { r.Split = 4 }, field: "split", msg: "not supported yet"},

@@ -60,6 +60,11 @@ var (
 	ErrClosed        = errors.New("redisstore: store closed")
 	ErrBadReply      = errors.New("redisstore: unexpected script reply")
 	ErrClock         = errors.New("redisstore: clock out of range")
+	// ErrQueueTimeout: the call waited for a worker past its budget and
+	// was not sent; the process is overloaded, Redis may be fine.
+	ErrQueueTimeout = errors.New("redisstore: queued past the budget, not sent")
+	// ErrTimeout: Redis did not answer within the round-trip budget.
+	ErrTimeout = errors.New("redisstore: redis round trip past the budget")
 )
 
 // Algorithm codes passed to the script.

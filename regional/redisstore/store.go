@@ -2,7 +2,10 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -76,8 +79,8 @@ func WithTTLSlack(d time.Duration) Option {
 }
 
 // Store evaluates buckets in Redis. It is safe for concurrent use. Check
-// calls are pipelined by a fixed set of worker goroutines owned by the Store
-// and stopped by Close.
+// and Do calls are pipelined by a fixed set of worker goroutines owned by the
+// Store and stopped by Close.
 type Store struct {
 	client      redis.UniversalClient
 	check       *redis.Script
@@ -95,25 +98,74 @@ type Store struct {
 	scriptLoads atomic.Uint64
 	pipelines   atomic.Uint64 // pipelines sent (for the benchmarks' batch figure)
 	batched     atomic.Uint64 // checks sent in them
+	queued      atomic.Int64  // calls waiting for a worker (Load)
+	roundTrip   atomic.Int64  // moving average of a pipeline's round trip, ns (Load)
 }
 
-// call is one pending Check. The worker that takes it sends exactly one
-// value on res (buffered) unless the caller's ctx was done before sending.
+// Call is one request's check for Do: cost and buckets, as for Check.
+type Call struct {
+	Cost    int64
+	Buckets []Bucket
+}
+
+// Answer is one Call's outcome, as Check returns it.
+type Answer struct {
+	Allowed bool
+	Results []Result
+	Err     error
+}
+
+// Budget bounds the time one Do spends inside the store. A zero field
+// leaves that part bounded by ctx alone.
+type Budget struct {
+	// Queue bounds the wait for a worker to take the calls: time spent
+	// behind other callers in this process, not in Redis. Past it the
+	// calls fail with ErrQueueTimeout and are never sent.
+	Queue time.Duration
+	// RoundTrip bounds the Redis round trip: from the moment the pipeline
+	// holding the calls is sent until Redis has answered (NOSCRIPT reload
+	// included). Past it the calls fail with ErrTimeout.
+	RoundTrip time.Duration
+}
+
+// Load is the store's recent load, for overload shedding.
+type Load struct {
+	Queued    int           // calls waiting for a worker now
+	RoundTrip time.Duration // moving average of recent pipelines' round trips
+}
+
+// call is one pending Do: its items go to Redis in one pipeline. Exactly one
+// of the worker and the caller moves state out of callQueued; the worker
+// closes done once every item has its reply.
 type call struct {
-	ctx  context.Context
+	ctx    context.Context
+	budget Budget
+	items  []item
+	state  atomic.Int32
+	done   chan struct{}
+}
+
+// call states.
+const (
+	callQueued int32 = iota
+	callTaken
+	callAbandoned
+)
+
+type item struct {
 	keys []string
 	args []any
-	res  chan callResult
-}
-
-type callResult struct {
-	val any
-	err error
+	out  int // index in Do's calls
+	val  any
+	err  error
 }
 
 // New returns a Store on client and starts its workers. It does not touch
-// the network: the scripts are loaded on first use (NOSCRIPT). Close stops
-// the workers; the client stays open and belongs to the caller.
+// the network: the scripts are loaded by Warm, or on first use (NOSCRIPT).
+// Close stops the workers; the client stays open and belongs to the caller.
+// With a go-redis client, set ContextTimeoutEnabled so that a round trip
+// past its budget is abandoned at once rather than at ReadTimeout (the
+// caller gets ErrTimeout at the budget either way; the worker is held).
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("redisstore: nil client")
@@ -145,11 +197,37 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	return s, nil
 }
 
+// Warm prepares the store for its first checks: it loads the scripts on
+// every connection the workers will use at once (one per worker, opened
+// concurrently, so the client's pool holds them), so that no check pays for
+// dialing or a NOSCRIPT reload. An error means Redis is not reachable yet.
+func (s *Store) Warm(ctx context.Context) error {
+	errs := make(chan error, s.opts.workers)
+	for i := 0; i < s.opts.workers; i++ {
+		go func() {
+			var err error
+			for _, sc := range []*redis.Script{s.check, s.marker, s.shares} {
+				if err = sc.Load(ctx, s.client).Err(); err != nil {
+					break
+				}
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for i := 0; i < s.opts.workers; i++ {
+		if err := <-errs; err != nil && first == nil {
+			first = fmt.Errorf("redisstore: warm: %w", err)
+		}
+	}
+	return first
+}
+
 // Close stops the workers and waits for them; checks still queued fail with
 // ErrClosed. Safe to call twice. It does not close the client. A pipeline
-// already sent to a server that never answers holds Close for at most the
-// client's dial and read timeouts (go-redis does not abort a blocked read
-// on cancellation); callers of Check never wait for it.
+// already sent to a server that never answers holds Close for at most its
+// budget, or the client's dial and read timeouts without ContextTimeoutEnabled;
+// callers of Check never wait for it.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.done)
@@ -163,6 +241,11 @@ func (s *Store) Close() error {
 // ScriptLoads reports how many times a script was (re)loaded after a NOSCRIPT
 // reply (the first use on a server counts once).
 func (s *Store) ScriptLoads() uint64 { return s.scriptLoads.Load() }
+
+// Load reports the calls waiting for a worker and the recent round trip.
+func (s *Store) Load() Load {
+	return Load{Queued: int(s.queued.Load()), RoundTrip: time.Duration(s.roundTrip.Load())}
+}
 
 func (s *Store) nowArg() (any, error) {
 	if s.opts.clock == nil {
@@ -186,18 +269,120 @@ func (s *Store) nowArg() (any, error) {
 // global buckets need standalone Redis.
 //
 // Check returns ctx.Err() as soon as ctx is done, whatever Redis does; the
-// script may still run after that.
+// script may still run after that. It is Do with one call and no budget.
 func (s *Store) Check(ctx context.Context, cost int64, buckets []Bucket) (allowed bool, results []Result, err error) {
-	if err := validate(cost, buckets); err != nil {
-		return false, nil, err
+	var a [1]Answer
+	s.Do(ctx, Budget{}, []Call{{Cost: cost, Buckets: buckets}}, a[:])
+	return a[0].Allowed, a[0].Results, a[0].Err
+}
+
+// Do evaluates each call as Check does, all of them in one pipeline (one
+// round trip), and writes call i's outcome to out[i] (len(out) must be at
+// least len(calls)). Each call is atomic on its own; calls are independent
+// of each other. An invalid call fails alone (ErrInvalidBucket,
+// ErrInvalidCost). Every call sent fails with ctx.Err() once ctx is done,
+// with ErrQueueTimeout when no worker took it within b.Queue, and with an
+// error wrapping ErrTimeout when Redis did not answer within b.RoundTrip.
+func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
+	now, nowErr := s.nowArg()
+	c := &call{ctx: ctx, budget: b, done: make(chan struct{})}
+	for i, cl := range calls {
+		out[i] = Answer{}
+		if nowErr != nil {
+			out[i].Err = nowErr
+			continue
+		}
+		if err := validate(cl.Cost, cl.Buckets); err != nil {
+			out[i].Err = err
+			continue
+		}
+		if len(cl.Buckets) == 0 {
+			out[i].Allowed = true
+			continue
+		}
+		keys, args := s.scriptArgs(cl.Cost, now, cl.Buckets)
+		c.items = append(c.items, item{keys: keys, args: args, out: i})
 	}
-	if len(buckets) == 0 {
-		return true, nil, nil
+	if len(c.items) == 0 {
+		return
 	}
-	now, err := s.nowArg()
-	if err != nil {
-		return false, nil, err
+	fail := func(err error) {
+		for i := range c.items {
+			out[c.items[i].out].Err = err
+		}
 	}
+	var timer *time.Timer
+	var expired <-chan time.Time
+	if b.Queue > 0 {
+		timer = time.NewTimer(b.Queue)
+		defer timer.Stop()
+		expired = timer.C
+	}
+	s.queued.Add(1)
+	select {
+	case s.queue <- c:
+	case <-ctx.Done():
+		s.queued.Add(-1)
+		fail(ctx.Err())
+		return
+	case <-s.done:
+		s.queued.Add(-1)
+		fail(ErrClosed)
+		return
+	case <-expired:
+		s.queued.Add(-1)
+		fail(ErrQueueTimeout)
+		return
+	}
+	inRedis := false // the worker has taken the call: the timer now bounds the round trip
+wait:
+	for {
+		select {
+		case <-c.done:
+			break wait
+		case <-ctx.Done():
+			if c.state.CompareAndSwap(callQueued, callAbandoned) {
+				s.queued.Add(-1)
+			}
+			fail(ctx.Err())
+			return
+		case <-s.stopped:
+			select {
+			case <-c.done:
+				break wait
+			default:
+				fail(ErrClosed)
+				return
+			}
+		case <-expired:
+			if c.state.CompareAndSwap(callQueued, callAbandoned) {
+				s.queued.Add(-1)
+				fail(ErrQueueTimeout)
+				return
+			}
+			if inRedis || b.RoundTrip <= 0 {
+				fail(fmt.Errorf("%w: no answer within %v", ErrTimeout, b.RoundTrip))
+				return
+			}
+			// The worker's own deadline is RoundTrip after it sent, which
+			// was before now: this timer is a backstop for a client that
+			// does not abandon a read at the deadline.
+			inRedis = true
+			timer.Reset(b.RoundTrip + time.Millisecond)
+		}
+	}
+	for i := range c.items {
+		it := &c.items[i]
+		a := &out[it.out]
+		if it.err != nil {
+			a.Err = it.err
+			continue
+		}
+		a.Allowed, a.Results, a.Err = parseCheck(it.val, len(calls[it.out].Buckets))
+	}
+}
+
+func (s *Store) scriptArgs(cost int64, now any, buckets []Bucket) ([]string, []any) {
 	keys := make([]string, len(buckets), len(buckets)+1)
 	args := make([]any, 3, 3+4*len(buckets))
 	args[0], args[1], args[2] = cost, now, s.slackMs
@@ -229,30 +414,7 @@ func (s *Store) Check(ctx context.Context, cost int64, buckets []Bucket) (allowe
 		}
 		args = append(args, int64(algGlobalTokenBucket), x, y, shadow, b.Global.Units, b.Global.Floor, len(buckets)+idx+1)
 	}
-	c := &call{ctx: ctx, keys: keys, args: args, res: make(chan callResult, 1)}
-	select {
-	case s.queue <- c:
-	case <-ctx.Done():
-		return false, nil, ctx.Err()
-	case <-s.done:
-		return false, nil, ErrClosed
-	}
-	var r callResult
-	select {
-	case r = <-c.res:
-	case <-ctx.Done():
-		return false, nil, ctx.Err()
-	case <-s.stopped:
-		select {
-		case r = <-c.res:
-		default:
-			return false, nil, ErrClosed
-		}
-	}
-	if r.err != nil {
-		return false, nil, r.err
-	}
-	return parseCheck(r.val, len(buckets))
+	return keys, args
 }
 
 func parseCheck(v any, n int) (bool, []Result, error) {
@@ -274,8 +436,9 @@ func parseCheck(v any, n int) (bool, []Result, error) {
 	return ints[0] == 1, res, nil
 }
 
-// worker takes a call, drains up to the batch size of pending calls and
-// sends them in one pipeline. The batch belongs to this goroutine.
+// worker takes a call, drains pending calls up to the batch size (in
+// script calls) and sends them in one pipeline. The batch belongs to this
+// goroutine.
 func (s *Store) worker() {
 	defer s.wg.Done()
 	batch := make([]*call, 0, s.opts.batch)
@@ -284,42 +447,65 @@ func (s *Store) worker() {
 		case <-s.done:
 			return
 		case c := <-s.queue:
-			batch = append(batch[:0], c)
+			batch = batch[:0]
+			n := 0
+			if s.take(c) {
+				batch, n = append(batch, c), len(c.items)
+			}
 		drain:
-			for len(batch) < s.opts.batch {
+			for n < s.opts.batch {
 				select {
 				case c := <-s.queue:
-					batch = append(batch, c)
+					if s.take(c) {
+						batch, n = append(batch, c), n+len(c.items)
+					}
 				default:
 					break drain
 				}
 			}
-			s.run(batch)
+			if len(batch) > 0 {
+				s.run(batch)
+			}
 			clear(batch)
 		}
 	}
 }
 
-// run executes one batch. Calls whose caller has given up are dropped. The
-// pipeline's context ends at the latest caller deadline (or at Close if a
-// caller has none), so a dead Redis holds a worker no longer than its callers.
+// take claims c for this worker; false when its caller has given up.
+func (s *Store) take(c *call) bool {
+	if !c.state.CompareAndSwap(callQueued, callTaken) {
+		return false
+	}
+	s.queued.Add(-1)
+	if c.ctx.Err() != nil {
+		close(c.done) // the caller is gone and reads nothing
+		return false
+	}
+	return true
+}
+
+// run executes one batch in one pipeline. Its context ends at the latest of
+// the calls' ends, each call ending at its caller's deadline or RoundTrip
+// after the send, whichever is first (or at Close when a call has neither),
+// so a dead Redis holds a worker no longer than its callers.
 func (s *Store) run(batch []*call) {
-	live := batch[:0]
+	sent := time.Now()
 	var deadline time.Time
 	bounded := true
+	n := 0
 	for _, c := range batch {
-		if c.ctx.Err() != nil {
-			continue
+		n += len(c.items)
+		end, ok := c.ctx.Deadline()
+		if c.budget.RoundTrip > 0 {
+			if rt := sent.Add(c.budget.RoundTrip); !ok || rt.Before(end) {
+				end, ok = rt, true
+			}
 		}
-		live = append(live, c)
-		if d, ok := c.ctx.Deadline(); !ok {
+		if !ok {
 			bounded = false
-		} else if d.After(deadline) {
-			deadline = d
+		} else if end.After(deadline) {
+			deadline = end
 		}
-	}
-	if len(live) == 0 {
-		return
 	}
 	ctx, cancel := s.ctx, context.CancelFunc(func() {})
 	if bounded {
@@ -328,11 +514,16 @@ func (s *Store) run(batch []*call) {
 	defer cancel()
 
 	s.pipelines.Add(1)
-	s.batched.Add(uint64(len(live)))
-	cmds := make([]*redis.Cmd, len(live))
+	s.batched.Add(uint64(n))
+	cmds := make([]*redis.Cmd, 0, n)
+	its := make([]*item, 0, n)
 	pipe := s.client.Pipeline()
-	for i, c := range live {
-		cmds[i] = pipe.EvalSha(ctx, s.check.Hash(), c.keys, c.args...)
+	for _, c := range batch {
+		for i := range c.items {
+			it := &c.items[i]
+			its = append(its, it)
+			cmds = append(cmds, pipe.EvalSha(ctx, s.check.Hash(), it.keys, it.args...))
+		}
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
 	var retry []int
@@ -349,14 +540,33 @@ func (s *Store) run(batch []*call) {
 		} else {
 			pipe = s.client.Pipeline()
 			for _, i := range retry {
-				cmds[i] = pipe.EvalSha(ctx, s.check.Hash(), live[i].keys, live[i].args...)
+				cmds[i] = pipe.EvalSha(ctx, s.check.Hash(), its[i].keys, its[i].args...)
 			}
 			_, _ = pipe.Exec(ctx)
 		}
 	}
-	for i, c := range live {
-		c.res <- callResult{val: cmds[i].Val(), err: cmds[i].Err()}
+	rt := time.Since(sent)
+	if old := s.roundTrip.Load(); old == 0 {
+		s.roundTrip.Store(int64(rt))
+	} else {
+		s.roundTrip.Store(old + (int64(rt)-old)/8)
 	}
+	timedOut := ctx.Err() != nil
+	for k, it := range its {
+		it.val, it.err = cmds[k].Val(), cmds[k].Err()
+		if it.err != nil && (timedOut || isTimeout(it.err)) {
+			it.err = fmt.Errorf("%w after %v: %w", ErrTimeout, rt.Round(time.Microsecond), it.err)
+		}
+	}
+	for _, c := range batch {
+		close(c.done)
+	}
+}
+
+// isTimeout reports a network timeout or an expired deadline.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 func (s *Store) load(ctx context.Context, sc *redis.Script) error {
