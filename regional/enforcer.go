@@ -14,13 +14,16 @@ import (
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/sync/ledger"
+	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 )
 
-// Store evaluates the buckets of one request atomically.
-// *redisstore.Store implements it.
+// Store evaluates the buckets of each request atomically, many requests in
+// one round trip, within a budget (see redisstore.Store.Do), and reports its
+// load. *redisstore.Store implements it.
 type Store interface {
-	Check(ctx context.Context, cost int64, buckets []redisstore.Bucket) (bool, []redisstore.Result, error)
+	Do(ctx context.Context, b redisstore.Budget, calls []redisstore.Call, out []redisstore.Answer)
+	Load() redisstore.Load
 }
 
 // Limits on request fields.
@@ -36,8 +39,28 @@ type Config struct {
 	Region string
 	// MaxCost is the largest cost a request may ask for (default 1000 tokens).
 	MaxCost int64
-	// Timeout bounds each store call (default 10ms).
+	// Timeout bounds the Redis round trip of each store call, from the
+	// moment its pipeline is sent (default 10ms). Only a store that does not
+	// answer in time counts as failed; time spent waiting inside the
+	// enforcer does not count (QueueTimeout bounds it).
 	Timeout time.Duration
+	// QueueTimeout bounds the time a check waits inside the enforcer for a
+	// pipeline to Redis (default, when zero: 100ms or Timeout, whichever is
+	// longer: a store allowed to be slow makes the queue wait for it). A
+	// check that waits longer is shed:
+	// answered rejected without Redis (shed=true), never admitted
+	// unchecked, and it does not count against the store.
+	QueueTimeout time.Duration
+	// ShedQueue is the number of checks waiting for a pipeline at which
+	// checks of low-priority rules are shed (default 256; 0: never on
+	// queue depth). High-priority rules keep going to Redis.
+	ShedQueue int
+	// ShedLatency is the moving average of the Redis round trip at which
+	// checks of low-priority rules are shed (default Timeout/2; negative:
+	// never on latency).
+	ShedLatency time.Duration
+	// ShedRetryAfter is the retry_after_ms of a shed answer (default 1s).
+	ShedRetryAfter time.Duration
 	// BreakerFailures consecutive store failures open the circuit breaker (default 5).
 	BreakerFailures uint32
 	// BreakerOpen is how long the breaker stays open before half-open probes (default 1s).
@@ -73,6 +96,8 @@ func DefaultConfig() Config {
 	return Config{
 		MaxCost:         1000,
 		Timeout:         10 * time.Millisecond,
+		ShedQueue:       256,
+		ShedRetryAfter:  time.Second,
 		BreakerFailures: 5,
 		BreakerOpen:     time.Second,
 		BreakerProbes:   3,
@@ -90,6 +115,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("regional: config: max cost must be >= 1, got %d", c.MaxCost)
 	case c.Timeout <= 0:
 		return fmt.Errorf("regional: config: timeout must be > 0, got %v", c.Timeout)
+	case c.QueueTimeout < 0:
+		return fmt.Errorf("regional: config: queue timeout must be >= 0, got %v", c.QueueTimeout)
+	case c.ShedQueue < 0:
+		return fmt.Errorf("regional: config: shed queue must be >= 0, got %d", c.ShedQueue)
+	case c.ShedRetryAfter < 0:
+		return fmt.Errorf("regional: config: shed retry-after must be >= 0, got %v", c.ShedRetryAfter)
 	case c.BreakerFailures < 1:
 		return errors.New("regional: config: breaker failures must be >= 1")
 	case c.BreakerOpen <= 0:
@@ -134,6 +165,10 @@ type Response struct {
 	RuleID       string   `json:"rule_id"`
 	Statuses     []Status `json:"statuses"`
 	FailOpen     bool     `json:"fail_open"`
+	// Shed is true when the enforcer was overloaded and answered without
+	// the store: rejected (unless only shadow rules matched), nothing
+	// consumed. Over gRPC it is the response header "apportion-shed".
+	Shed bool `json:"shed,omitempty"`
 
 	windowMs int64
 }
@@ -162,15 +197,10 @@ type Enforcer struct {
 	log     *slog.Logger
 	sampled *logsample.Logger
 	metrics *Metrics
-	breaker *gobreaker.CircuitBreaker[storeAnswer]
+	breaker *gobreaker.CircuitBreaker[struct{}]
 	local   *localLimiter
 
 	index atomic.Pointer[compiled]
-}
-
-type storeAnswer struct {
-	allowed bool
-	results []redisstore.Result
 }
 
 // compiled is an immutable rule set with per-rule derived bucket parameters.
@@ -187,6 +217,9 @@ type bucketParams struct {
 	limit     int64
 	window    time.Duration
 	windowMs  int64
+	// invalid is why the store cannot hold this rule's bucket; its checks
+	// are answered by its failure_mode without the store.
+	invalid error
 }
 
 // New returns an Enforcer that evaluates rules against store. Call SetRules
@@ -210,15 +243,21 @@ func New(cfg Config, store Store) (*Enforcer, error) {
 		metrics: cfg.Metrics,
 		local:   newLocalLimiter(cfg.LocalMaxKeys, time.Now),
 	}
-	e.breaker = gobreaker.NewCircuitBreaker[storeAnswer](gobreaker.Settings{
+	if e.cfg.QueueTimeout == 0 {
+		e.cfg.QueueTimeout = max(100*time.Millisecond, cfg.Timeout)
+	}
+	if e.cfg.ShedLatency == 0 {
+		e.cfg.ShedLatency = cfg.Timeout / 2
+	}
+	e.breaker = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        "redis",
 		MaxRequests: cfg.BreakerProbes,
 		Timeout:     cfg.BreakerOpen,
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= cfg.BreakerFailures },
-		IsSuccessful: func(err error) bool {
-			// A caller that went away is not the store's fault.
-			return err == nil || errors.Is(err, context.Canceled)
-		},
+		// Only the store failing counts: a caller that went away, a check
+		// shed by our own queue, or a request the store refuses as invalid
+		// is neither a failure nor a success.
+		IsExcluded: func(err error) bool { return !isStoreFailure(classify(err)) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			log.Warn("store circuit breaker changed state", "from", from.String(), "to", to.String())
 			if e.metrics != nil {
@@ -245,6 +284,10 @@ func (e *Enforcer) SetRules(rs []rules.Rule) error {
 		if !ok {
 			e.log.Warn("global rule does not list this region; not enforced here", "rule", r.ID, "region", e.cfg.Region)
 			continue
+		}
+		if err := redisstore.ValidateBucket(p.bucket("", &r)); err != nil {
+			p.invalid = err
+			e.log.Error("the store cannot hold this rule's bucket in this region; its checks are answered by its failure_mode", "rule", r.ID, "error", err)
 		}
 		c.params[r.ID] = p
 	}
@@ -365,48 +408,276 @@ type matched struct {
 	bucket redisstore.Bucket
 }
 
+// pending is one request on its way through run.
+type pending struct {
+	req  Request
+	ms   []matched
+	resp Response
+	err  error
+	done bool
+}
+
+// BatchError is the error of one request of a CheckBatch; Index is its position.
+type BatchError struct {
+	Index int
+	Err   error
+}
+
+func (e *BatchError) Error() string { return fmt.Sprintf("regional: requests[%d]: %v", e.Index, e.Err) }
+
+// Unwrap returns the request's error.
+func (e *BatchError) Unwrap() error { return e.Err }
+
 // Check answers one request. The only errors are a *RequestError (bad
 // input), ErrNoRules, and ctx's error when the caller has gone away; store
-// failures are answered by the failure policy.
+// failures are answered by the failure policy, and overload by shedding.
 func (e *Enforcer) Check(ctx context.Context, req Request) (Response, error) {
+	var one [1]pending
+	one[0].req = req
+	if err := e.validate(&one[0].req); err != nil {
+		return Response{}, err
+	}
+	if err := e.run(ctx, one[:]); err != nil {
+		return Response{}, err
+	}
+	return one[0].resp, one[0].err
+}
+
+// CheckBatch answers reqs in order, as Check would one by one, but sends
+// them to the store together: one pipeline, one round trip. An invalid
+// request fails the whole batch before anything is checked (a *BatchError
+// naming its index); so does the caller going away.
+func (e *Enforcer) CheckBatch(ctx context.Context, reqs []Request) ([]Response, error) {
+	ps := make([]pending, len(reqs))
+	for i := range reqs {
+		ps[i].req = reqs[i]
+		if err := e.validate(&ps[i].req); err != nil {
+			return nil, &BatchError{Index: i, Err: err}
+		}
+	}
+	if err := e.run(ctx, ps); err != nil {
+		return nil, err
+	}
+	out := make([]Response, len(ps))
+	for i := range ps {
+		if ps[i].err != nil {
+			return nil, &BatchError{Index: i, Err: ps[i].err}
+		}
+		out[i] = ps[i].resp
+	}
+	return out, nil
+}
+
+// run answers validated requests: those that match nothing, those of a rule
+// the store cannot hold, and low-priority ones while shedding, without the
+// store; all others in one store call through the breaker.
+func (e *Enforcer) run(ctx context.Context, ps []pending) error {
 	start := time.Now()
 	if e.metrics != nil {
-		e.metrics.inFlight.Inc()
-		defer e.metrics.inFlight.Dec()
-	}
-	if err := e.validate(&req); err != nil {
-		return Response{}, err
+		e.metrics.inFlight.Add(float64(len(ps)))
+		defer e.metrics.inFlight.Sub(float64(len(ps)))
 	}
 	c := e.index.Load()
 	if c == nil {
-		return Response{}, ErrNoRules
+		return ErrNoRules
 	}
-	ms := e.match(c, &req)
-	if len(ms) == 0 {
-		e.observe(start, "none")
-		return Response{Allowed: true, Statuses: []Status{}}, nil
-	}
-	buckets := make([]redisstore.Bucket, len(ms))
-	for i := range ms {
-		buckets[i] = ms[i].bucket
-	}
-	ans, err := e.callStore(ctx, req.Cost, buckets)
-	var resp Response
-	if err != nil {
-		if ctx.Err() != nil && !errors.Is(err, context.DeadlineExceeded) {
-			return Response{}, ctx.Err()
+	var oneCall [1]redisstore.Call
+	var oneIdx [1]int
+	calls, idx := oneCall[:0], oneIdx[:0]
+	shed := e.shedReason()
+	for i := range ps {
+		p := &ps[i]
+		p.ms = e.match(c, &p.req)
+		switch {
+		case len(p.ms) == 0:
+			p.resp, p.done = Response{Allowed: true, Statuses: []Status{}}, true
+			e.observe(start, "none")
+		case invalidRule(p.ms) != nil:
+			e.storeError("invalid")
+			p.resp = e.failurePolicy(p.ms, p.req.Cost, invalidRule(p.ms))
+		case shed != "" && lowPriority(p.ms):
+			p.resp = e.shedAnswer(p.ms, shed)
+		default:
+			buckets := make([]redisstore.Bucket, len(p.ms))
+			for j := range p.ms {
+				buckets[j] = p.ms[j].bucket
+			}
+			calls = append(calls, redisstore.Call{Cost: p.req.Cost, Buckets: buckets})
+			idx = append(idx, i)
 		}
-		resp = e.failurePolicy(ms, req.Cost, err)
-	} else {
-		resp = e.fromStore(ms, ans)
 	}
-	e.record(ms, &resp, req.Cost)
-	e.observe(start, decision(resp))
-	return resp, nil
+	if len(calls) > 0 {
+		var oneAns [1]redisstore.Answer
+		answers := oneAns[:]
+		if len(calls) > 1 {
+			answers = make([]redisstore.Answer, len(calls))
+		}
+		budget := redisstore.Budget{Queue: e.cfg.QueueTimeout, RoundTrip: e.cfg.Timeout}
+		_, berr := e.breaker.Execute(func() (struct{}, error) {
+			e.store.Do(ctx, budget, calls, answers)
+			if ctx.Err() != nil {
+				return struct{}{}, ctx.Err()
+			}
+			return struct{}{}, worst(answers)
+		})
+		rejected := errors.Is(berr, gobreaker.ErrOpenState) || errors.Is(berr, gobreaker.ErrTooManyRequests)
+		for j, i := range idx {
+			p := &ps[i]
+			err := answers[j].Err
+			if rejected {
+				err = berr
+			} else if err == nil && len(answers[j].Results) != len(p.ms) {
+				err = fmt.Errorf("%w: %d results for %d buckets", redisstore.ErrBadReply, len(answers[j].Results), len(p.ms))
+			}
+			if err != nil && ctx.Err() != nil {
+				p.err, p.done = ctx.Err(), true
+				continue
+			}
+			switch kind := classify(err); kind {
+			case "":
+				p.resp = e.fromStore(p.ms, answers[j])
+			case "queue_timeout":
+				p.resp = e.shedAnswer(p.ms, kind)
+			default:
+				e.storeError(kind)
+				p.resp = e.failurePolicy(p.ms, p.req.Cost, err)
+			}
+		}
+	}
+	for i := range ps {
+		p := &ps[i]
+		if p.done {
+			continue
+		}
+		e.record(p.ms, &p.resp, p.req.Cost)
+		e.observe(start, decision(p.resp))
+	}
+	return nil
+}
+
+// classify names what went wrong in a store call: "" (nothing), the
+// enforcer's own overload (queue_timeout), the caller (canceled), a request
+// the store refuses (invalid), or a store failure: timeout, breaker_open,
+// or error (connection refused or reset, a server that is loading, busy,
+// read-only, out of memory, or down).
+func classify(err error) string {
+	var rerr redis.Error
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, redisstore.ErrQueueTimeout):
+		return "queue_timeout"
+	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
+		return "breaker_open"
+	case errors.Is(err, redisstore.ErrTimeout):
+		return "timeout"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "canceled"
+	case errors.Is(err, redisstore.ErrInvalidBucket), errors.Is(err, redisstore.ErrInvalidCost),
+		errors.Is(err, redisstore.ErrClock), errors.Is(err, redisstore.ErrBadReply):
+		return "invalid"
+	case errors.As(err, &rerr):
+		// An error reply: Redis itself is unwell, or it refuses this
+		// request (a script error about one key, a wrong type).
+		for _, p := range []string{"LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "OOM", "NOREPLICAS", "MISCONF", "NOAUTH", "WRONGPASS", "NOPERM"} {
+			if redis.HasErrorPrefix(err, p) {
+				return "error"
+			}
+		}
+		return "invalid"
+	}
+	return "error"
+}
+
+func isStoreFailure(kind string) bool {
+	return kind == "timeout" || kind == "error" || kind == "breaker_open"
+}
+
+// worst is the error the breaker sees for one store call: the first store
+// failure, else the first other error if every answer failed, else nil.
+func worst(answers []redisstore.Answer) error {
+	var other error
+	failed := 0
+	for _, a := range answers {
+		if a.Err == nil {
+			continue
+		}
+		failed++
+		if isStoreFailure(classify(a.Err)) {
+			return a.Err
+		}
+		if other == nil {
+			other = a.Err
+		}
+	}
+	if failed == len(answers) {
+		return other
+	}
+	return nil
+}
+
+func (e *Enforcer) storeError(kind string) {
+	if e.metrics != nil {
+		e.metrics.storeErrors.WithLabelValues(kind).Inc()
+	}
+}
+
+func invalidRule(ms []matched) error {
+	for _, m := range ms {
+		if m.params.invalid != nil {
+			return fmt.Errorf("rule %s: %w", m.rule.ID, m.params.invalid)
+		}
+	}
+	return nil
+}
+
+// lowPriority reports whether every matched rule may be shed.
+func lowPriority(ms []matched) bool {
+	for _, m := range ms {
+		if m.rule.Priority != rules.PriorityLow {
+			return false
+		}
+	}
+	return true
+}
+
+// shedReason says why low-priority checks are shed now, or "".
+func (e *Enforcer) shedReason() string {
+	l := e.store.Load()
+	switch {
+	case e.cfg.ShedQueue > 0 && l.Queued >= e.cfg.ShedQueue:
+		return "queue_depth"
+	case e.cfg.ShedLatency > 0 && l.RoundTrip >= e.cfg.ShedLatency:
+		return "latency"
+	}
+	return ""
+}
+
+// shedAnswer answers without the store while overloaded: every enforced
+// rule rejects (nothing is consumed, so no bucket can pass its bound),
+// shadow rules allow.
+func (e *Enforcer) shedAnswer(ms []matched, reason string) Response {
+	resp := Response{Allowed: true, Shed: true, Statuses: make([]Status, len(ms))}
+	for i, m := range ms {
+		st := Status{RuleID: m.rule.ID, Allowed: m.rule.Shadow, Shadow: m.rule.Shadow, WindowMs: m.params.windowMs, Limit: m.limitTokens()}
+		if !st.Allowed {
+			st.RetryAfterMs = e.cfg.ShedRetryAfter.Milliseconds()
+			resp.Allowed = false
+		}
+		resp.Statuses[i] = st
+	}
+	e.bind(&resp)
+	if e.metrics != nil {
+		e.metrics.shed.WithLabelValues(reason).Inc()
+	}
+	e.sampled.Log(slog.LevelWarn, "shed", "enforcer overloaded; shedding checks without the store", "reason", reason)
+	return resp
 }
 
 func decision(r Response) string {
 	switch {
+	case r.Shed:
+		return "shed"
 	case r.FailOpen && r.Allowed:
 		return "fail_allowed"
 	case r.FailOpen:
@@ -437,49 +708,22 @@ func (e *Enforcer) match(c *compiled, req *Request) []matched {
 		if !ok || len(parts) == 0 {
 			continue
 		}
-		out = append(out, matched{rule: r, params: p, bucket: redisstore.Bucket{
-			Key:       redisstore.Key(parts[0], r.ID, parts[1:]...),
-			Algorithm: p.algorithm,
-			Capacity:  p.capacity,
-			Rate:      p.rate,
-			Limit:     p.limit,
-			Window:    p.window,
-			Shadow:    r.Shadow,
-			Global:    p.global,
-		}})
+		out = append(out, matched{rule: r, params: p, bucket: p.bucket(redisstore.Key(parts[0], r.ID, parts[1:]...), r)})
 	}
 	return out
 }
 
-// callStore calls the store through the breaker with the configured timeout.
-func (e *Enforcer) callStore(ctx context.Context, cost int64, buckets []redisstore.Bucket) (storeAnswer, error) {
-	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
-	defer cancel()
-	ans, err := e.breaker.Execute(func() (storeAnswer, error) {
-		ok, res, err := e.store.Check(ctx, cost, buckets)
-		if err == nil && len(res) != len(buckets) {
-			err = fmt.Errorf("regional: store answered %d results for %d buckets", len(res), len(buckets))
-		}
-		return storeAnswer{allowed: ok, results: res}, err
-	})
-	if err != nil && e.metrics != nil {
-		kind := "error"
-		switch {
-		case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
-			kind = "breaker_open"
-		case errors.Is(err, context.DeadlineExceeded):
-			kind = "timeout"
-		}
-		e.metrics.storeErrors.WithLabelValues(kind).Inc()
-	}
-	return ans, err
+// bucket is the store bucket of this rule for one key.
+func (p bucketParams) bucket(key string, r *rules.Rule) redisstore.Bucket {
+	return redisstore.Bucket{Key: key, Algorithm: p.algorithm, Capacity: p.capacity, Rate: p.rate,
+		Limit: p.limit, Window: p.window, Shadow: r.Shadow, Global: p.global}
 }
 
 // fromStore builds the response from the store's answer.
-func (e *Enforcer) fromStore(ms []matched, ans storeAnswer) Response {
-	resp := Response{Allowed: ans.allowed, Statuses: make([]Status, len(ms))}
+func (e *Enforcer) fromStore(ms []matched, ans redisstore.Answer) Response {
+	resp := Response{Allowed: ans.Allowed, Statuses: make([]Status, len(ms))}
 	for i, m := range ms {
-		r := ans.results[i]
+		r := ans.Results[i]
 		resp.Statuses[i] = Status{RuleID: m.rule.ID, Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining,
 			RetryAfterMs: r.RetryAfterMs, ResetAfterMs: r.ResetAfterMs, Shadow: m.rule.Shadow, WindowMs: m.params.windowMs}
 	}
@@ -606,7 +850,7 @@ func (e *Enforcer) bind(resp *Response) {
 // the usage of global rules.
 func (e *Enforcer) record(ms []matched, resp *Response, cost int64) {
 	for i, st := range resp.Statuses {
-		if e.cfg.Usage != nil && ms[i].rule.Scope == rules.Global {
+		if e.cfg.Usage != nil && ms[i].rule.Scope == rules.Global && !resp.Shed {
 			switch {
 			case st.Allowed && resp.Allowed:
 				e.cfg.Usage(st.RuleID, ms[i].bucket.Key, cost, 0)
@@ -625,7 +869,10 @@ func (e *Enforcer) record(ms []matched, resp *Response, cost int64) {
 		case !resp.Allowed:
 			d = "not_consumed" // this rule allowed but another rejected
 		}
-		if resp.FailOpen {
+		switch {
+		case resp.Shed:
+			d = "shed"
+		case resp.FailOpen:
 			d = "fail_" + d
 		}
 		if e.metrics != nil {

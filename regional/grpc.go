@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -62,6 +65,11 @@ func (s *GRPCService) SetServing(ok bool) {
 	}
 }
 
+// ShedHeader is the gRPC response header set on an answer given without the
+// store because the enforcer was overloaded (Response.Shed): "1" for
+// CheckLimit, the comma-separated indexes of the shed requests for CheckLimits.
+const ShedHeader = "apportion-shed"
+
 // CheckLimit implements ratelimit.v1.RateLimiter.
 func (s *GRPCService) CheckLimit(ctx context.Context, in *ratelimitv1.CheckLimitRequest) (*ratelimitv1.CheckLimitResponse, error) {
 	resp, err := s.e.Check(ctx, fromProto(in))
@@ -69,27 +77,45 @@ func (s *GRPCService) CheckLimit(ctx context.Context, in *ratelimitv1.CheckLimit
 	if err != nil {
 		return nil, grpcError(err)
 	}
+	if resp.Shed {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(ShedHeader, "1"))
+	}
 	return toProto(resp), nil
 }
 
-// CheckLimits implements ratelimit.v1.RateLimiter: each request is checked
-// on its own, in order; an invalid one fails the whole batch and names its index.
+// CheckLimits implements ratelimit.v1.RateLimiter: the requests are checked
+// together (one pipeline to Redis) and answered in order, each as CheckLimit
+// would answer it alone; an invalid one fails the whole batch and names its
+// index.
 func (s *GRPCService) CheckLimits(ctx context.Context, in *ratelimitv1.CheckLimitsRequest) (*ratelimitv1.CheckLimitsResponse, error) {
 	if len(in.GetRequests()) > MaxBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "requests: %d requests, the maximum is %d", len(in.GetRequests()), MaxBatch)
 	}
-	out := &ratelimitv1.CheckLimitsResponse{Responses: make([]*ratelimitv1.CheckLimitResponse, len(in.GetRequests()))}
+	reqs := make([]Request, len(in.GetRequests()))
 	for i, r := range in.GetRequests() {
-		resp, err := s.e.Check(ctx, fromProto(r))
-		s.e.metrics.request("grpc", resp, err)
-		if err != nil {
-			var re *RequestError
-			if errors.As(err, &re) {
-				return nil, status.Errorf(codes.InvalidArgument, "requests[%d].%s: %s", i, re.Field, re.Msg)
-			}
-			return nil, grpcError(err)
+		reqs[i] = fromProto(r)
+	}
+	resps, err := s.e.CheckBatch(ctx, reqs)
+	if err != nil {
+		s.e.metrics.request("grpc", Response{}, err)
+		var be *BatchError
+		var re *RequestError
+		if errors.As(err, &be) && errors.As(be.Err, &re) {
+			return nil, status.Errorf(codes.InvalidArgument, "requests[%d].%s: %s", be.Index, re.Field, re.Msg)
 		}
+		return nil, grpcError(err)
+	}
+	out := &ratelimitv1.CheckLimitsResponse{Responses: make([]*ratelimitv1.CheckLimitResponse, len(resps))}
+	var shed []string
+	for i, resp := range resps {
+		s.e.metrics.request("grpc", resp, nil)
 		out.Responses[i] = toProto(resp)
+		if resp.Shed {
+			shed = append(shed, strconv.Itoa(i))
+		}
+	}
+	if len(shed) > 0 {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(ShedHeader, strings.Join(shed, ",")))
 	}
 	return out, nil
 }

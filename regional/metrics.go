@@ -16,6 +16,7 @@ type Metrics struct {
 	ruleUpdates prometheus.Counter
 	requests    *prometheus.CounterVec
 	inFlight    prometheus.Gauge
+	shed        *prometheus.CounterVec
 }
 
 // Metric names, shared with deploy/ dashboards and alerts.
@@ -29,6 +30,7 @@ const (
 	MetricRequests     = "apportion_requests_total"
 	MetricScriptLoads  = "apportion_script_loads_total"
 	MetricInFlight     = "apportion_checks_in_flight"
+	MetricShed         = "apportion_shed_total"
 )
 
 // NewMetrics creates and registers the enforcer's metrics. region is a
@@ -37,14 +39,14 @@ func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
 	cl := prometheus.Labels{"region": region}
 	m := &Metrics{
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricChecks, ConstLabels: cl,
-			Help: "Rule evaluations by rule and decision (allowed, rejected, shadow_rejected, not_consumed; fail_ prefix when answered by the failure policy)."},
+			Help: "Rule evaluations by rule and decision (allowed, rejected, shadow_rejected, not_consumed; fail_ prefix when answered by the failure policy; shed when answered without the store under overload)."},
 			[]string{"rule", "decision"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricLatency, ConstLabels: cl,
-			Help:    "CheckLimit latency inside the enforcer by outcome (allowed, rejected, fail_allowed, fail_rejected, none).",
+			Help:    "CheckLimit latency inside the enforcer by outcome (allowed, rejected, fail_allowed, fail_rejected, shed, none).",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25}},
 			[]string{"outcome"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricStoreErrors, ConstLabels: cl,
-			Help: "Failed store calls by kind (timeout, breaker_open, error)."}, []string{"kind"}),
+			Help: "Store calls answered by the failure policy, by kind: timeout, error (connection refused or reset, Redis loading/busy/down) and breaker_open count as store failures; invalid (a bucket the store refuses, answered alone) does not."}, []string{"kind"}),
 		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricBreakerState, ConstLabels: cl,
 			Help: "Store circuit breaker: 1 for the current state, 0 for the others."}, []string{"state"}),
 		rulesLoaded: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricRulesLoaded, ConstLabels: cl,
@@ -56,8 +58,11 @@ func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
 			[]string{"protocol", "result"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricInFlight, ConstLabels: cl,
 			Help: "Checks being answered right now (a sign of saturation when it stays high)."}),
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricShed, ConstLabels: cl,
+			Help: "Checks answered without the store because the enforcer was overloaded, by reason (queue_depth, latency: low-priority rules only; queue_timeout: any rule)."},
+			[]string{"reason"}),
 	}
-	reg.MustRegister(m.checks, m.latency, m.storeErrors, m.breaker, m.rulesLoaded, m.ruleUpdates, m.requests, m.inFlight)
+	reg.MustRegister(m.checks, m.latency, m.storeErrors, m.breaker, m.rulesLoaded, m.ruleUpdates, m.requests, m.inFlight, m.shed)
 	return m
 }
 

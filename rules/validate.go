@@ -290,6 +290,9 @@ func (r *Rule) validateWindow(fe func(string, string, ...any) error) error {
 // rounds to nothing in the store's units (a region that could never admit
 // anything, and a bucket the store would refuse): each region's share of the
 // capacity and refill (in thousandths) or of the limit must be at least 1.
+// A global token bucket is exempt: the store holds its global capacity and
+// rate and applies the region's share itself (an enforcer run with static
+// global shares checks its own share when it loads the rule).
 func (r *Rule) validateShares(fe func(string, string, ...any) error) error {
 	for _, name := range slices.Sorted(maps.Keys(r.Regions)) {
 		f, ok := r.StaticShare(name)
@@ -297,7 +300,7 @@ func (r *Rule) validateShares(fe func(string, string, ...any) error) error {
 			continue
 		}
 		switch r.Algorithm {
-		case TokenBucket, LeakyBucket:
+		case LeakyBucket:
 			if int64(float64(r.Capacity)*1000*f) < 1 {
 				return fe("capacity", "region %s's static share (%.3g of %d) is below one thousandth of a token; raise capacity or the region's weight", name, f, r.Capacity)
 			}

@@ -96,7 +96,15 @@ func TestValidate(t *testing.T) {
 		{name: "refill a thousandth ok", base: tokenRule, edit: func(r *Rule) { r.RefillPerSecond = 0.001 }},
 		{name: "limit x window beyond the store", base: windowRule, edit: func(r *Rule) { r.Limit = 1 << 30; r.Window = Duration(366 * 24 * time.Hour) }, field: "limit", msg: "2^52"},
 		{name: "limit 2^40 per second ok", base: windowRule, edit: func(r *Rule) { r.Limit = MaxLimit; r.Window = Duration(time.Second) }},
-		{name: "global share of capacity rounds to 0", base: globalRule, edit: func(r *Rule) { r.RefillPerSecond = 0.002; r.Regions = map[string]float64{"us-east": 1, "eu-west": 1000} }, field: "refill_per_second", msg: "region us-east"},
+		{name: "global token bucket share is the store's", base: globalRule, edit: func(r *Rule) {
+			r.RefillPerSecond = 0.002
+			r.Regions = map[string]float64{"us-east": 1, "eu-west": 1000}
+		}},
+		{name: "global share of refill rounds to 0", base: globalRule, edit: func(r *Rule) {
+			r.Algorithm = LeakyBucket
+			r.RefillPerSecond = 0.002
+			r.Regions = map[string]float64{"us-east": 1, "eu-west": 1000}
+		}, field: "refill_per_second", msg: "region us-east"},
 		{name: "global share of limit rounds to 0", base: windowRule, edit: func(r *Rule) {
 			r.Limit = 2
 			r.Scope = Global

@@ -55,6 +55,10 @@ type options struct {
 	adminNoAuth   bool
 	staticGlobal  bool
 	timeout       time.Duration
+	queueTimeout  time.Duration
+	shedQueue     int
+	shedLatency   time.Duration
+	warmup        time.Duration
 	maxCost       int64
 	localFraction float64
 	tls           serve.TLS
@@ -89,7 +93,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.adminTimeout, "admin-store-timeout", admin.DefaultStoreTimeout, "longest an admin API request waits for etcd before it answers 503")
 	o.nats.Register(fs, "", "NATS URL for usage reports to the region's sync agent (empty: off)")
 	fs.BoolVar(&o.staticGlobal, "static-global", false, "global rules enforce their static share; ONLY for regions without a sync agent (see README)")
-	fs.DurationVar(&o.timeout, "timeout", def.Timeout, "timeout of each Redis call before the failure policy answers")
+	fs.DurationVar(&o.timeout, "timeout", def.Timeout, "Redis round trip of a check, from the moment it is sent, before the failure policy answers (time queued in the enforcer does not count)")
+	fs.DurationVar(&o.queueTimeout, "queue-timeout", 0, "longest a check waits in the enforcer for a pipeline to Redis; past it the check is shed (rejected, shed=true); 0: 100ms or --timeout, whichever is longer")
+	fs.IntVar(&o.shedQueue, "shed-queue", def.ShedQueue, "checks waiting for Redis at which low-priority rules are shed (0: off)")
+	fs.DurationVar(&o.shedLatency, "shed-latency", 0, "Redis round trip (moving average) at which low-priority rules are shed (0: half of --timeout; negative: off)")
+	fs.DurationVar(&o.warmup, "warmup-timeout", 2*time.Second, "how long to wait at start for Redis (connections and scripts) before serving anyway from the failure policy")
 	fs.Int64Var(&o.maxCost, "max-cost", def.MaxCost, "largest cost one request may ask for")
 	fs.Float64Var(&o.localFraction, "local-fraction", def.LocalFraction, "share of a rule's limit that failure_mode local admits per process while Redis is down")
 	o.tls.Register(fs, "gRPC, HTTP and the admin API")
@@ -149,22 +157,26 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// Checks are concurrent and pipelined: keep a warm pool.
-	ropts.PoolSize, ropts.MinIdleConns = 32, 4
+	// Checks are concurrent and pipelined: keep a warm pool, one
+	// connection per pipelining worker at least. A round trip past its
+	// budget is abandoned at the deadline (ContextTimeoutEnabled), not at
+	// the read timeout, so that a hung Redis holds a worker no longer.
+	ropts.PoolSize, ropts.MinIdleConns = 32, redisstore.DefaultWorkers
+	ropts.ContextTimeoutEnabled = true
 	rc := redis.NewUniversalClient(ropts)
 	defer rc.Close()
-	// Warm the connection pool so the first checks do not pay for dialing.
-	// An unreachable Redis is not fatal: the failure policy answers until it returns.
-	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
-	if err := rc.Ping(pctx).Err(); err != nil {
-		log.Warn("redis unreachable at start; answering from the failure policy until it returns", "addr", o.redis.Addr, "error", err)
-	}
-	pcancel()
 	store, err := redisstore.New(rc)
 	if err != nil {
 		return fmt.Errorf("redis store: %w", err)
 	}
 	defer store.Close()
+	// Warm up before serving: every worker's connection dialed and the
+	// scripts loaded, so that the first checks (a burst at start) pay for
+	// neither. An unreachable Redis is not fatal: after --warmup-timeout
+	// the failure policy answers until it returns.
+	if err := warm(ctx, store, o.warmup); err != nil {
+		log.Warn("redis unreachable at start; answering from the failure policy until it returns", "addr", o.redis.Addr, "error", err)
+	}
 	reg.MustRegister(regional.ScriptLoadsCollector(o.region, store.ScriptLoads))
 
 	var rec *usage.Recorder
@@ -191,6 +203,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	cfg := regional.DefaultConfig()
 	cfg.Region, cfg.Timeout, cfg.MaxCost, cfg.LocalFraction = o.region, o.timeout, o.maxCost, o.localFraction
+	cfg.QueueTimeout, cfg.ShedQueue, cfg.ShedLatency = o.queueTimeout, o.shedQueue, o.shedLatency
 	cfg.Logger, cfg.Metrics = log, metrics
 	cfg.StaticGlobal = o.staticGlobal
 	if rec != nil {
@@ -325,6 +338,27 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	log.Info("stopped")
 	return runErr
+}
+
+// warm retries store.Warm until it succeeds, ctx ends or limit passes.
+func warm(ctx context.Context, store *redisstore.Store, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	backoff := 20 * time.Millisecond
+	for {
+		actx, acancel := context.WithTimeout(ctx, time.Second)
+		err := store.Warm(actx)
+		acancel()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
 }
 
 // splitList splits a comma-separated flag value, dropping empty items.

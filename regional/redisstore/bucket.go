@@ -94,6 +94,16 @@ func algCode(a rules.Algorithm) int64 {
 	return 0
 }
 
+// ValidateBucket reports whether the store can hold b (its key aside): an
+// enforcer checks each rule's bucket once, when it loads the rule, so that a
+// rule the store would refuse is answered on its own and never sent.
+func ValidateBucket(b Bucket) error {
+	if b.Key == "" {
+		b.Key = "k"
+	}
+	return validate(1, []Bucket{b})
+}
+
 // validate checks a request's cost and buckets against the limits above and
 // refuses a key that appears twice (one script evaluates all buckets from
 // one snapshot, so two views of one key would disagree).
