@@ -201,6 +201,10 @@ type Enforcer struct {
 	local   *localLimiter
 
 	index atomic.Pointer[compiled]
+	// firstFailure is the unix ns of the first store failure since the
+	// last success (0: none), for the breaker.
+	firstFailure atomic.Int64
+	lastTimeout  atomic.Bool // the latest store failure was a timeout
 }
 
 // compiled is an immutable rule set with per-rule derived bucket parameters.
@@ -253,7 +257,16 @@ func New(cfg Config, store Store) (*Enforcer, error) {
 		Name:        "redis",
 		MaxRequests: cfg.BreakerProbes,
 		Timeout:     cfg.BreakerOpen,
-		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= cfg.BreakerFailures },
+		// Consecutive failures; timeouts must also span at least one
+		// Timeout: the calls of one stalled pipeline fail together and are
+		// one event, not many.
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			if c.ConsecutiveFailures < cfg.BreakerFailures {
+				return false
+			}
+			first := e.firstFailure.Load()
+			return !e.lastTimeout.Load() || (first != 0 && time.Since(time.Unix(0, first)) >= cfg.Timeout)
+		},
 		// Only the store failing counts: a caller that went away, a check
 		// shed by our own queue, or a request the store refuses as invalid
 		// is neither a failure nor a success.
@@ -518,9 +531,17 @@ func (e *Enforcer) run(ctx context.Context, ps []pending) error {
 			if ctx.Err() != nil {
 				return struct{}{}, ctx.Err()
 			}
-			return struct{}{}, worst(answers)
+			err := worst(answers)
+			if kind := classify(err); isStoreFailure(kind) {
+				e.firstFailure.CompareAndSwap(0, time.Now().UnixNano())
+				e.lastTimeout.Store(kind == "timeout")
+			}
+			return struct{}{}, err
 		})
 		rejected := errors.Is(berr, gobreaker.ErrOpenState) || errors.Is(berr, gobreaker.ErrTooManyRequests)
+		if berr == nil {
+			e.firstFailure.Store(0)
+		}
 		for j, i := range idx {
 			p := &ps[i]
 			err := answers[j].Err

@@ -82,24 +82,28 @@ func WithTTLSlack(d time.Duration) Option {
 // and Do calls are pipelined by a fixed set of worker goroutines owned by the
 // Store and stopped by Close.
 type Store struct {
-	client      redis.UniversalClient
-	check       *redis.Script
-	marker      *redis.Script
-	shares      *redis.Script
-	opts        options
-	slackMs     int64
-	queue       chan *call
-	ctx         context.Context // canceled by Close; parent of every pipeline's context
-	cancel      context.CancelFunc
-	done        chan struct{} // closed when Close starts
-	stopped     chan struct{} // closed when the workers have exited
-	wg          sync.WaitGroup
-	closeOnce   sync.Once
-	scriptLoads atomic.Uint64
-	pipelines   atomic.Uint64 // pipelines sent (for the benchmarks' batch figure)
-	batched     atomic.Uint64 // checks sent in them
-	queued      atomic.Int64  // calls waiting for a worker (Load)
-	roundTrip   atomic.Int64  // moving average of a pipeline's round trip, ns (Load)
+	client          redis.UniversalClient
+	check           *redis.Script
+	marker          *redis.Script
+	shares          *redis.Script
+	opts            options
+	slackMs         int64
+	queue           chan *call
+	ctx             context.Context // canceled by Close; parent of every pipeline's context
+	cancel          context.CancelFunc
+	done            chan struct{} // closed when Close starts
+	stopped         chan struct{} // closed when the workers have exited
+	wg              sync.WaitGroup
+	closeOnce       sync.Once
+	scriptLoads     atomic.Uint64
+	pipelines       atomic.Uint64 // pipelines sent (for the benchmarks' batch figure)
+	batched         atomic.Uint64 // checks sent in them
+	queued          atomic.Int64  // calls waiting for a worker (Load)
+	roundTrip       atomic.Int64  // moving average of a pipeline's round trip, ns (Load)
+	lastAnswer      atomic.Int64  // unix ns when a pipeline last got a reply from Redis
+	lag             lagProbe
+	busy            []atomic.Int64 // per worker: unix ns when its pipeline in flight was sent; 0 when idle
+	roundTripBudget atomic.Value   // time.Duration: the latest Do's RoundTrip, for late
 }
 
 // Call is one request's check for Do: cost and buckets, as for Check.
@@ -141,6 +145,7 @@ type call struct {
 	ctx    context.Context
 	budget Budget
 	items  []item
+	sent   atomic.Int64 // unix ns when the worker sent the pipeline
 	state  atomic.Int32
 	done   chan struct{}
 }
@@ -190,10 +195,15 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 		done:    make(chan struct{}),
 		stopped: make(chan struct{}),
 	}
-	s.wg.Add(o.workers)
+	s.busy = make([]atomic.Int64, o.workers)
+	s.wg.Add(o.workers + 1)
 	for i := 0; i < o.workers; i++ {
-		go s.worker()
+		go s.worker(&s.busy[i])
 	}
+	go func() {
+		defer s.wg.Done()
+		s.lag.run(s.done)
+	}()
 	return s, nil
 }
 
@@ -242,6 +252,11 @@ func (s *Store) Close() error {
 // reply (the first use on a server counts once).
 func (s *Store) ScriptLoads() uint64 { return s.scriptLoads.Load() }
 
+// Pipelines reports the pipelines sent and the script calls in them, since New.
+func (s *Store) Pipelines() (pipelines, checks uint64) {
+	return s.pipelines.Load(), s.batched.Load()
+}
+
 // Load reports the calls waiting for a worker and the recent round trip.
 func (s *Store) Load() Load {
 	return Load{Queued: int(s.queued.Load()), RoundTrip: time.Duration(s.roundTrip.Load())}
@@ -284,6 +299,12 @@ func (s *Store) Check(ctx context.Context, cost int64, buckets []Bucket) (allowe
 // with ErrQueueTimeout when no worker took it within b.Queue, and with an
 // error wrapping ErrTimeout when Redis did not answer within b.RoundTrip.
 func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
+	start := time.Now()
+	if b.RoundTrip > 0 {
+		if d, _ := s.roundTripBudget.Load().(time.Duration); d != b.RoundTrip {
+			s.roundTripBudget.Store(b.RoundTrip)
+		}
+	}
 	now, nowErr := s.nowArg()
 	c := &call{ctx: ctx, budget: b, done: make(chan struct{})}
 	for i, cl := range calls {
@@ -334,7 +355,11 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 		fail(ErrQueueTimeout)
 		return
 	}
-	inRedis := false // the worker has taken the call: the timer now bounds the round trip
+	// From here the timer polls, every RoundTrip at most, what the call is
+	// waiting for (see decide).
+	if timer != nil {
+		timer.Reset(s.decideNext(c, b, start))
+	}
 wait:
 	for {
 		select {
@@ -355,20 +380,21 @@ wait:
 				return
 			}
 		case <-expired:
-			if c.state.CompareAndSwap(callQueued, callAbandoned) {
-				s.queued.Add(-1)
-				fail(ErrQueueTimeout)
+			select {
+			case <-c.done: // answered meanwhile: the answer wins
+				break wait
+			default:
+			}
+			next, err := s.decide(c, b, start)
+			if err != nil {
+				fail(err)
 				return
 			}
-			if inRedis || b.RoundTrip <= 0 {
-				fail(fmt.Errorf("%w: no answer within %v", ErrTimeout, b.RoundTrip))
-				return
+			if next <= 0 {
+				expired = nil // bounded by ctx and the worker alone
+				continue
 			}
-			// The worker's own deadline is RoundTrip after it sent, which
-			// was before now: this timer is a backstop for a client that
-			// does not abandon a read at the deadline.
-			inRedis = true
-			timer.Reset(b.RoundTrip + time.Millisecond)
+			timer.Reset(next)
 		}
 	}
 	for i := range c.items {
@@ -380,6 +406,86 @@ wait:
 		}
 		a.Allowed, a.Results, a.Err = parseCheck(it.val, len(calls[it.out].Buckets))
 	}
+}
+
+// decide tells a waiting caller whether to give up, and else when to look
+// again (0: never). A call queued past b.Queue fails with ErrQueueTimeout
+// (never sent). A sent call fails with ErrTimeout when Redis has answered
+// nothing, to anyone, for b.RoundTrip since it was sent: Redis is down or
+// stalled. While Redis keeps answering other pipelines the call is behind
+// this process's own backlog in Redis: that is overload, not a store
+// failure, and the call may wait until b.Queue + b.RoundTrip has passed
+// since Do began, then fails with ErrQueueTimeout.
+func (s *Store) decide(c *call, b Budget, start time.Time) (time.Duration, error) {
+	el := time.Since(start)
+	if c.state.Load() == callQueued {
+		// Queued behind workers that wait on a silent Redis: the store
+		// has failed, whatever the queue budget says.
+		if b.RoundTrip > 0 {
+			if silent, since := s.workerSilence(); since != 0 && silent >= b.RoundTrip+lagFactor*s.lag.current() {
+				if c.state.CompareAndSwap(callQueued, callAbandoned) {
+					s.queued.Add(-1)
+					return 0, fmt.Errorf("%w: queued behind pipelines Redis has not answered for %v", ErrTimeout, silent.Round(time.Millisecond))
+				}
+			}
+		}
+		if el < b.Queue {
+			return s.decideNext(c, b, start), nil
+		}
+		if c.state.CompareAndSwap(callQueued, callAbandoned) {
+			s.queued.Add(-1)
+			return 0, ErrQueueTimeout
+		}
+	}
+	if b.RoundTrip <= 0 {
+		return 0, nil
+	}
+	sent := c.sent.Load()
+	if sent == 0 { // taken, about to be sent
+		return b.RoundTrip, nil
+	}
+	inRedis := time.Since(time.Unix(0, sent))
+	if inRedis < b.RoundTrip {
+		return b.RoundTrip - inRedis, nil
+	}
+	lag := s.lag.current()
+	if silent := time.Since(time.Unix(0, max(sent, s.lastAnswer.Load()))); silent >= b.RoundTrip+lagFactor*lag {
+		return 0, fmt.Errorf("%w: no answer from Redis for %v (this process's network lag %v)", ErrTimeout, silent.Round(time.Millisecond), lag.Round(time.Millisecond))
+	}
+	if el >= b.Queue+b.RoundTrip {
+		return 0, fmt.Errorf("%w: still behind this process's backlog in Redis after %v", ErrQueueTimeout, el.Round(time.Millisecond))
+	}
+	return min(b.RoundTrip, b.Queue+b.RoundTrip-el), nil
+}
+
+// workerSilence is how long Redis has answered nothing while some worker
+// waits on it (since != 0), measured from the oldest pipeline in flight.
+func (s *Store) workerSilence() (silent time.Duration, since int64) {
+	for i := range s.busy {
+		if t := s.busy[i].Load(); t != 0 && (since == 0 || t < since) {
+			since = t
+		}
+	}
+	if since == 0 {
+		return 0, 0
+	}
+	return time.Since(time.Unix(0, max(since, s.lastAnswer.Load()))), since
+}
+
+// lagFactor scales the measured lag into the silence a check forgives:
+// replies wait for the process (the lag) and Redis waits for the same busy
+// CPUs; measured on a 2-core machine at load 15, a healthy Redis was silent
+// for up to about 3.5 x the lag.
+const lagFactor = 5
+
+// decideNext is when a queued call looks again: at its queue budget, or
+// sooner to watch the round trip once it has been taken.
+func (s *Store) decideNext(c *call, b Budget, start time.Time) time.Duration {
+	next := b.Queue - time.Since(start)
+	if b.RoundTrip > 0 && b.RoundTrip < next {
+		next = b.RoundTrip
+	}
+	return max(next, time.Microsecond)
 }
 
 func (s *Store) scriptArgs(cost int64, now any, buckets []Bucket) ([]string, []any) {
@@ -439,7 +545,7 @@ func parseCheck(v any, n int) (bool, []Result, error) {
 // worker takes a call, drains pending calls up to the batch size (in
 // script calls) and sends them in one pipeline. The batch belongs to this
 // goroutine.
-func (s *Store) worker() {
+func (s *Store) worker(busy *atomic.Int64) {
 	defer s.wg.Done()
 	batch := make([]*call, 0, s.opts.batch)
 	for {
@@ -464,7 +570,9 @@ func (s *Store) worker() {
 				}
 			}
 			if len(batch) > 0 {
+				busy.Store(time.Now().UnixNano())
 				s.run(batch)
+				busy.Store(0)
 			}
 			clear(batch)
 		}
@@ -485,19 +593,22 @@ func (s *Store) take(c *call) bool {
 }
 
 // run executes one batch in one pipeline. Its context ends at the latest of
-// the calls' ends, each call ending at its caller's deadline or RoundTrip
-// after the send, whichever is first (or at Close when a call has neither),
-// so a dead Redis holds a worker no longer than its callers.
+// the calls' ends, each call ending at its caller's deadline or when its
+// whole budget (Queue + 2 x RoundTrip) has passed since the send, whichever
+// is first (or at Close when a call has neither): the callers decide what a
+// late answer means (see Do); this only bounds how long a dead Redis holds
+// a worker.
 func (s *Store) run(batch []*call) {
 	sent := time.Now()
 	var deadline time.Time
 	bounded := true
 	n := 0
 	for _, c := range batch {
+		c.sent.Store(sent.UnixNano())
 		n += len(c.items)
 		end, ok := c.ctx.Deadline()
 		if c.budget.RoundTrip > 0 {
-			if rt := sent.Add(c.budget.RoundTrip); !ok || rt.Before(end) {
+			if rt := sent.Add(max(c.budget.Queue, 0) + 2*c.budget.RoundTrip); !ok || rt.Before(end) {
 				end, ok = rt, true
 			}
 		}
@@ -546,6 +657,12 @@ func (s *Store) run(batch []*call) {
 		}
 	}
 	rt := time.Since(sent)
+	for _, cmd := range cmds {
+		if err := cmd.Err(); err == nil || isReply(err) {
+			s.lastAnswer.Store(time.Now().UnixNano())
+			break
+		}
+	}
 	if old := s.roundTrip.Load(); old == 0 {
 		s.roundTrip.Store(int64(rt))
 	} else {
@@ -555,12 +672,33 @@ func (s *Store) run(batch []*call) {
 	for k, it := range its {
 		it.val, it.err = cmds[k].Val(), cmds[k].Err()
 		if it.err != nil && (timedOut || isTimeout(it.err)) {
-			it.err = fmt.Errorf("%w after %v: %w", ErrTimeout, rt.Round(time.Microsecond), it.err)
+			it.err = s.late(sent, rt, it.err)
 		}
 	}
 	for _, c := range batch {
 		close(c.done)
 	}
+}
+
+// late classifies a pipeline that hit its deadline: Redis silent (as in
+// decide) is ErrTimeout; Redis answering others meanwhile means this process's
+// own backlog, ErrQueueTimeout.
+func (s *Store) late(sent time.Time, rt time.Duration, err error) error {
+	budget := time.Duration(0)
+	if d, ok := s.roundTripBudget.Load().(time.Duration); ok {
+		budget = d
+	}
+	silent := time.Since(time.Unix(0, max(sent.UnixNano(), s.lastAnswer.Load())))
+	if budget > 0 && silent < budget+lagFactor*s.lag.current() {
+		return fmt.Errorf("%w: behind this process's backlog in Redis after %v: %w", ErrQueueTimeout, rt.Round(time.Millisecond), err)
+	}
+	return fmt.Errorf("%w after %v: %w", ErrTimeout, rt.Round(time.Millisecond), err)
+}
+
+// isReply reports an error reply from Redis (as opposed to no reply).
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
 }
 
 // isTimeout reports a network timeout or an expired deadline.

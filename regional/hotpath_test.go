@@ -1,0 +1,444 @@
+package regional
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/internal/testutil"
+	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
+	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/rules"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// burst sends callers x perCaller concurrent CheckLimit calls on one key and
+// counts the answers.
+type burstResult struct {
+	allowed, failOpen, shed, errors int
+	elapsed                         time.Duration
+	firstErr                        error
+}
+
+func burst(e *env, callers, perCaller int, key, resource string) burstResult {
+	var mu sync.Mutex
+	var r burstResult
+	var wg sync.WaitGroup
+	start := time.Now()
+	for g := 0; g < callers; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < perCaller; i++ {
+				var hdr metadata.MD
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				resp, err := e.client.CheckLimit(ctx, &ratelimitv1.CheckLimitRequest{ClientKey: key, Resource: resource}, grpc.Header(&hdr))
+				cancel()
+				mu.Lock()
+				switch {
+				case err != nil:
+					r.errors++
+					if r.firstErr == nil {
+						r.firstErr = err
+					}
+				case resp.FailOpen:
+					r.failOpen++
+				case len(hdr.Get(ShedHeader)) > 0:
+					r.shed++
+				case resp.Allowed:
+					r.allowed++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	r.elapsed = time.Since(start)
+	return r
+}
+
+// 1,000 concurrent callers, 3 checks each, on one key of a freshly started
+// enforcer with a healthy Redis: no answer comes from the failure policy,
+// and at most the bucket's bound is admitted (the queue inside the enforcer
+// does not count against Redis). The store timeout is 100 ms: before the
+// round trip was measured on its own, 1,000 x 3 with 100 ms still failed
+// open thousands of times; the default 10 ms holds on a quiet machine, but
+// this shared CI machine can starve redis-server itself for tens of ms.
+func TestColdBurstNeverFailsOpen(t *testing.T) {
+	e := newEnv(t, []rules.Rule{tokenBucket("burst", 100, 1)}, func(c *Config) { c.Timeout = 100 * time.Millisecond })
+	r := burst(e, 1000, 3, "tenant:1", "GET /")
+	t.Logf("1000 callers x 3: allowed=%d fail_open=%d shed=%d errors=%d in %v", r.allowed, r.failOpen, r.shed, r.errors, r.elapsed)
+	if r.errors > 0 {
+		t.Fatalf("%d errors, first %v", r.errors, r.firstErr)
+	}
+	if r.failOpen != 0 {
+		for _, k := range []string{"timeout", "error", "breaker_open", "invalid"} {
+			t.Logf("store errors %s: %v", k, counterValue(t, e.registry, MetricStoreErrors, map[string]string{"kind": k}))
+		}
+		t.Fatalf("%d fail-open answers with a healthy Redis", r.failOpen)
+	}
+	// A check shed after it was sent may have taken its token in Redis
+	// (rejected, never admitted): every token went to an allowed or a shed
+	// answer.
+	bound := 100 + int(r.elapsed.Seconds()) + 1
+	if r.allowed > bound || r.allowed+r.shed < 100 {
+		t.Fatalf("allowed %d (shed %d), want at most %d and the bucket's 100 spent", r.allowed, r.shed, bound)
+	}
+	if st := e.enf.BreakerState(); st != "closed" {
+		t.Fatalf("breaker %s after a burst on a healthy Redis", st)
+	}
+}
+
+// fakeStore answers every call with err and reports load.
+type fakeStore struct {
+	mu    sync.Mutex
+	err   error
+	load  redisstore.Load
+	calls atomic.Int64
+}
+
+func (f *fakeStore) set(err error, load redisstore.Load) {
+	f.mu.Lock()
+	f.err, f.load = err, load
+	f.mu.Unlock()
+}
+
+func (f *fakeStore) Do(ctx context.Context, _ redisstore.Budget, calls []redisstore.Call, out []redisstore.Answer) {
+	f.calls.Add(int64(len(calls)))
+	f.mu.Lock()
+	err := f.err
+	f.mu.Unlock()
+	for i, c := range calls {
+		if err != nil {
+			out[i] = redisstore.Answer{Err: err}
+			continue
+		}
+		res := make([]redisstore.Result, len(c.Buckets))
+		for j := range res {
+			res[j] = redisstore.Result{Allowed: true, Limit: 10, Remaining: 9}
+		}
+		out[i] = redisstore.Answer{Allowed: true, Results: res}
+	}
+}
+
+func (f *fakeStore) Load() redisstore.Load {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.load
+}
+
+// redisReply is an error reply from Redis (go-redis's redis.Error).
+type redisReply string
+
+func (e redisReply) Error() string { return string(e) }
+func (redisReply) RedisError()     {}
+
+func newFakeEnforcer(t *testing.T, st Store, rs ...rules.Rule) (*Enforcer, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg := DefaultConfig()
+	cfg.Region = "us-east"
+	cfg.Logger = quietLogger()
+	cfg.Metrics = NewMetrics(reg, cfg.Region)
+	cfg.BreakerOpen = time.Minute
+	enf, err := New(cfg, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := enf.SetRules(rs); err != nil {
+		t.Fatal(err)
+	}
+	return enf, reg
+}
+
+// The breaker counts only the store failing: a caller that went away, a
+// check shed by the enforcer's own queue, or a request the store refuses
+// (a script error about one key, a bucket out of range) leaves it closed
+// however often it happens; timeouts, refused connections and a Redis that
+// is loading open it.
+func TestBreakerCountsOnlyStoreFailures(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	notFailures := []struct {
+		name     string
+		err      error
+		canceled bool
+		want     string // decision
+	}{
+		{"caller canceled", context.Canceled, true, "error"},
+		{"caller deadline", context.DeadlineExceeded, true, "error"},
+		{"queued past the budget", redisstore.ErrQueueTimeout, false, "shed"},
+		{"script error about one key", redisReply("WRONGTYPE Operation against a key holding the wrong kind of value script: 1234, on @user_script:12."), false, "fail_allowed"},
+		{"bucket refused", fmt.Errorf("%w: buckets[0].Capacity 1000000000000 must be in [1, 274877906944] thousandths", redisstore.ErrInvalidBucket), false, "fail_allowed"},
+	}
+	failures := []struct {
+		name    string
+		err     error
+		timeout bool
+	}{
+		{"round trip past the budget", fmt.Errorf("%w after 10ms: %w", redisstore.ErrTimeout, context.DeadlineExceeded), true},
+		{"connection refused", refused, false},
+		{"connection reset", reset, false},
+		{"redis loading", redisReply("LOADING Redis is loading the dataset in memory"), false},
+	}
+	for _, tc := range notFailures {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &fakeStore{}
+			enf, _ := newFakeEnforcer(t, st, tokenBucket("r", 10, 1))
+			st.set(tc.err, redisstore.Load{})
+			for i := 0; i < 50; i++ {
+				ctx := context.Background()
+				if tc.canceled {
+					c, cancel := context.WithCancel(ctx)
+					cancel()
+					ctx = c
+				}
+				resp, err := enf.Check(ctx, Request{ClientKey: "k"})
+				got := "error"
+				if err == nil {
+					got = decision(resp)
+				}
+				if got != tc.want {
+					t.Fatalf("check %d: %s (err %v), want %s", i, got, err, tc.want)
+				}
+			}
+			if s := enf.BreakerState(); s != "closed" {
+				t.Fatalf("breaker %s after 50 x %v", s, tc.err)
+			}
+			// And the store answers the next check.
+			st.set(nil, redisstore.Load{})
+			if resp, err := enf.Check(context.Background(), Request{ClientKey: "k"}); err != nil || resp.FailOpen || resp.Shed {
+				t.Fatalf("after: %+v %v, want a store answer", resp, err)
+			}
+		})
+	}
+	for _, tc := range failures {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &fakeStore{}
+			enf, _ := newFakeEnforcer(t, st, tokenBucket("r", 10, 1))
+			st.set(tc.err, redisstore.Load{})
+			check := func() {
+				resp, err := enf.Check(context.Background(), Request{ClientKey: "k"})
+				if err != nil || !resp.FailOpen || !resp.Allowed {
+					t.Fatalf("%+v %v, want a fail-open answer", resp, err)
+				}
+			}
+			start := time.Now()
+			for i := 0; i < int(DefaultConfig().BreakerFailures); i++ {
+				check()
+			}
+			if tc.timeout {
+				// The timeouts of one stalled pipeline arrive together:
+				// they open the breaker only once they span a Timeout.
+				if s := enf.BreakerState(); s != "closed" && time.Since(start) < DefaultConfig().Timeout {
+					t.Fatalf("breaker %s after %d simultaneous timeouts", s, DefaultConfig().BreakerFailures)
+				}
+				testutil.WaitFor(t, 5*time.Second, "the breaker to open", func() bool {
+					check()
+					return enf.BreakerState() == "open"
+				})
+			}
+			if s := enf.BreakerState(); s != "open" {
+				t.Fatalf("breaker %s after %d x %v, want open", s, DefaultConfig().BreakerFailures, tc.err)
+			}
+			n := st.calls.Load()
+			if resp, _ := enf.Check(context.Background(), Request{ClientKey: "k"}); !resp.FailOpen {
+				t.Fatal("open breaker: not answered by the failure policy")
+			}
+			if st.calls.Load() != n {
+				t.Fatal("open breaker still called the store")
+			}
+		})
+	}
+}
+
+// A store error about one bucket (here a key holding a list, so the script
+// fails on it) answers that check alone, by its rule's failure mode; every
+// other check keeps its store answer and the breaker stays closed.
+func TestOneBadKeyHarmsNobody(t *testing.T) {
+	e := newEnv(t, []rules.Rule{tokenBucket("r", 5, 0.001)}, nil)
+	ctx := context.Background()
+	if err := e.rc.LPush(ctx, redisstore.Key("bad", "r"), "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 30; i++ {
+		if r := e.check(t, "bad", "GET /", 1); !r.FailOpen || !r.Allowed {
+			t.Fatalf("bad key, check %d: %+v, want its failure mode (open)", i, r)
+		}
+		if r := e.check(t, fmt.Sprintf("good:%d", i), "GET /", 1); r.FailOpen || !r.Allowed || r.Remaining != 4 {
+			t.Fatalf("good key %d: %+v, want a store answer with 4 remaining", i, r)
+		}
+	}
+	if s := e.enf.BreakerState(); s != "closed" {
+		t.Fatalf("breaker %s", s)
+	}
+	if n := counterValue(t, e.registry, MetricStoreErrors, map[string]string{"kind": "invalid"}); n != 30 {
+		t.Fatalf("store errors of kind invalid = %v, want 30", n)
+	}
+}
+
+// A rule whose bucket the store cannot hold in this region (a static global
+// share that rounds to nothing) is answered by its own failure mode without
+// the store; the other rules are enforced as usual.
+func TestOneBadRuleHarmsNobody(t *testing.T) {
+	bad := tokenBucket("tiny", 1, 0.001) // a quarter of 0.001/s is below the store's unit
+	bad.Scope, bad.Regions, bad.FailureMode = rules.Global, map[string]float64{"us-east": 1, "eu-west": 3}, rules.FailClosed
+	bad.Match = map[string]string{"resource": "POST /tiny"}
+	good := tokenBucket("good", 3, 0.001)
+	good.Match = map[string]string{"resource": "GET /"}
+	e := newEnv(t, []rules.Rule{bad, good}, func(c *Config) { c.StaticGlobal = true })
+	for i := 0; i < 10; i++ {
+		if r := e.check(t, "u", "POST /tiny", 1); !r.FailOpen || r.Allowed || r.RuleId != "tiny" {
+			t.Fatalf("bad rule, check %d: %+v, want its failure mode (closed)", i, r)
+		}
+	}
+	for i := 0; i < 4; i++ {
+		r := e.check(t, "u", "GET /", 1)
+		if r.FailOpen || r.RuleId != "good" || r.Allowed != (i < 3) {
+			t.Fatalf("good rule, check %d: %+v, want a store answer (3 allowed, then rejected)", i, r)
+		}
+	}
+	if s := e.enf.BreakerState(); s != "closed" {
+		t.Fatalf("breaker %s", s)
+	}
+	// The example of the issue: capacity 1e9 is refused when loaded, naming the field.
+	huge := tokenBucket("huge", 1_000_000_000, 1)
+	var fe *rules.FieldError
+	if err := e.enf.SetRules([]rules.Rule{huge}); !errors.As(err, &fe) || fe.Field != "capacity" {
+		t.Fatalf("SetRules(capacity 1e9) = %v, want a FieldError naming capacity", err)
+	}
+}
+
+// CheckLimits sends its items in one pipeline and answers them in order,
+// each as CheckLimit would have answered it alone, in that order.
+func TestCheckLimitsOnePipelineInOrder(t *testing.T) {
+	a := tokenBucket("a", 3, 0.001)
+	a.Match = map[string]string{"resource": "A"}
+	b := tokenBucket("b", 100, 0.001)
+	b.Match = map[string]string{"resource": "B"}
+	e := newEnv(t, []rules.Rule{a, b}, nil)
+	type want struct {
+		rule      string
+		allowed   bool
+		remaining int64
+	}
+	var reqs []*ratelimitv1.CheckLimitRequest
+	var wants []want
+	for i := 0; i < 5; i++ {
+		reqs = append(reqs, &ratelimitv1.CheckLimitRequest{ClientKey: "k1", Resource: "A"})
+		wants = append(wants, want{"a", i < 3, max(0, int64(2-i))})
+		reqs = append(reqs, &ratelimitv1.CheckLimitRequest{ClientKey: fmt.Sprintf("k%d", i), Resource: "B", Cost: int64(i + 1)})
+		wants = append(wants, want{"b", true, int64(100 - (i + 1))})
+	}
+	reqs = append(reqs, &ratelimitv1.CheckLimitRequest{ClientKey: "k1", Resource: "nothing"})
+	wants = append(wants, want{"", true, 0})
+	p0, _ := e.store.Pipelines()
+	resp, err := e.client.CheckLimits(context.Background(), &ratelimitv1.CheckLimitsRequest{Requests: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := e.store.Pipelines(); p-p0 != 1 {
+		t.Fatalf("%d pipelines for one CheckLimits, want 1", p-p0)
+	}
+	if len(resp.Responses) != len(wants) {
+		t.Fatalf("%d responses for %d requests", len(resp.Responses), len(wants))
+	}
+	for i, w := range wants {
+		r := resp.Responses[i]
+		if r.RuleId != w.rule || r.Allowed != w.allowed || r.Remaining != w.remaining || r.FailOpen {
+			t.Fatalf("response %d: %+v, want rule %q allowed=%v remaining=%d", i, r, w.rule, w.allowed, w.remaining)
+		}
+	}
+	// An invalid item fails the batch before anything is consumed, naming its index.
+	bad := append(reqs[:2:2], &ratelimitv1.CheckLimitRequest{ClientKey: ""})
+	if _, err := e.client.CheckLimits(context.Background(), &ratelimitv1.CheckLimitsRequest{Requests: bad}); status.Code(err) != codes.InvalidArgument ||
+		!containsAll(status.Convert(err).Message(), "requests[2]", "client_key") {
+		t.Fatalf("batch with an invalid item: %v", err)
+	}
+	if r := e.check(t, "k0", "B", 1); r.Remaining != 98 {
+		t.Fatalf("after the refused batch k0 has %d remaining, want 98 (nothing consumed)", r.Remaining)
+	}
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
+
+// While Redis is slow (here: any round trip is "slow"), checks of a
+// low-priority rule are shed: answered rejected without Redis, labelled and
+// counted, so a burst on one key never passes the rule's bound; a
+// high-priority rule keeps going to Redis and admits exactly its bound.
+func TestShedLowPriority(t *testing.T) {
+	low := tokenBucket("low", 10, 0.001)
+	low.Match, low.Priority = map[string]string{"resource": "L"}, rules.PriorityLow
+	high := tokenBucket("high", 10, 0.001)
+	high.Match = map[string]string{"resource": "H"}
+	e := newEnv(t, []rules.Rule{low, high}, func(c *Config) { c.ShedLatency = time.Nanosecond })
+	if r := e.check(t, "warm", "H", 1); r.FailOpen { // one round trip measured
+		t.Fatalf("first check: %+v", r)
+	}
+	l := burst(e, 50, 2, "hot", "L")
+	h := burst(e, 50, 2, "hot", "H")
+	if l.errors+h.errors > 0 {
+		t.Fatalf("errors: %v %v", l.firstErr, h.firstErr)
+	}
+	if l.shed != 100 || l.allowed != 0 || l.failOpen != 0 {
+		t.Fatalf("low priority: %+v, want all 100 shed", l)
+	}
+	if h.shed != 0 || h.allowed != 10 || h.failOpen != 0 {
+		t.Fatalf("high priority: %+v, want 10 allowed by Redis and none shed", h)
+	}
+	if n := counterValue(t, e.registry, MetricShed, map[string]string{"reason": "latency"}); n != 100 {
+		t.Fatalf("%s{reason=latency} = %v, want 100", MetricShed, n)
+	}
+	if n := counterValue(t, e.registry, MetricChecks, map[string]string{"rule": "low", "decision": "shed"}); n != 100 {
+		t.Fatalf("%s{rule=low,decision=shed} = %v, want 100", MetricChecks, n)
+	}
+	// Once Redis is fast again the low-priority rule goes back to Redis.
+	e.enf.cfg.ShedLatency = time.Hour
+	if r := e.check(t, "hot", "L", 1); !r.Allowed || r.FailOpen || r.Remaining != 9 {
+		t.Fatalf("after shedding: %+v, want a store answer with nothing consumed by the shed checks (9 remaining)", r)
+	}
+}
+
+// Low-priority checks are also shed on queue depth; high priority still goes
+// to the store.
+func TestShedOnQueueDepth(t *testing.T) {
+	low := tokenBucket("low", 10, 1)
+	low.Match, low.Priority = map[string]string{"resource": "L"}, rules.PriorityLow
+	high := tokenBucket("high", 10, 1)
+	high.Match = map[string]string{"resource": "H"}
+	st := &fakeStore{}
+	enf, reg := newFakeEnforcer(t, st, low, high)
+	st.set(nil, redisstore.Load{Queued: DefaultConfig().ShedQueue})
+	if r, err := enf.Check(context.Background(), Request{ClientKey: "k", Resource: "L"}); err != nil || !r.Shed || r.Allowed {
+		t.Fatalf("low priority at the queue threshold: %+v %v, want shed", r, err)
+	}
+	if r, err := enf.Check(context.Background(), Request{ClientKey: "k", Resource: "H"}); err != nil || r.Shed || !r.Allowed {
+		t.Fatalf("high priority at the queue threshold: %+v %v, want a store answer", r, err)
+	}
+	st.set(nil, redisstore.Load{Queued: DefaultConfig().ShedQueue - 1})
+	if r, _ := enf.Check(context.Background(), Request{ClientKey: "k", Resource: "L"}); r.Shed {
+		t.Fatal("low priority below the queue threshold was shed")
+	}
+	if n := counterValue(t, reg, MetricShed, map[string]string{"reason": "queue_depth"}); n != 1 {
+		t.Fatalf("%s{reason=queue_depth} = %v, want 1", MetricShed, n)
+	}
+}

@@ -1,0 +1,138 @@
+package redisstore
+
+import (
+	"encoding/binary"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// lagProbe measures how late this process hears the network: every
+// lagInterval it writes a byte into one end of a local socket pair and
+// reads it from the other, the way a worker reads a Redis reply (through
+// the runtime's network poller and then the run queue), and records how
+// long that took.
+//
+// Why: a check blames Redis only for silence it could have heard. Under
+// this process's own load a reply can sit unread in the socket while the
+// goroutine that reads it waits its turn (the poller is consulted less often
+// when every CPU is busy); timers, by contrast, wake their goroutine first. Without the lag a burst of callers would see "no answer"
+// from a healthy Redis, fail open, and open the breaker. With it, a Redis
+// that stops answering while the process is idle still fails the checks
+// after the round-trip budget.
+type lagProbe struct {
+	last    atomic.Int64 // ns: the latest measured lag, decayed
+	pending atomic.Int64 // unix ns when the current yield began; 0 when none
+}
+
+const lagInterval = 2 * time.Millisecond
+
+// current is the lag now: the last measurement, or the yield in progress
+// if that has already taken longer.
+func (p *lagProbe) current() time.Duration {
+	l := time.Duration(p.last.Load())
+	if start := p.pending.Load(); start != 0 {
+		l = max(l, time.Since(time.Unix(0, start)))
+	}
+	return l
+}
+
+func (p *lagProbe) run(done <-chan struct{}) {
+	w, r, err := socketPair()
+	if err != nil {
+		p.runSched(done) // no socket pair on this platform
+		return
+	}
+	defer w.Close()
+	// The reader sleeps in the poller, as a worker waiting for Redis does,
+	// and measures how long a byte took to reach it.
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		buf := make([]byte, 8)
+		for {
+			if _, err := io.ReadFull(r, buf); err != nil {
+				return
+			}
+			sent := int64(binary.LittleEndian.Uint64(buf))
+			p.record(time.Since(time.Unix(0, sent)))
+		}
+	}()
+	defer func() { r.Close(); <-read }()
+	t := time.NewTicker(lagInterval)
+	defer t.Stop()
+	buf := make([]byte, 8)
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		if p.pending.Load() != 0 {
+			continue // the previous byte is still on its way
+		}
+		now := time.Now().UnixNano()
+		p.pending.Store(now)
+		binary.LittleEndian.PutUint64(buf, uint64(now))
+		if _, err := w.Write(buf); err != nil {
+			return
+		}
+	}
+}
+
+// runSched measures the run queue alone: runtime.Gosched waits behind every
+// runnable goroutine.
+func (p *lagProbe) runSched(done <-chan struct{}) {
+	t := time.NewTicker(lagInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		p.pending.Store(start.UnixNano())
+		runtime.Gosched()
+		p.record(time.Since(start))
+	}
+}
+
+// record stores one measurement: rise at once, fall slowly (a quarter per
+// sample), so that one quiet moment inside a burst does not hide the burst.
+func (p *lagProbe) record(d time.Duration) {
+	if old := time.Duration(p.last.Load()); d < old {
+		d = old - (old-d)/4
+	}
+	p.last.Store(int64(d))
+	p.pending.Store(0)
+}
+
+// socketPair returns the two ends of a connected local stream socket pair,
+// both served by the runtime's network poller.
+func socketPair() (net.Conn, net.Conn, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn := func(fd int, name string) (net.Conn, error) {
+		f := os.NewFile(uintptr(fd), name)
+		defer f.Close() // FileConn dups the descriptor
+		return net.FileConn(f)
+	}
+	a, err := conn(fds[0], "lag-probe-w")
+	if err != nil {
+		syscall.Close(fds[1])
+		return nil, nil, err
+	}
+	b, err := conn(fds[1], "lag-probe-r")
+	if err != nil {
+		a.Close()
+		return nil, nil, err
+	}
+	return a, b, nil
+}
