@@ -60,10 +60,12 @@ func newEnvTB(t testing.TB, rs []rules.Rule, mutate func(*Config)) *env {
 		t.Skip("integration test: starts redis-server")
 	}
 	r := testutil.StartRedis(t)
+	act := redisstore.NewActivity()
 	rc := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{r.Addr}, DialTimeout: 200 * time.Millisecond,
-		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1, ContextTimeoutEnabled: true})
+		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1,
+		Dialer: act.Dialer(redis.NewDialer(&redis.Options{DialTimeout: 200 * time.Millisecond}))})
 	t.Cleanup(func() { rc.Close() })
-	st, err := redisstore.New(rc)
+	st, err := redisstore.New(rc, redisstore.WithActivity(act))
 	if err != nil {
 		t.Fatal(err)
 	}

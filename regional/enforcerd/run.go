@@ -163,9 +163,19 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// the read timeout, so that a hung Redis holds a worker no longer.
 	ropts.PoolSize, ropts.MinIdleConns = 32, redisstore.DefaultWorkers
 	ropts.ContextTimeoutEnabled = true
+	// One dial attempt per command: a Redis that refuses is a store
+	// failure now (the breaker and the next checks retry), not after backoffs.
+	ropts.DialerRetries = 1
+	// The store hears Redis on every reply, not only per pipeline.
+	act := redisstore.NewActivity()
+	dial := ropts.Dialer
+	if dial == nil {
+		dial = redis.NewDialer(&redis.Options{DialTimeout: ropts.DialTimeout, TLSConfig: ropts.TLSConfig})
+	}
+	ropts.Dialer = act.Dialer(dial)
 	rc := redis.NewUniversalClient(ropts)
 	defer rc.Close()
-	store, err := redisstore.New(rc)
+	store, err := redisstore.New(rc, redisstore.WithActivity(act))
 	if err != nil {
 		return fmt.Errorf("redis store: %w", err)
 	}

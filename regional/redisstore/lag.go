@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"encoding/binary"
 	"io"
 	"net"
@@ -26,17 +27,25 @@ import (
 // after the round-trip budget.
 type lagProbe struct {
 	last    atomic.Int64 // ns: the latest measured lag, decayed
-	pending atomic.Int64 // unix ns when the current yield began; 0 when none
+	pending atomic.Int64 // unix ns when the current measurement began; 0 when none
+	tick    atomic.Int64 // unix ns of the probe's latest tick
 }
 
 const lagInterval = 2 * time.Millisecond
 
 // current is the lag now: the last measurement, or the yield in progress
 // if that has already taken longer.
+//
+// It also counts a probe that has not ticked for a while: a process whose
+// CPU was taken away (a container's CPU quota spent, a stopped VM) resumes
+// with every timer late, and its checks must not blame Redis for the pause.
 func (p *lagProbe) current() time.Duration {
 	l := time.Duration(p.last.Load())
 	if start := p.pending.Load(); start != 0 {
 		l = max(l, time.Since(time.Unix(0, start)))
+	}
+	if t := p.tick.Load(); t != 0 {
+		l = max(l, time.Since(time.Unix(0, t))-lagInterval)
 	}
 	return l
 }
@@ -72,6 +81,7 @@ func (p *lagProbe) run(done <-chan struct{}) {
 			return
 		case <-t.C:
 		}
+		p.tick.Store(time.Now().UnixNano())
 		if p.pending.Load() != 0 {
 			continue // the previous byte is still on its way
 		}
@@ -96,6 +106,7 @@ func (p *lagProbe) runSched(done <-chan struct{}) {
 		case <-t.C:
 		}
 		start := time.Now()
+		p.tick.Store(start.UnixNano())
 		p.pending.Store(start.UnixNano())
 		runtime.Gosched()
 		p.record(time.Since(start))
@@ -135,4 +146,41 @@ func socketPair() (net.Conn, net.Conn, error) {
 		return nil, nil, err
 	}
 	return a, b, nil
+}
+
+// Activity records when bytes last arrived from Redis on any connection
+// dialed through its Dialer. A Store given it (WithActivity) hears Redis
+// answering as each reply arrives, not only when a whole pipeline is done:
+// a long pipeline (a CheckLimits of hundreds) then never looks like silence.
+type Activity struct {
+	last atomic.Int64 // unix ns
+}
+
+// NewActivity returns an Activity that has heard nothing yet.
+func NewActivity() *Activity { return &Activity{} }
+
+// Dialer wraps dial (go-redis's Options.Dialer, for example
+// redis.NewDialer(opts) to keep its TLS and timeouts) so that every read
+// that returns bytes is recorded.
+func (a *Activity) Dialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &activityConn{Conn: c, a: a}, nil
+	}
+}
+
+type activityConn struct {
+	net.Conn
+	a *Activity
+}
+
+func (c *activityConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.a.last.Store(time.Now().UnixNano())
+	}
+	return n, err
 }

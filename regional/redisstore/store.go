@@ -22,10 +22,11 @@ const (
 )
 
 type options struct {
-	batch   int
-	workers int
-	clock   func() time.Time
-	slack   time.Duration
+	activity *Activity
+	batch    int
+	workers  int
+	clock    func() time.Time
+	slack    time.Duration
 }
 
 // Option configures a Store.
@@ -51,6 +52,16 @@ func WithWorkers(n int) Option {
 			return fmt.Errorf("redisstore: workers %d must be at least 1", n)
 		}
 		o.workers = n
+		return nil
+	}
+}
+
+// WithActivity makes the store hear Redis through a, whose Dialer the
+// client's connections were dialed with (see Activity). Default nil: the
+// store hears Redis when a pipeline completes.
+func WithActivity(a *Activity) Option {
+	return func(o *options) error {
+		o.activity = a
 		return nil
 	}
 }
@@ -102,6 +113,8 @@ type Store struct {
 	roundTrip       atomic.Int64  // moving average of a pipeline's round trip, ns (Load)
 	lastAnswer      atomic.Int64  // unix ns when a pipeline last got a reply from Redis
 	lag             lagProbe
+	inflight        atomic.Int64   // scripts sent and not yet answered
+	perScript       atomic.Int64   // ns: Redis time per script in flight, a moving average
 	busy            []atomic.Int64 // per worker: unix ns when its pipeline in flight was sent; 0 when idle
 	roundTripBudget atomic.Value   // time.Duration: the latest Do's RoundTrip, for late
 }
@@ -422,7 +435,7 @@ func (s *Store) decide(c *call, b Budget, start time.Time) (time.Duration, error
 		// Queued behind workers that wait on a silent Redis: the store
 		// has failed, whatever the queue budget says.
 		if b.RoundTrip > 0 {
-			if silent, since := s.workerSilence(); since != 0 && silent >= b.RoundTrip+lagFactor*s.lag.current() {
+			if silent, since := s.workerSilence(); since != 0 && silent >= s.allowance(b.RoundTrip) {
 				if c.state.CompareAndSwap(callQueued, callAbandoned) {
 					s.queued.Add(-1)
 					return 0, fmt.Errorf("%w: queued behind pipelines Redis has not answered for %v", ErrTimeout, silent.Round(time.Millisecond))
@@ -449,7 +462,7 @@ func (s *Store) decide(c *call, b Budget, start time.Time) (time.Duration, error
 		return b.RoundTrip - inRedis, nil
 	}
 	lag := s.lag.current()
-	if silent := time.Since(time.Unix(0, max(sent, s.lastAnswer.Load()))); silent >= b.RoundTrip+lagFactor*lag {
+	if silent := time.Since(time.Unix(0, max(sent, s.answered()))); silent >= s.allowance(b.RoundTrip) {
 		return 0, fmt.Errorf("%w: no answer from Redis for %v (this process's network lag %v)", ErrTimeout, silent.Round(time.Millisecond), lag.Round(time.Millisecond))
 	}
 	if el >= b.Queue+b.RoundTrip {
@@ -469,7 +482,16 @@ func (s *Store) workerSilence() (silent time.Duration, since int64) {
 	if since == 0 {
 		return 0, 0
 	}
-	return time.Since(time.Unix(0, max(since, s.lastAnswer.Load()))), since
+	return time.Since(time.Unix(0, max(since, s.answered()))), since
+}
+
+// allowance is how long Redis may stay silent before a check blames it:
+// the round-trip budget, plus 5x this process's network lag, plus twice the
+// time Redis needs for the scripts this process has in flight (Redis runs
+// them one after another and writes the replies of one event-loop turn
+// together, so a burst of our own makes Redis silent for that long).
+func (s *Store) allowance(rt time.Duration) time.Duration {
+	return rt + lagFactor*s.lag.current() + 2*time.Duration(s.inflight.Load()*s.perScript.Load())
 }
 
 // lagFactor scales the measured lag into the silence a check forgives:
@@ -626,6 +648,8 @@ func (s *Store) run(batch []*call) {
 
 	s.pipelines.Add(1)
 	s.batched.Add(uint64(n))
+	ahead := s.inflight.Add(int64(n)) // scripts in Redis, this pipeline's included
+	defer s.inflight.Add(-int64(n))
 	cmds := make([]*redis.Cmd, 0, n)
 	its := make([]*item, 0, n)
 	pipe := s.client.Pipeline()
@@ -668,6 +692,13 @@ func (s *Store) run(batch []*call) {
 	} else {
 		s.roundTrip.Store(old + (int64(rt)-old)/8)
 	}
+	if per := int64(rt) / max(ahead, 1); ctx.Err() == nil && cmds[0].Err() == nil {
+		if old := s.perScript.Load(); old == 0 {
+			s.perScript.Store(per)
+		} else {
+			s.perScript.Store(old + (per-old)/8)
+		}
+	}
 	timedOut := ctx.Err() != nil
 	for k, it := range its {
 		it.val, it.err = cmds[k].Val(), cmds[k].Err()
@@ -688,11 +719,20 @@ func (s *Store) late(sent time.Time, rt time.Duration, err error) error {
 	if d, ok := s.roundTripBudget.Load().(time.Duration); ok {
 		budget = d
 	}
-	silent := time.Since(time.Unix(0, max(sent.UnixNano(), s.lastAnswer.Load())))
-	if budget > 0 && silent < budget+lagFactor*s.lag.current() {
+	silent := time.Since(time.Unix(0, max(sent.UnixNano(), s.answered())))
+	if budget > 0 && silent < s.allowance(budget) {
 		return fmt.Errorf("%w: behind this process's backlog in Redis after %v: %w", ErrQueueTimeout, rt.Round(time.Millisecond), err)
 	}
 	return fmt.Errorf("%w after %v: %w", ErrTimeout, rt.Round(time.Millisecond), err)
+}
+
+// answered is the unix ns when Redis was last heard answering.
+func (s *Store) answered() int64 {
+	v := s.lastAnswer.Load()
+	if a := s.opts.activity; a != nil {
+		v = max(v, a.last.Load())
+	}
+	return v
 }
 
 // isReply reports an error reply from Redis (as opposed to no reply).

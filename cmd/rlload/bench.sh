@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# bench.sh: the enforcer's hot path against its two ceilings, on this machine,
+# in one process tree, with ratios. Needs redis-server and redis-benchmark on
+# PATH and the binaries built (make build).
+#
+#   cmd/rlload/bench.sh                    # default: 4s per run, 1,000 keys
+#   DURATION=10s CALLERS="16 64" cmd/rlload/bench.sh
+#   RATELIMITD=/path/to/other/ratelimitd cmd/rlload/bench.sh   # compare a build
+#
+# It starts one redis-server, one ratelimitd (one token-bucket rule that never
+# rejects) and one no-op ratelimit.v1 server (rlload --noop-server), drives the
+# enforcer and the no-op with the same load tool (rlload) alternately, and runs
+# redis-benchmark with the enforcer's own check script, pipelined. Printed:
+# each run's line, then ratios: enforcer / no-op (the gRPC ceiling) in calls/s
+# and p99, and enforcer decisions/s / redis-benchmark script calls/s (the
+# Redis ceiling).
+set -euo pipefail
+
+BIN=${BIN:-bin}
+RATELIMITD=${RATELIMITD:-$BIN/ratelimitd}
+RLLOAD=${RLLOAD:-$BIN/rlload}
+DURATION=${DURATION:-4s}
+KEYS=${KEYS:-1000}
+CALLERS=${CALLERS:-"16 64 256"}
+BATCH=${BATCH:-32}
+ROUNDS=${ROUNDS:-1}
+EXTRA=${EXTRA:-}   # extra ratelimitd flags, e.g. "--timeout 100ms"
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+# A free port for redis-server (it cannot take port 0 and report it).
+for _ in $(seq 20); do
+	port=$((20000 + RANDOM % 20000))
+	if ! (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then break; fi
+done
+redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" --daemonize no --loglevel warning >"$work/redis.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+
+cat >"$work/rules.json" <<'EOF'
+[{"id":"bench","match":{"resource":"GET /bench"},"algorithm":"token_bucket","capacity":100000000,"refill_per_second":100000000}]
+EOF
+
+# wait_ready FILE: the address in the "ready grpc=ADDR" line a server prints.
+wait_ready() {
+	for _ in $(seq 200); do
+		if a=$(grep -o 'ready grpc=[^ ]*' "$1" 2>/dev/null | head -1); then
+			[ -n "$a" ] && { echo "${a#ready grpc=}"; return; }
+		fi
+		sleep 0.05
+	done
+	echo "no ready line in $1:" >&2; cat "$1" >&2; exit 1
+}
+
+# shellcheck disable=SC2086
+"$RATELIMITD" --region bench --redis-addr "127.0.0.1:$port" --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 \
+	--rules "$work/rules.json" --log-level warn $EXTRA >"$work/rl.out" 2>"$work/rl.err" &
+pids+=($!)
+rl=$(wait_ready "$work/rl.out")
+"$RLLOAD" --noop-server 127.0.0.1:0 >"$work/noop.out" 2>&1 &
+pids+=($!)
+noop=$(wait_ready "$work/noop.out")
+
+# us DURATION: a Go duration (850µs, 1.2ms, 2s) in microseconds.
+us() { awk -v d="$1" 'BEGIN { n = d + 0; if (d ~ /µs$/) print n; else if (d ~ /ms$/) print n * 1000; else if (d ~ /ns$/) print n / 1000; else print n * 1000000 }'; }
+field() { grep -o "$1=[^ /]*" <<<"$2" | head -1 | cut -d= -f2; }
+
+# load NAME ADDR CALLERS BATCH: one rlload run; sets calls, decisions, p99, failopen.
+load() {
+	local out
+	out=$("$RLLOAD" --addr "$2" --concurrency "$3" --duration "$DURATION" --keys "$KEYS" --batch "$4")
+	calls=$(field throughput "$out"); decisions=$(field decisions "$out"); p99=$(us "$(field p99 "$out")")
+	failopen=$(field fail_open "$out"); errors=$(field errors "$out")
+	printf '%-9s callers=%-4s batch=%-3s calls/s=%-8s decisions/s=%-9s p99=%sus fail_open=%s errors=%s\n' "$1" "$3" "$4" "$calls" "$decisions" "$p99" "$failopen" "$errors"
+}
+
+# The Redis ceiling: the same script, pipelined (-P 16), 64 connections.
+SHA=$(redis-cli -p "$port" SCRIPT LOAD "$("$RLLOAD" --print-script)")
+rb=$(redis-benchmark -p "$port" -c 64 -n 400000 -P 16 -r "$KEYS" -q \
+	EVALSHA "$SHA" 1 'rl:{bench:__rand_int__}:bench' 1 '' 1000 1 100000000000 100000000000 0 | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | cut -d' ' -f1)
+echo "redis-benchmark EVALSHA (same script, -c 64 -P 16): ${rb} calls/s"
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+summary=()
+run_pair() { # CALLERS BATCH
+	local rc rd rp nc np
+	for _ in $(seq "$ROUNDS"); do
+		load enforcer "$rl" "$1" "$2"; rc=$calls; rd=$decisions; rp=$p99; fo=$failopen
+		load noop "$noop" "$1" "$2"; nc=$calls; np=$p99
+		summary+=("callers=$1 batch=$2: enforcer/no-op calls $(ratio "$rc" "$nc"), p99 $(ratio "$rp" "$np")x, decisions/redis-benchmark $(ratio "$rd" "$rb"), fail_open=$fo")
+	done
+}
+for c in $CALLERS; do run_pair "$c" 0; done
+run_pair 16 "$BATCH"
+
+echo
+echo "ratios (same run, same machine):"
+printf '  %s\n' "${summary[@]}"
+if [ -s "$work/rl.err" ]; then
+	echo
+	echo "ratelimitd said (last lines):"
+	tail -5 "$work/rl.err"
+fi
