@@ -14,6 +14,26 @@
 //     failing store, and then every matched rule's failure_mode decides
 //     (open: allow; closed: reject; local: an in-process token bucket).
 //     Such answers carry fail_open=true.
+//   - The enforcer fails open only when the store fails, never under its
+//     own load. The timeout measures Redis (silent for the timeout, beyond
+//     this process's own measured lag and its own scripts in flight), not
+//     the time a check waits inside the enforcer; that wait is bounded on
+//     its own (QueueTimeout), and a check past it is shed: answered
+//     rejected without Redis (shed=true), never admitted unchecked. The
+//     breaker counts store failures only (timeouts, connection errors, a
+//     Redis that is loading, busy or read-only), never a caller's
+//     cancellation, a shed check, or a request the store refuses.
+//   - One bad rule or key harms nobody: a rule whose bucket the store cannot
+//     hold is found when the rule set is loaded and answered by its own
+//     failure_mode without the store; a store error about one bucket (a
+//     script error) answers that check alone, by its rules' failure_mode,
+//     without touching the breaker.
+//   - Under overload (checks queued for Redis at ShedQueue, or Redis's
+//     recent round trip at ShedLatency) checks whose matched rules are all
+//     priority "low" are shed; priority "high" (the default) keeps going to
+//     Redis. A shed check consumes nothing, so no bucket passes its bound.
+//   - CheckBatch (gRPC CheckLimits) sends all its requests to Redis in one
+//     pipeline and answers them in order, each as Check would alone.
 //   - A shadow rule is evaluated and its would-be rejections are counted and
 //     logged, but it never rejects.
 package regional

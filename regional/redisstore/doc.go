@@ -120,13 +120,31 @@
 // A rule whose algorithm changes should get a new key (for example a rule
 // version in Key's extras): the layouts differ and a mismatch is an error.
 //
-// Concurrent Check calls are pipelined: a channel feeds a fixed number of
-// worker goroutines, each draining up to the batch size of pending calls into
-// one pipeline of EVALSHA commands. A caller waits for its own reply or its
-// ctx, whichever comes first, so a dead Redis costs a caller its timeout and
-// no more. On NOSCRIPT the script is loaded and the call retried
-// (ScriptLoads counts the loads). The go-redis client's own retries may
-// re-run a script whose reply was lost; configure MaxRetries to taste.
+// Concurrent Check and Do calls are pipelined: a channel feeds a fixed
+// number of worker goroutines, each draining up to the batch size of pending
+// script calls into one pipeline of EVALSHA commands; the calls of one Do
+// (a CheckLimits batch) go into one pipeline together. On NOSCRIPT the
+// script is loaded and the call retried (ScriptLoads counts the loads);
+// Warm loads the scripts on the workers' connections before the first
+// check. The go-redis client's own retries may re-run a script whose reply
+// was lost; configure MaxRetries to taste.
+//
+// Budgets. Do takes a Budget with two parts, measured apart: Queue, the wait
+// for a worker (this process's own load), and RoundTrip, Redis. A call past
+// Queue fails with ErrQueueTimeout and is never sent. A sent call fails with
+// ErrTimeout only when Redis has answered nothing, to anyone, for RoundTrip
+// plus what this process itself explains: 5x its network lag (a probe times
+// a byte through a local socket pair, the way a reply reaches a worker; a
+// probe that stopped ticking means the whole process was paused) and twice
+// the time Redis needs for the scripts in flight (Redis runs them one after
+// another and writes one event-loop turn's replies together). While Redis
+// keeps answering, a call behind this process's backlog may wait until
+// Queue + RoundTrip has passed, then fails with ErrQueueTimeout: overload,
+// not a store failure. Given an Activity (WithActivity, with the client's
+// connections dialed through its Dialer) the store hears Redis on every
+// reply, not only when a pipeline completes. A caller's ctx ends its wait
+// at once whatever Redis does; a call answered after it was sent may still
+// have run in Redis.
 //
 // Embedded servers. The scripts also run on an in-process miniredis (the
 // local stack without redis-server), whose Lua (gopher-lua) has no struct
