@@ -199,6 +199,7 @@ type Enforcer struct {
 	metrics *Metrics
 	breaker *gobreaker.CircuitBreaker[struct{}]
 	local   *localLimiter
+	leases  *leaseTable
 
 	index atomic.Pointer[compiled]
 	// firstFailure is the unix ns of the first store failure since the
@@ -246,6 +247,7 @@ func New(cfg Config, store Store) (*Enforcer, error) {
 		sampled: logsample.New(log, 10*time.Second),
 		metrics: cfg.Metrics,
 		local:   newLocalLimiter(cfg.LocalMaxKeys, time.Now),
+		leases:  newLeaseTable(cfg.LocalMaxKeys, time.Now),
 	}
 	if e.cfg.QueueTimeout == 0 {
 		e.cfg.QueueTimeout = max(100*time.Millisecond, cfg.Timeout)
@@ -424,6 +426,7 @@ type matched struct {
 // pending is one request on its way through run.
 type pending struct {
 	req  Request
+	take int64 // the cost asked of the store: the request's, or a local batch
 	ms   []matched
 	resp Response
 	err  error
@@ -494,13 +497,13 @@ func (e *Enforcer) run(ctx context.Context, ps []pending) error {
 	if c == nil {
 		return ErrNoRules
 	}
-	var oneCall [1]redisstore.Call
 	var oneIdx [1]int
-	calls, idx := oneCall[:0], oneIdx[:0]
+	idx := oneIdx[:0]
 	shed := e.shedReason()
 	for i := range ps {
 		p := &ps[i]
 		p.ms = e.match(c, &p.req)
+		p.take = p.req.Cost
 		switch {
 		case len(p.ms) == 0:
 			p.resp, p.done = Response{Allowed: true, Statuses: []Status{}}, true
@@ -510,61 +513,12 @@ func (e *Enforcer) run(ctx context.Context, ps []pending) error {
 			p.resp = e.failurePolicy(p.ms, p.req.Cost, invalidRule(p.ms))
 		case shed != "" && lowPriority(p.ms):
 			p.resp = e.shedAnswer(p.ms, shed)
+		case e.fromLease(p):
 		default:
-			buckets := make([]redisstore.Bucket, len(p.ms))
-			for j := range p.ms {
-				buckets[j] = p.ms[j].bucket
-			}
-			calls = append(calls, redisstore.Call{Cost: p.req.Cost, Buckets: buckets})
 			idx = append(idx, i)
 		}
 	}
-	if len(calls) > 0 {
-		var oneAns [1]redisstore.Answer
-		answers := oneAns[:]
-		if len(calls) > 1 {
-			answers = make([]redisstore.Answer, len(calls))
-		}
-		budget := redisstore.Budget{Queue: e.cfg.QueueTimeout, RoundTrip: e.cfg.Timeout}
-		_, berr := e.breaker.Execute(func() (struct{}, error) {
-			e.store.Do(ctx, budget, calls, answers)
-			if ctx.Err() != nil {
-				return struct{}{}, ctx.Err()
-			}
-			err := worst(answers)
-			if kind := classify(err); isStoreFailure(kind) {
-				e.firstFailure.CompareAndSwap(0, time.Now().UnixNano())
-				e.lastTimeout.Store(kind == "timeout")
-			}
-			return struct{}{}, err
-		})
-		rejected := errors.Is(berr, gobreaker.ErrOpenState) || errors.Is(berr, gobreaker.ErrTooManyRequests)
-		if berr == nil {
-			e.firstFailure.Store(0)
-		}
-		for j, i := range idx {
-			p := &ps[i]
-			err := answers[j].Err
-			if rejected {
-				err = berr
-			} else if err == nil && len(answers[j].Results) != len(p.ms) {
-				err = fmt.Errorf("%w: %d results for %d buckets", redisstore.ErrBadReply, len(answers[j].Results), len(p.ms))
-			}
-			if err != nil && ctx.Err() != nil {
-				p.err, p.done = ctx.Err(), true
-				continue
-			}
-			switch kind := classify(err); kind {
-			case "":
-				p.resp = e.fromStore(p.ms, answers[j])
-			case "queue_timeout":
-				p.resp = e.shedAnswer(p.ms, kind)
-			default:
-				e.storeError(kind)
-				p.resp = e.failurePolicy(p.ms, p.req.Cost, err)
-			}
-		}
-	}
+	e.callStore(ctx, ps, idx, true)
 	for i := range ps {
 		p := &ps[i]
 		if p.done {
@@ -574,6 +528,88 @@ func (e *Enforcer) run(ctx context.Context, ps []pending) error {
 		e.observe(start, decision(p.resp))
 	}
 	return nil
+}
+
+// callStore answers ps[idx] from the store, in one call through the breaker.
+// A request that asked for a local batch (take above its cost) and was
+// refused because the bucket holds less than the batch is asked again for
+// its own cost once (retry).
+func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry bool) {
+	if len(idx) == 0 {
+		return
+	}
+	var oneCall [1]redisstore.Call
+	calls := oneCall[:0]
+	for _, i := range idx {
+		p := &ps[i]
+		buckets := make([]redisstore.Bucket, len(p.ms))
+		for j := range p.ms {
+			buckets[j] = p.ms[j].bucket
+		}
+		calls = append(calls, redisstore.Call{Cost: p.take, Buckets: buckets})
+	}
+	var oneAns [1]redisstore.Answer
+	answers := oneAns[:]
+	if len(calls) > 1 {
+		answers = make([]redisstore.Answer, len(calls))
+	}
+	budget := redisstore.Budget{Queue: e.cfg.QueueTimeout, RoundTrip: e.cfg.Timeout}
+	_, berr := e.breaker.Execute(func() (struct{}, error) {
+		e.store.Do(ctx, budget, calls, answers)
+		if ctx.Err() != nil {
+			return struct{}{}, ctx.Err()
+		}
+		err := worst(answers)
+		if kind := classify(err); isStoreFailure(kind) {
+			e.firstFailure.CompareAndSwap(0, time.Now().UnixNano())
+			e.lastTimeout.Store(kind == "timeout")
+		}
+		return struct{}{}, err
+	})
+	rejected := errors.Is(berr, gobreaker.ErrOpenState) || errors.Is(berr, gobreaker.ErrTooManyRequests)
+	if berr == nil {
+		e.firstFailure.Store(0)
+	}
+	var again []int
+	for j, i := range idx {
+		p := &ps[i]
+		err := answers[j].Err
+		if rejected {
+			err = berr
+		} else if err == nil && len(answers[j].Results) != len(p.ms) {
+			err = fmt.Errorf("%w: %d results for %d buckets", redisstore.ErrBadReply, len(answers[j].Results), len(p.ms))
+		}
+		if err != nil && ctx.Err() != nil {
+			e.leaseAbandon(p)
+			p.err, p.done = ctx.Err(), true
+			continue
+		}
+		switch kind := classify(err); kind {
+		case "":
+			if p.take > p.req.Cost {
+				if !answers[j].Allowed {
+					if retry {
+						p.take = p.req.Cost
+						again = append(again, i)
+					} else {
+						p.resp = e.fromStore(p.ms, answers[j])
+					}
+					e.leases.done(p.ms[0].bucket.Key, 0, p.ms[0].leaseLife(), true)
+					continue
+				}
+				e.leases.done(p.ms[0].bucket.Key, p.take-p.req.Cost, p.ms[0].leaseLife(), false)
+			}
+			p.resp = e.fromStore(p.ms, answers[j])
+		case "queue_timeout":
+			e.leaseAbandon(p)
+			p.resp = e.shedAnswer(p.ms, kind)
+		default:
+			e.leaseAbandon(p)
+			e.storeError(kind)
+			p.resp = e.failurePolicy(p.ms, p.req.Cost, err)
+		}
+	}
+	e.callStore(ctx, ps, again, false)
 }
 
 // classify names what went wrong in a store call: "" (nothing), the

@@ -442,3 +442,98 @@ func TestShedOnQueueDepth(t *testing.T) {
 		t.Fatalf("%s{reason=queue_depth} = %v, want 1", MetricShed, n)
 	}
 }
+
+// local_batch: N. Three enforcers on one Redis, a burst on one key: every
+// token admitted was taken from Redis (at most the bucket's 100), at most
+// N-1 per enforcer are left stranded in memory, answers come from memory
+// for most checks, and none fails open.
+func TestLocalBatchSeveralEnforcers(t *testing.T) {
+	const n = 10
+	lb := tokenBucket("lb", 100, 0.001)
+	lb.LocalBatch = n
+	e := newEnv(t, []rules.Rule{lb}, nil)
+	enfs := []*Enforcer{e.enf}
+	for i := 0; i < 2; i++ {
+		cfg := DefaultConfig()
+		cfg.Region, cfg.Timeout, cfg.Logger = "us-east", time.Second, quietLogger()
+		enf, err := New(cfg, e.store)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := enf.SetRules([]rules.Rule{lb}); err != nil {
+			t.Fatal(err)
+		}
+		enfs = append(enfs, enf)
+	}
+	_, c0 := e.store.Pipelines()
+	var allowed, failOpen atomic.Int64
+	var wg sync.WaitGroup
+	for _, enf := range enfs {
+		for g := 0; g < 20; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < 5; i++ {
+					r, err := enf.Check(context.Background(), Request{ClientKey: "hot"})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if r.FailOpen {
+						failOpen.Add(1)
+					}
+					if r.Allowed {
+						allowed.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	_, c1 := e.store.Pipelines()
+	t.Logf("300 checks over 3 enforcers: %d allowed, %d script calls", allowed.Load(), c1-c0)
+	if failOpen.Load() != 0 {
+		t.Fatalf("%d fail-open answers", failOpen.Load())
+	}
+	if a := allowed.Load(); a > 100 || a < 100-3*(n-1) {
+		t.Fatalf("allowed %d, want at most the bucket's 100 and at least 100 - 3 x (N-1)", a)
+	}
+	if c1-c0 >= 300 {
+		t.Fatalf("%d script calls for 300 checks: local batching did not batch", c1-c0)
+	}
+	if v := counterValue(t, e.registry, MetricLocalBatch, nil); v == 0 {
+		t.Fatal("no check answered from a local batch")
+	}
+	// One caller at a time: one script call per N checks.
+	_, c0 = e.store.Pipelines()
+	for i := 0; i < 50; i++ {
+		if r, err := e.enf.Check(context.Background(), Request{ClientKey: "calm"}); err != nil || !r.Allowed || r.FailOpen {
+			t.Fatalf("calm check %d: %+v %v", i, r, err)
+		}
+	}
+	if _, c1 := e.store.Pipelines(); c1-c0 != 50/n {
+		t.Fatalf("%d script calls for 50 checks one at a time, want %d", c1-c0, 50/n)
+	}
+}
+
+// local_batch on a global token bucket: the batch comes out of the region's
+// share in Redis (here the floor, 5 tokens, with no sync agent), so the
+// region still admits exactly its share, and the usage reported to the
+// agent is what was admitted.
+func TestLocalBatchGlobalShare(t *testing.T) {
+	g := tokenBucket("global", 100, 0.001)
+	g.Scope, g.Regions, g.MinShare, g.LocalBatch = rules.Global, map[string]float64{"us-east": 2, "eu-west": 1, "ap-south": 1}, 0.1, 4
+	var admitted atomic.Int64
+	e := newEnv(t, []rules.Rule{g}, func(c *Config) {
+		c.Usage = func(_, _ string, a, _ int64) { admitted.Add(a) }
+	})
+	n := 0
+	for i := 0; i < 12; i++ {
+		if e.check(t, "a", "GET /", 1).Allowed {
+			n++
+		}
+	}
+	if n != 5 || admitted.Load() != 5 {
+		t.Fatalf("%d of 12 allowed and %d reported, want the floor of 5 both", n, admitted.Load())
+	}
+}

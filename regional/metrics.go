@@ -8,15 +8,16 @@ import (
 // Metrics are the enforcer's Prometheus metrics. Create them with
 // NewMetrics on a registry that main owns.
 type Metrics struct {
-	checks      *prometheus.CounterVec
-	latency     *prometheus.HistogramVec
-	storeErrors *prometheus.CounterVec
-	breaker     *prometheus.GaugeVec
-	rulesLoaded prometheus.Gauge
-	ruleUpdates prometheus.Counter
-	requests    *prometheus.CounterVec
-	inFlight    prometheus.Gauge
-	shed        *prometheus.CounterVec
+	checks       *prometheus.CounterVec
+	latency      *prometheus.HistogramVec
+	storeErrors  *prometheus.CounterVec
+	breaker      *prometheus.GaugeVec
+	rulesLoaded  prometheus.Gauge
+	ruleUpdates  prometheus.Counter
+	requests     *prometheus.CounterVec
+	inFlight     prometheus.Gauge
+	shed         *prometheus.CounterVec
+	leaseAnswers prometheus.Counter
 }
 
 // Metric names, shared with deploy/ dashboards and alerts.
@@ -31,6 +32,7 @@ const (
 	MetricScriptLoads  = "apportion_script_loads_total"
 	MetricInFlight     = "apportion_checks_in_flight"
 	MetricShed         = "apportion_shed_total"
+	MetricLocalBatch   = "apportion_local_batch_answers_total"
 )
 
 // NewMetrics creates and registers the enforcer's metrics. region is a
@@ -61,8 +63,10 @@ func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricShed, ConstLabels: cl,
 			Help: "Checks answered without the store because the enforcer was overloaded, by reason (queue_depth, latency: low-priority rules only; queue_timeout: any rule)."},
 			[]string{"reason"}),
+		leaseAnswers: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricLocalBatch, ConstLabels: cl,
+			Help: "Checks of local_batch rules answered from tokens this enforcer took from Redis in advance."}),
 	}
-	reg.MustRegister(m.checks, m.latency, m.storeErrors, m.breaker, m.rulesLoaded, m.ruleUpdates, m.requests, m.inFlight, m.shed)
+	reg.MustRegister(m.checks, m.latency, m.storeErrors, m.breaker, m.rulesLoaded, m.ruleUpdates, m.requests, m.inFlight, m.shed, m.leaseAnswers)
 	return m
 }
 

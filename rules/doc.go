@@ -37,8 +37,9 @@
 //     at least 0.001 (a thousandth per second), limit at most 2^40 and limit
 //     x window (ms) at most 2^52, and for a global rule every region's static
 //     share at least one unit (a thousandth of a token, or one request).
-//   - local_batch and split are future work: any value other than 0 (for
-//     split, 0 or 1, both meaning off) is refused, naming the field.
+//   - local_batch (tokens a token_bucket's enforcer takes from the store at
+//     a time; 0 or 1: off) is at most capacity. split is future work: any
+//     value other than 0 or 1 (both meaning off) is refused, naming the field.
 //
 // # Matching
 //

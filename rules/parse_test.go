@@ -57,7 +57,7 @@ func TestParseRuleErrors(t *testing.T) {
 		{"window number", `{"id":"a","algorithm":"fixed_window","limit":5,"window":60}`, "window", "duration string"},
 		{"unknown algorithm", `{"id":"a","algorithm":"gcra","capacity":1,"refill_per_second":1}`, "algorithm", "token_bucket"},
 		{"not an object", `["a"]`, "", "must be a JSON object"},
-		{"local batch", `{"id":"a","algorithm":"token_bucket","capacity":1,"refill_per_second":1,"local_batch":10}`, "local_batch", "not supported yet"},
+		{"local batch", `{"id":"a","algorithm":"token_bucket","capacity":1,"refill_per_second":1,"local_batch":10}`, "local_batch", "above capacity"},
 		{"invalid JSON", "{\"id\":\"a\",\n \"algorithm\": token_bucket}", "", "invalid JSON at line 2, column 16 (byte offset 26)"},
 		{"truncated JSON", `{"id":"a"`, "", "unexpected end of input"},
 		{"trailing data", `{"id":"a","algorithm":"token_bucket","capacity":1,"refill_per_second":1} {}`, "", "data after the end of the document at line 1, column 74 (byte offset 73)"},

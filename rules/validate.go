@@ -212,8 +212,14 @@ func (r *Rule) Validate() error {
 	default:
 		return fe("priority", "unknown priority %q; use \"high\" (the default) or \"low\"", r.Priority)
 	}
-	if r.LocalBatch != 0 {
-		return fe("local_batch", "not supported yet (future work); remove the field or set 0")
+	switch {
+	case r.LocalBatch == 0 || r.LocalBatch == 1:
+	case r.LocalBatch < 0:
+		return fe("local_batch", "must be at least 2 (tokens taken from the store at a time; 0 or 1: off), got %d", r.LocalBatch)
+	case r.Algorithm != TokenBucket:
+		return fe("local_batch", "only a token_bucket can take tokens in advance, not %s", r.Algorithm)
+	case r.LocalBatch > r.Capacity:
+		return fe("local_batch", "%d is above capacity %d (a batch larger than the bucket could never be taken)", r.LocalBatch, r.Capacity)
 	}
 	if r.Split != 0 && r.Split != 1 {
 		return fe("split", "not supported yet (future work); remove the field or set 0")

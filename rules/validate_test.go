@@ -113,7 +113,10 @@ func TestValidate(t *testing.T) {
 		{name: "priority low ok", base: tokenRule, edit: func(r *Rule) { r.Priority = PriorityLow }},
 		{name: "priority unknown", base: tokenRule, edit: func(r *Rule) { r.Priority = "urgent" }, field: "priority", msg: "urgent"},
 		{name: "failure mode unknown", base: tokenRule, edit: func(r *Rule) { r.FailureMode = "maybe" }, field: "failure_mode", msg: "maybe"},
-		{name: "local batch", base: tokenRule, edit: func(r *Rule) { r.LocalBatch = 10 }, field: "local_batch", msg: "not supported yet"},
+		{name: "local batch ok", base: tokenRule, edit: func(r *Rule) { r.LocalBatch = 10 }},
+		{name: "local batch above capacity", base: tokenRule, edit: func(r *Rule) { r.LocalBatch = 21 }, field: "local_batch", msg: "above capacity"},
+		{name: "local batch negative", base: tokenRule, edit: func(r *Rule) { r.LocalBatch = -1 }, field: "local_batch", msg: "at least 2"},
+		{name: "local batch of a window", base: windowRule, edit: func(r *Rule) { r.LocalBatch = 10 }, field: "local_batch", msg: "only a token_bucket"},
 		{name: "split", base: tokenRule, edit: func(r *Rule) { r.Split = 4 }, field: "split", msg: "not supported yet"},
 	}
 	for _, tt := range tests {
