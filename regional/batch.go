@@ -21,7 +21,7 @@ import (
 // Batching applies to requests that match exactly one enforced rule, a
 // token bucket with local_batch > 1 (other requests take their own cost in
 // one script call, as usual). Held tokens expire after the time the rule
-// takes to refill N (at least 100ms, at most 10s): unspent, they are lost,
+// takes to refill N (at least 1s, at most 10s): unspent, they are lost,
 // never minted. A lease answer's remaining is what this enforcer holds.
 
 // leaseTable holds the tokens each key has taken in advance. mu guards
@@ -155,9 +155,9 @@ func (e *Enforcer) leaseAbandon(p *pending) {
 
 // leaseLife is how long tokens taken in advance for m are held.
 func (m matched) leaseLife() time.Duration {
-	d := 100 * time.Millisecond
+	d := time.Second
 	if m.params.rate > 0 {
 		d = time.Duration(m.rule.LocalBatch*1000*1000/m.params.rate) * time.Millisecond
 	}
-	return min(max(d, 100*time.Millisecond), 10*time.Second)
+	return min(max(d, time.Second), 10*time.Second)
 }

@@ -25,6 +25,7 @@ CALLERS=${CALLERS:-"16 64 256"}
 BATCH=${BATCH:-32}
 ROUNDS=${ROUNDS:-1}
 EXTRA=${EXTRA:-}   # extra ratelimitd flags, e.g. "--timeout 100ms"
+LOCAL_BATCH=${LOCAL_BATCH:-0} # the bench rule's local_batch (0: off)
 
 work=$(mktemp -d)
 pids=()
@@ -44,8 +45,8 @@ redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$w
 pids+=($!)
 for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
 
-cat >"$work/rules.json" <<'EOF'
-[{"id":"bench","match":{"resource":"GET /bench"},"algorithm":"token_bucket","capacity":100000000,"refill_per_second":100000000}]
+cat >"$work/rules.json" <<EOF
+[{"id":"bench","match":{"resource":"GET /bench"},"algorithm":"token_bucket","capacity":100000000,"refill_per_second":100000000,"local_batch":$LOCAL_BATCH}]
 EOF
 
 # wait_ready FILE: the address in the "ready grpc=ADDR" line a server prints.
