@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sort"
+	"strconv"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -344,6 +346,9 @@ func (e *Enforcer) params(r rules.Rule) (bucketParams, bool) {
 		p.windowMs = p.capacity * 1000 / max(p.rate, 1)
 		p.global = &redisstore.Global{Rule: r.ID, Units: ledger.DefaultConfig().Units, Floor: floor}
 		return p, true
+	}
+	if r.Split >= 2 {
+		frac /= float64(r.Split) // each sub-bucket holds 1/split of the limit
 	}
 	switch r.Algorithm {
 	case rules.TokenBucket, rules.LeakyBucket:
@@ -756,6 +761,7 @@ func (e *Enforcer) observe(start time.Time, outcome string) {
 func (e *Enforcer) match(c *compiled, req *Request) []matched {
 	rs := c.index.Match(req.Resource, req.Attributes)
 	out := make([]matched, 0, len(rs))
+	var splitParts []string
 	for _, r := range rs {
 		p, ok := c.params[r.ID]
 		if !ok {
@@ -766,6 +772,19 @@ func (e *Enforcer) match(c *compiled, req *Request) []matched {
 			continue
 		}
 		out = append(out, matched{rule: r, params: p, bucket: p.bucket(redisstore.Key(parts[0], r.ID, parts[1:]...), r)})
+		if r.Split >= 2 && len(out) == 1 {
+			splitParts = parts
+		}
+	}
+	if len(out) == 1 && splitParts != nil {
+		// A hot key spread over Split sub-buckets, each its own hash tag
+		// (its own Redis Cluster slot), one picked at random per check. A
+		// request that matches other rules too stays on the client's own
+		// tag (one script, one slot): sub-bucket "0", the plain key.
+		r := out[0].rule
+		if i := rand.IntN(r.Split); i > 0 {
+			out[0].bucket.Key = redisstore.Key(splitParts[0]+"#"+strconv.Itoa(i), r.ID, splitParts[1:]...)
+		}
 	}
 	return out
 }

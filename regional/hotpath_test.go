@@ -537,3 +537,51 @@ func TestLocalBatchGlobalShare(t *testing.T) {
 		t.Fatalf("%d of 12 allowed and %d reported, want the floor of 5 both", n, admitted.Load())
 	}
 }
+
+// split: k. A hot key's checks spread over k sub-buckets, each with its own
+// hash tag (its own Redis Cluster slot) and 1/k of the limit: the key never
+// admits more than the rule's bound, and the accuracy cost is measured: a
+// burst of exactly the capacity admits a bit less (the sub-bucket picked
+// may be empty while another still has tokens).
+func TestSplitHotKey(t *testing.T) {
+	hot := tokenBucket("hot", 400, 0.004)
+	hot.Split = 4
+	other := tokenBucket("other", 1000, 0.001)
+	other.Match = map[string]string{"resource": "both"}
+	e := newEnv(t, []rules.Rule{hot, other}, nil)
+	admitted := 0
+	for i := 0; i < 400; i++ {
+		if e.check(t, "tenant", "GET /", 1).Allowed {
+			admitted++
+		}
+	}
+	after := admitted
+	for i := 0; i < 400; i++ {
+		if e.check(t, "tenant", "GET /", 1).Allowed {
+			after++
+		}
+	}
+	t.Logf("split 4, capacity 400: a burst of 400 admitted %d (%.1f%%); 800 admitted %d", admitted, 100*float64(admitted)/400, after)
+	if after > 401 { // + refill 0.004/s
+		t.Fatalf("admitted %d of 800, above the bound of 400", after)
+	}
+	if admitted < 340 || after < 396 {
+		t.Fatalf("admitted %d of the first 400 and %d of 800: too inaccurate", admitted, after)
+	}
+	keys, err := e.rc.Keys(context.Background(), "rl:*:hot").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tags := map[string]bool{}
+	for _, k := range keys {
+		tags[k[strings.Index(k, "{"):strings.Index(k, "}")+1]] = true
+	}
+	if len(tags) != 4 {
+		t.Fatalf("sub-bucket keys %v: want 4 distinct hash tags", keys)
+	}
+	// A request that also matches another rule stays in the client's own
+	// slot: sub-bucket 0, already spent by the burst.
+	if r := e.check(t, "tenant", "both", 1); r.Allowed {
+		t.Fatalf("a two-rule request on the spent key: %+v", r)
+	}
+}

@@ -38,8 +38,9 @@
 //     x window (ms) at most 2^52, and for a global rule every region's static
 //     share at least one unit (a thousandth of a token, or one request).
 //   - local_batch (tokens a token_bucket's enforcer takes from the store at
-//     a time; 0 or 1: off) is at most capacity. split is future work: any
-//     value other than 0 or 1 (both meaning off) is refused, naming the field.
+//     a time; 0 or 1: off) is at most capacity. split (sub-buckets of a hot
+//     key; 0 or 1: off) is 2..64, for a regional token_bucket without
+//     local_batch whose share per sub-bucket stays at least a thousandth.
 //
 // # Matching
 //

@@ -28,6 +28,7 @@ const (
 	// is held in whole thousandths (truncated), at most 2^40.
 	MinRefillPerSecond = 0.001
 	MaxRefillPerSecond = 1e9
+	MaxSplit           = 64
 	MinWindow          = time.Millisecond
 	MaxWindow          = 366 * 24 * time.Hour
 )
@@ -221,8 +222,18 @@ func (r *Rule) Validate() error {
 	case r.LocalBatch > r.Capacity:
 		return fe("local_batch", "%d is above capacity %d (a batch larger than the bucket could never be taken)", r.LocalBatch, r.Capacity)
 	}
-	if r.Split != 0 && r.Split != 1 {
-		return fe("split", "not supported yet (future work); remove the field or set 0")
+	switch {
+	case r.Split == 0 || r.Split == 1:
+	case r.Split < 0 || r.Split > MaxSplit:
+		return fe("split", "must be between 2 and %d (sub-buckets of a hot key; 0 or 1: off), got %d", MaxSplit, r.Split)
+	case r.Algorithm != TokenBucket:
+		return fe("split", "only a token_bucket can be split, not %s", r.Algorithm)
+	case r.Scope == Global:
+		return fe("split", "a global rule cannot be split (its shares are coordinated per key)")
+	case r.LocalBatch > 1:
+		return fe("split", "split and local_batch do not combine; use one")
+	case int64(float64(r.Capacity)*1000/float64(r.Split)) < 1 || int64(r.RefillPerSecond*1000/float64(r.Split)) < 1:
+		return fe("split", "%d sub-buckets of capacity %d and refill %v fall below the store's unit (a thousandth of a token)", r.Split, r.Capacity, r.RefillPerSecond)
 	}
 	return nil
 }

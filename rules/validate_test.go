@@ -117,7 +117,11 @@ func TestValidate(t *testing.T) {
 		{name: "local batch above capacity", base: tokenRule, edit: func(r *Rule) { r.LocalBatch = 21 }, field: "local_batch", msg: "above capacity"},
 		{name: "local batch negative", base: tokenRule, edit: func(r *Rule) { r.LocalBatch = -1 }, field: "local_batch", msg: "at least 2"},
 		{name: "local batch of a window", base: windowRule, edit: func(r *Rule) { r.LocalBatch = 10 }, field: "local_batch", msg: "only a token_bucket"},
-		{name: "split", base: tokenRule, edit: func(r *Rule) { r.Split = 4 }, field: "split", msg: "not supported yet"},
+		{name: "split ok", base: tokenRule, edit: func(r *Rule) { r.Split = 4 }},
+		{name: "split too many", base: tokenRule, edit: func(r *Rule) { r.Split = 65 }, field: "split", msg: "between 2 and 64"},
+		{name: "split of a window", base: windowRule, edit: func(r *Rule) { r.Split = 4 }, field: "split", msg: "only a token_bucket"},
+		{name: "split of a global rule", base: globalRule, edit: func(r *Rule) { r.Split = 4 }, field: "split", msg: "global"},
+		{name: "split with local batch", base: tokenRule, edit: func(r *Rule) { r.Split = 4; r.LocalBatch = 5 }, field: "split", msg: "local_batch"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
