@@ -34,6 +34,10 @@
 //     Redis. A shed check consumes nothing, so no bucket passes its bound.
 //   - CheckBatch (gRPC CheckLimits) sends all its requests to Redis in one
 //     pipeline and answers them in order, each as Check would alone.
+//   - local_batch: N (batch.go): every token admitted was taken from Redis
+//     first; an enforcer holds at most N-1 tokens of a key at a time.
+//   - split: k: a hot key's sub-buckets hold 1/k of the limit each and
+//     never admit more than the rule's bound together.
 //   - A shadow rule is evaluated and its would-be rejections are counted and
 //     logged, but it never rejects.
 package regional
