@@ -18,6 +18,7 @@ import (
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -584,4 +585,51 @@ func TestSplitHotKey(t *testing.T) {
 	if r := e.check(t, "tenant", "both", 1); r.Allowed {
 		t.Fatalf("a two-rule request on the spent key: %+v", r)
 	}
+}
+
+// A Redis that hangs (DEBUG SLEEP: connected, silent) fails the checks
+// waiting on it within the timeout plus this process's own allowance, the
+// breaker opens, and enforcement resumes from Redis once it answers again.
+func TestHungRedisFailsOpenAndRecovers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: starts redis-server")
+	}
+	r := testutil.StartRedis(t, "--enable-debug-command", "yes")
+	timeout := 20 * time.Millisecond
+	e := newEnvOn(t, r, []rules.Rule{tokenBucket("r", 1000000, 1000000)}, func(c *Config) {
+		c.Timeout, c.BreakerOpen = timeout, 100*time.Millisecond
+	})
+	if resp := e.check(t, "u", "GET /", 1); resp.FailOpen {
+		t.Fatalf("before: %+v", resp)
+	}
+	admin := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer admin.Close()
+	sleeping := make(chan error, 1)
+	go func() { sleeping <- admin.Do(context.Background(), "DEBUG", "SLEEP", "1.5").Err() }()
+	probe := redis.NewClient(&redis.Options{Addr: r.Addr, ReadTimeout: 50 * time.Millisecond, MaxRetries: -1})
+	defer probe.Close()
+	testutil.WaitFor(t, 5*time.Second, "Redis to hang", func() bool { return probe.Ping(context.Background()).Err() != nil })
+	var worst time.Duration
+	for i := 0; i < 20; i++ {
+		t0 := time.Now()
+		resp := e.check(t, fmt.Sprintf("k%d", i), "GET /", 1)
+		worst = max(worst, time.Since(t0))
+		if !resp.FailOpen || !resp.Allowed {
+			t.Fatalf("check %d while Redis hangs: %+v, want the failure policy (open)", i, resp)
+		}
+	}
+	t.Logf("slowest of 20 answers while Redis hung: %v (timeout %v)", worst, timeout)
+	if margin := 400 * time.Millisecond; worst > timeout+margin {
+		t.Fatalf("slowest answer while Redis hung took %v, want within %v + %v", worst, timeout, margin)
+	}
+	if s := e.enf.BreakerState(); s == "closed" {
+		t.Fatal("breaker still closed while Redis hangs")
+	}
+	if err := <-sleeping; err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "answers from Redis again", func() bool {
+		resp := e.check(t, "u", "GET /", 1)
+		return !resp.FailOpen && resp.Allowed
+	})
 }

@@ -55,7 +55,12 @@ func newEnvTB(t testing.TB, rs []rules.Rule, mutate func(*Config)) *env {
 	if testing.Short() {
 		t.Skip("integration test: starts redis-server")
 	}
-	r := testutil.StartRedis(t)
+	return newEnvOn(t, testutil.StartRedis(t), rs, mutate)
+}
+
+// newEnvOn is newEnvTB on a redis-server the test started.
+func newEnvOn(t testing.TB, r *testutil.Redis, rs []rules.Rule, mutate func(*Config)) *env {
+	t.Helper()
 	act := redisstore.NewActivity()
 	rc := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{r.Addr}, DialTimeout: 200 * time.Millisecond,
 		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1,
