@@ -29,9 +29,9 @@ import (
 
 	"github.com/apportion/apportion/regional"
 	"github.com/apportion/apportion/regional/enforcerd"
+	"github.com/apportion/apportion/regional/usage"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/sync/agent"
-	"github.com/apportion/apportion/regional/usage"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
