@@ -1,0 +1,184 @@
+package envoy
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/apportion/apportion/regional"
+	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/rules"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// allowStore allows every check.
+type allowStore struct{}
+
+func (allowStore) Check(_ context.Context, _ int64, bs []redisstore.Bucket) (bool, []redisstore.Result, error) {
+	res := make([]redisstore.Result, len(bs))
+	for i := range res {
+		res[i] = redisstore.Result{Allowed: true, Limit: 100, Remaining: 99}
+	}
+	return true, res, nil
+}
+
+// fuzzEnforcer is an enforcer over allowStore with a rule on every request
+// and one keyed by an attribute.
+func fuzzEnforcer(t testing.TB) *regional.Enforcer {
+	t.Helper()
+	cfg := regional.DefaultConfig()
+	cfg.Region = "us-east"
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := regional.New(cfg, allowStore{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := []rules.Rule{
+		{ID: "all", Algorithm: rules.TokenBucket, Capacity: 100, RefillPerSecond: 10},
+		{ID: "tier", Match: map[string]string{"tier": "*"}, Key: []string{"tier", "client_key"}, Algorithm: rules.FixedWindow, Limit: 10, Window: rules.Duration(60e9)},
+	}
+	for i := range rs {
+		rs[i].Normalize()
+	}
+	if err := e.SetRules(rs); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// A request that does not decode as protobuf answers InvalidArgument (gRPC
+// alone answers Internal), and the service keeps serving.
+func TestMalformedRequestIsInvalidArgument(t *testing.T) {
+	e := fuzzEnforcer(t)
+	gs, _ := regional.NewGRPCServer(e)
+	Register(gs, e)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(l)
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	entry := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "client_key")
+	entry = protowire.AppendBytes(protowire.AppendTag(entry, 2, protowire.BytesType), []byte{'u', 0xff})
+	d := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), entry)
+	invalidUTF8 := protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), d)
+	for name, body := range map[string][]byte{
+		"truncated":           protowire.AppendTag(nil, 2, protowire.BytesType),
+		"field 0":             {0x00},
+		"invalid UTF-8 value": invalidUTF8,
+	} {
+		t.Run(name, func(t *testing.T) {
+			var resp rlsv3.RateLimitResponse
+			err := conn.Invoke(context.Background(), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", body, &resp, grpc.ForceCodec(rawCodec{}))
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "malformed envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit request") {
+				t.Fatalf("got %v, want InvalidArgument naming the method", err)
+			}
+		})
+	}
+	resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+		Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client_key", Value: "u"}}}}})
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("valid request after malformed ones: %v %v", resp, err)
+	}
+}
+
+// rawCodec sends []byte as they are.
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+func (rawCodec) Marshal(v any) ([]byte, error) {
+	if b, ok := v.([]byte); ok {
+		return b, nil
+	}
+	return proto.Marshal(v.(proto.Message))
+}
+func (rawCodec) Unmarshal(b []byte, v any) error { return proto.Unmarshal(b, v.(proto.Message)) }
+
+// FuzzShouldRateLimit: every request that decodes gets either an answer
+// per descriptor or InvalidArgument naming the part at fault (a descriptor,
+// an entry, the domain or hits_addend), never another code; a mapped
+// request's client key comes from a client-key entry.
+func FuzzShouldRateLimit(f *testing.F) {
+	for _, in := range []*rlsv3.RateLimitRequest{
+		{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+			{Key: "remote_address", Value: "10.0.0.1"}, {Key: "path", Value: "/orders"}, {Key: "tier", Value: "free"}}}}, HitsAddend: 2},
+		{Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client_key", Value: "u"}, {Key: "resource", Value: "GET /"}}, HitsAddend: wrapperspb.UInt64(3)},
+			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "api_key", Value: ""}, {Key: "user_id", Value: "v"}}, IsNegativeHits: true}}},
+	} {
+		b, err := proto.Marshal(in)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	s := newService(fuzzEnforcer(f))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		in := &rlsv3.RateLimitRequest{}
+		if proto.Unmarshal(data, in) != nil {
+			return // the codec answers InvalidArgument (TestMalformedRequestIsInvalidArgument)
+		}
+		for i, d := range in.GetDescriptors() {
+			if i >= MaxDescriptors {
+				break
+			}
+			var c check
+			if err := s.mapDescriptor(in, i, d, &c); err != nil {
+				continue
+			}
+			if c.keyEntry < 0 || c.keyEntry >= len(d.GetEntries()) || c.req.ClientKey != d.GetEntries()[c.keyEntry].GetValue() || c.req.ClientKey == "" {
+				t.Fatalf("descriptor %d mapped to client key %q from entry %d", i, c.req.ClientKey, c.keyEntry)
+			}
+			if k := d.GetEntries()[c.keyEntry].GetKey(); !contains(s.clientKeys, k) {
+				t.Fatalf("client key from entry %q, not a client key entry", k)
+			}
+			if c.req.Cost < 0 {
+				t.Fatalf("negative cost %d", c.req.Cost)
+			}
+			for _, e := range d.GetEntries() {
+				if _, ok := c.req.Attributes[e.GetKey()]; !ok {
+					t.Fatalf("entry %q is not an attribute", e.GetKey())
+				}
+			}
+		}
+		resp, err := s.ShouldRateLimit(context.Background(), in)
+		if err != nil {
+			msg := status.Convert(err).Message()
+			if status.Code(err) != codes.InvalidArgument || !(strings.HasPrefix(msg, "descriptors") || strings.HasPrefix(msg, "domain") || strings.HasPrefix(msg, "hits_addend")) {
+				t.Fatalf("got %v: want InvalidArgument naming the part at fault", err)
+			}
+			return
+		}
+		if len(resp.GetStatuses()) != len(in.GetDescriptors()) {
+			t.Fatalf("%d statuses for %d descriptors", len(resp.GetStatuses()), len(in.GetDescriptors()))
+		}
+		if _, err := proto.Marshal(resp); err != nil {
+			t.Fatalf("answer does not encode: %v", err)
+		}
+	})
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if x == y {
+			return true
+		}
+	}
+	return false
+}
