@@ -120,10 +120,10 @@ func TestHTTPRefusesStringsThatAreNotUTF8(t *testing.T) {
 	}
 	// Valid strings, escaped or not, are served, each in its own bucket.
 	accepted := []string{
-		`{"client_key":"\ufffd"}`,                   // U+FFFD itself is a valid character
-		`{"client_key":"\ud83d\ude00"}`,             // a surrogate pair: U+1F600
-		`{"client_key":"\\ud800"}`,                  // a backslash, then the text ud800
-		`{"client_key":"é"}`,                        // raw UTF-8
+		`{"client_key":"\ufffd"}`,                  // U+FFFD itself is a valid character
+		`{"client_key":"\ud83d\ude00"}`,            // a surrogate pair: U+1F600
+		`{"client_key":"\\ud800"}`,                 // a backslash, then the text ud800
+		`{"client_key":"é"}`,                       // raw UTF-8
 		`{"client_key":"a","resource":"\u00e9\/"}`, // other escapes
 	}
 	for _, body := range accepted {
@@ -160,8 +160,8 @@ func TestMalformedProtobufIsInvalidArgument(t *testing.T) {
 	}
 	t.Cleanup(func() { conn.Close() })
 	truncated := protowire.AppendTag(nil, 1, protowire.BytesType) // a length that never comes
-	badTag := []byte{0x00}                                         // field number 0
-	var inBatch []byte                                             // a batch whose second request is cut short
+	badTag := []byte{0x00}                                        // field number 0
+	var inBatch []byte                                            // a batch whose second request is cut short
 	inBatch = protowire.AppendTag(inBatch, 1, protowire.BytesType)
 	inBatch = protowire.AppendBytes(inBatch, protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "u"))
 	inBatch = protowire.AppendTag(inBatch, 1, protowire.BytesType)

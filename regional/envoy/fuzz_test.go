@@ -111,9 +111,9 @@ func (rawCodec) Marshal(v any) ([]byte, error) {
 func (rawCodec) Unmarshal(b []byte, v any) error { return proto.Unmarshal(b, v.(proto.Message)) }
 
 // FuzzShouldRateLimit: every request that decodes gets either an answer
-// per descriptor or InvalidArgument naming the part at fault (a descriptor,
-// an entry, the domain or hits_addend), never another code; a mapped
-// request's client key comes from a client-key entry.
+// per descriptor that encodes, or InvalidArgument naming the part at fault
+// (a descriptor, an entry, the domain or hits_addend), never another code;
+// over a store that allows everything, every descriptor is OK.
 func FuzzShouldRateLimit(f *testing.F) {
 	for _, in := range []*rlsv3.RateLimitRequest{
 		{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
@@ -134,29 +134,6 @@ func FuzzShouldRateLimit(f *testing.F) {
 		if proto.Unmarshal(data, in) != nil {
 			return // the codec answers InvalidArgument (TestMalformedRequestIsInvalidArgument)
 		}
-		for i, d := range in.GetDescriptors() {
-			if i >= MaxDescriptors {
-				break
-			}
-			var c check
-			if err := s.mapDescriptor(in, i, d, &c); err != nil {
-				continue
-			}
-			if c.keyEntry < 0 || c.keyEntry >= len(d.GetEntries()) || c.req.ClientKey != d.GetEntries()[c.keyEntry].GetValue() || c.req.ClientKey == "" {
-				t.Fatalf("descriptor %d mapped to client key %q from entry %d", i, c.req.ClientKey, c.keyEntry)
-			}
-			if k := d.GetEntries()[c.keyEntry].GetKey(); !contains(s.clientKeys, k) {
-				t.Fatalf("client key from entry %q, not a client key entry", k)
-			}
-			if c.req.Cost < 0 {
-				t.Fatalf("negative cost %d", c.req.Cost)
-			}
-			for _, e := range d.GetEntries() {
-				if _, ok := c.req.Attributes[e.GetKey()]; !ok {
-					t.Fatalf("entry %q is not an attribute", e.GetKey())
-				}
-			}
-		}
 		resp, err := s.ShouldRateLimit(context.Background(), in)
 		if err != nil {
 			msg := status.Convert(err).Message()
@@ -168,17 +145,13 @@ func FuzzShouldRateLimit(f *testing.F) {
 		if len(resp.GetStatuses()) != len(in.GetDescriptors()) {
 			t.Fatalf("%d statuses for %d descriptors", len(resp.GetStatuses()), len(in.GetDescriptors()))
 		}
+		for i, st := range resp.GetStatuses() {
+			if st.GetCode() != rlsv3.RateLimitResponse_OK {
+				t.Fatalf("descriptor %d: %v from a store that allows everything", i, st.GetCode())
+			}
+		}
 		if _, err := proto.Marshal(resp); err != nil {
 			t.Fatalf("answer does not encode: %v", err)
 		}
 	})
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if x == y {
-			return true
-		}
-	}
-	return false
 }

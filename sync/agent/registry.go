@@ -58,6 +58,21 @@ func (s Spec) validate() error {
 	return nil
 }
 
+// validLives checks that each region's incarnations appear in increasing
+// order, as Start appends them, below the largest number: Start gives the
+// next after the region's last, and a number given out twice (or 0, after
+// wrapping) would make peers take the new life for an old one.
+func validLives(st ledger.RegistryState) error {
+	last := map[string]uint64{}
+	for _, l := range st.Lives {
+		if l.Inc <= last[l.Region] || l.Inc == math.MaxUint64 {
+			return fmt.Errorf("state: incarnation %s/%d out of order (after %d) or too large", l.Region, l.Inc, last[l.Region])
+		}
+		last[l.Region] = l.Inc
+	}
+	return nil
+}
+
 // ledgerConfig returns base with the spec's Units and MinShare.
 func (s Spec) ledgerConfig(base ledger.Config) ledger.Config {
 	base.Units, base.MinShare = s.Units, s.MinShare
@@ -120,6 +135,9 @@ func (r *EtcdRegistry) decode(b []byte) (*ledger.Registry, Spec, error) {
 		return nil, Spec{}, fmt.Errorf("%w: document: %w", ErrRegistry, err)
 	}
 	if err := doc.Spec.validate(); err != nil {
+		return nil, Spec{}, fmt.Errorf("%w: document: %v", ErrRegistry, err)
+	}
+	if err := validLives(doc.State); err != nil {
 		return nil, Spec{}, fmt.Errorf("%w: document: %v", ErrRegistry, err)
 	}
 	reg, err := ledger.RestoreRegistry(doc.Spec.ledgerConfig(r.base), doc.Spec.Regions, doc.State)

@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"fmt"
-	"math"
 	"sort"
 )
 
@@ -63,31 +62,19 @@ func RestoreRegistry(cfg Config, regions []RegionSpec, st RegistryState) (*Regis
 		return nil, err
 	}
 	r.clock = st.Clock
-	var lastStart uint64
 	for _, l := range st.Lives {
 		if r.index(l.Region) < 0 || l.Inc == 0 || l.Start == 0 || l.Start > st.Clock || l.End > st.Clock || l.End != 0 && l.End < l.Start {
 			return nil, fmt.Errorf("%w: registry life %s/%d", ErrConfig, l.Region, l.Inc)
 		}
-		// As Start appends them: in start order, each region's incarnations
-		// increasing (Start gives the next one: a number given out twice
-		// would make peers take the new life for the old), the earlier
-		// closed.
-		if l.Start <= lastStart || l.Inc == math.MaxUint64 {
-			return nil, fmt.Errorf("%w: registry life %s/%d out of order", ErrConfig, l.Region, l.Inc)
-		}
-		if c := r.current(l.Region); c != nil && (c.id.Inc >= l.Inc || c.end == 0) {
-			return nil, fmt.Errorf("%w: registry life %s/%d after %s/%d", ErrConfig, l.Region, l.Inc, c.id.Region, c.id.Inc)
-		}
-		lastStart = l.Start
 		r.lives = append(r.lives, life{id: Incarnation{l.Region, l.Inc}, start: l.Start, end: l.End})
 	}
 	for _, rs := range st.Records {
-		if r.index(rs.Of.Region) < 0 || r.recs[rs.Of] != nil || rs.Complete != (rs.Record != nil) || rs.Record != nil && rs.Record.Of != rs.Of {
+		if r.index(rs.Of.Region) < 0 || r.recs[rs.Of] != nil || rs.Complete != (rs.Record != nil) {
 			return nil, fmt.Errorf("%w: registry record of %v", ErrConfig, rs.Of)
 		}
 		s := &recState{contribs: map[Incarnation]Contribution{}, complete: rs.Complete}
 		for _, c := range rs.Contributions {
-			if c.Of != rs.Of || r.index(c.From.Region) < 0 || c.From.Region == c.Of.Region {
+			if c.Of != rs.Of || r.index(c.From.Region) < 0 {
 				return nil, fmt.Errorf("%w: registry contribution %v to %v", ErrConfig, c.From, rs.Of)
 			}
 			if _, dup := s.contribs[c.From]; dup {
