@@ -10,14 +10,15 @@ import (
 	"net/http/httptest"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"unicode/utf8"
 
+	"github.com/alicebob/miniredis/v2"
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -26,31 +27,22 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// keyStore allows everything and records the bucket keys it was asked for.
-type keyStore struct {
-	mu   sync.Mutex
-	keys []string
-}
-
-func (s *keyStore) Check(_ context.Context, _ int64, bs []redisstore.Bucket) (bool, []redisstore.Result, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	res := make([]redisstore.Result, len(bs))
-	for i, b := range bs {
-		s.keys = append(s.keys, b.Key)
-		res[i] = redisstore.Result{Allowed: true, Limit: 10, Remaining: 9}
-	}
-	return true, res, nil
-}
-
-// storeEnforcer is an enforcer over a keyStore with one token bucket.
-func storeEnforcer(t testing.TB) (*Enforcer, *keyStore) {
+// miniEnforcer is an enforcer over the real store on an embedded
+// miniredis, with one token bucket keyed by client key.
+func miniEnforcer(t testing.TB) (*Enforcer, *miniredis.Miniredis) {
 	t.Helper()
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { client.Close() })
+	st, err := redisstore.New(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
 	cfg := DefaultConfig()
 	cfg.Region = "us-east"
 	cfg.Logger = quietLogger()
 	cfg.Metrics = NewMetrics(prometheus.NewRegistry(), cfg.Region)
-	st := &keyStore{}
 	enf, err := New(cfg, st)
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +52,7 @@ func storeEnforcer(t testing.TB) (*Enforcer, *keyStore) {
 	if err := enf.SetRules([]rules.Rule{r}); err != nil {
 		t.Fatal(err)
 	}
-	return enf, st
+	return enf, mr
 }
 
 // JSON escapes of lone UTF-16 surrogates are not valid UTF-8: encoding/json
@@ -68,7 +60,7 @@ func storeEnforcer(t testing.TB) (*Enforcer, *keyStore) {
 // share one bucket. They are refused, naming the field, as invalid UTF-8
 // bytes are (and as gRPC refuses such keys).
 func TestHTTPRefusesStringsThatAreNotUTF8(t *testing.T) {
-	enf, st := storeEnforcer(t)
+	enf, mr := miniEnforcer(t)
 	srv := httptest.NewServer(NewHTTPHandler(enf, nil, nil))
 	t.Cleanup(srv.Close)
 	post := func(t *testing.T, body string) (int, errorBody) {
@@ -112,11 +104,8 @@ func TestHTTPRefusesStringsThatAreNotUTF8(t *testing.T) {
 			}
 		})
 	}
-	st.mu.Lock()
-	n := len(st.keys)
-	st.mu.Unlock()
-	if n != 0 {
-		t.Fatalf("refused requests reached the store: %d buckets", n)
+	if keys := mr.Keys(); len(keys) != 0 {
+		t.Fatalf("refused requests reached the store: %q", keys)
 	}
 	// Valid strings, escaped or not, are served, each in its own bucket.
 	accepted := []string{
@@ -131,21 +120,15 @@ func TestHTTPRefusesStringsThatAreNotUTF8(t *testing.T) {
 			t.Fatalf("%s: got %d %+v, want 200", body, code, eb)
 		}
 	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	seen := map[string]bool{}
-	for _, k := range st.keys {
-		if seen[k] {
-			t.Fatalf("two different client keys share bucket %q", k)
-		}
-		seen[k] = true
+	if keys := mr.Keys(); len(keys) != len(accepted) {
+		t.Fatalf("%d requests with different client keys made buckets %q", len(accepted), keys)
 	}
 }
 
 // A request that is not protobuf answers InvalidArgument, not Internal, and
 // the server keeps serving.
 func TestMalformedProtobufIsInvalidArgument(t *testing.T) {
-	enf, _ := storeEnforcer(t)
+	enf, _ := miniEnforcer(t)
 	gs, svc := NewGRPCServer(enf)
 	svc.SetServing(true)
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -8,11 +8,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/apportion/apportion/regional"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -22,25 +24,22 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-// allowStore allows every check.
-type allowStore struct{}
-
-func (allowStore) Check(_ context.Context, _ int64, bs []redisstore.Bucket) (bool, []redisstore.Result, error) {
-	res := make([]redisstore.Result, len(bs))
-	for i := range res {
-		res[i] = redisstore.Result{Allowed: true, Limit: 100, Remaining: 99}
-	}
-	return true, res, nil
-}
-
-// fuzzEnforcer is an enforcer over allowStore with a rule on every request
-// and one keyed by an attribute.
+// fuzzEnforcer is an enforcer over the real store on an embedded miniredis,
+// with a rule on every request and one keyed by an attribute.
 func fuzzEnforcer(t testing.TB) *regional.Enforcer {
 	t.Helper()
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { client.Close() })
+	st, err := redisstore.New(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
 	cfg := regional.DefaultConfig()
 	cfg.Region = "us-east"
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	e, err := regional.New(cfg, allowStore{})
+	e, err := regional.New(cfg, st)
 	if err != nil {
 		t.Fatal(err)
 	}
