@@ -38,7 +38,7 @@ func NewGRPCServer(e *Enforcer, opts ...grpc.ServerOption) (*grpc.Server, *GRPCS
 	opts = append([]grpc.ServerOption{grpc.ForceServerCodec(lenientCodec{})}, opts...)
 	s := grpc.NewServer(opts...)
 	svc := &GRPCService{e: e, Health: health.NewServer()}
-	ratelimitv1.RegisterRateLimiterServer(s, svc)
+	RegisterService(s, &ratelimitv1.RateLimiter_ServiceDesc, svc)
 	healthpb.RegisterHealthServer(s, svc.Health)
 	reflection.Register(s)
 	svc.SetServing(false)
@@ -169,7 +169,11 @@ func (lenientCodec) Marshal(v any) ([]byte, error) {
 	return proto.Marshal(m)
 }
 
-func (lenientCodec) Unmarshal(data []byte, v any) error {
+func (c lenientCodec) Unmarshal(data []byte, v any) error {
+	if t, ok := v.(*decodeTarget); ok {
+		t.err = c.Unmarshal(data, t.msg)
+		return nil
+	}
 	m, ok := v.(proto.Message)
 	if !ok {
 		return fmt.Errorf("regional: codec: cannot unmarshal into %T", v)

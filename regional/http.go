@@ -116,8 +116,14 @@ func (h *HTTPHandler) check(w http.ResponseWriter, r *http.Request) {
 // of the offending field when it can tell.
 func decodeCheck(body []byte) (Request, string, error) {
 	var req Request
-	if !utf8.Valid(body) {
-		return req, "", errors.New("body is not valid UTF-8")
+	if valid := utf8.Valid(body); !valid || hasSurrogateEscape(body) {
+		// encoding/json would turn these into U+FFFD: one bucket for all.
+		if err := invalidString(body); err != nil {
+			return req, err.Field, err
+		}
+		if !valid {
+			return req, "", errors.New("body is not valid UTF-8")
+		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

@@ -29,6 +29,7 @@ const (
 	MinRefillPerSecond = 0.001
 	MaxRefillPerSecond = 1e9
 	MaxSplit           = 64
+	MaxWeight          = 1e9 // a region's weight: sums of weights stay finite
 	MinWindow          = time.Millisecond
 	MaxWindow          = 366 * 24 * time.Hour
 )
@@ -189,8 +190,8 @@ func (r *Rule) Validate() error {
 			if msg := checkName(name, MaxNameLen); msg != "" {
 				return fe(field, "region name: %s", msg)
 			}
-			if math.IsNaN(w) || math.IsInf(w, 0) || w <= 0 {
-				return fe(field, "weight must be a finite number above 0, got %v", w)
+			if math.IsNaN(w) || w <= 0 || w > MaxWeight {
+				return fe(field, "weight must be a finite number above 0, at most %g, got %v", MaxWeight, w)
 			}
 		}
 		if math.IsNaN(r.MinShare) || r.MinShare < 0 || r.MinShare > 1 {

@@ -86,6 +86,7 @@ func TestValidate(t *testing.T) {
 		{name: "global negative weight", base: globalRule, edit: func(r *Rule) { r.Regions["eu-west"] = -1 }, field: "regions.eu-west", msg: "above 0"},
 		{name: "global NaN weight", base: globalRule, edit: func(r *Rule) { r.Regions["eu-west"] = math.NaN() }, field: "regions.eu-west", msg: "finite"},
 		{name: "global Inf weight", base: globalRule, edit: func(r *Rule) { r.Regions["eu-west"] = math.Inf(1) }, field: "regions.eu-west", msg: "finite"},
+		{name: "global weight whose sum overflows", base: globalRule, edit: func(r *Rule) { r.Regions["eu-west"], r.Regions["us-east"] = 1e308, 1e308 }, field: "regions.eu-west", msg: "at most 1e+09"},
 		{name: "global bad region name", base: globalRule, edit: func(r *Rule) { r.Regions["us east"] = 1 }, field: "regions.us east", msg: "region name"},
 		{name: "global min share above 1", base: globalRule, edit: func(r *Rule) { r.MinShare = 1.5 }, field: "min_share", msg: "between 0 and 1"},
 		{name: "global min share negative", base: globalRule, edit: func(r *Rule) { r.MinShare = -0.1 }, field: "min_share", msg: "between 0 and 1"},

@@ -279,7 +279,8 @@ func TestHTTPAndRuleReload(t *testing.T) {
 			`{"client_key":"a","bogus":1}`:                      "bogus",
 			`{"client_key":5}`:                                  "client_key",
 			`{"client_key":"` + strings.Repeat("x", 300) + `"}`: "client_key",
-			"{\"client_key\":\"a\xff\"}":                        "",
+			"{\"client_key\":\"a\xff\"}":                        "client_key",
+			`{"client_key":"a\ud800"}`:                          "client_key",
 			`{"client_key":`:                                    "",
 		}
 		for body, field := range cases {

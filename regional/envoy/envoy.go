@@ -69,7 +69,7 @@ var ServiceName = rlsv3.RateLimitService_ServiceDesc.ServiceName
 // Register adds envoy.service.ratelimit.v3.RateLimitService to s, answering
 // from e. Call it before s serves, e.g. right after regional.NewGRPCServer.
 func Register(s *grpc.Server, e *regional.Enforcer, opts ...Option) {
-	rlsv3.RegisterRateLimitServiceServer(s, newService(e, opts...))
+	regional.RegisterService(s, &rlsv3.RateLimitService_ServiceDesc, newService(e, opts...))
 }
 
 // service implements RateLimitService. Its settings are immutable after

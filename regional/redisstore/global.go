@@ -153,13 +153,31 @@ func (s *Store) RunID(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("redisstore: run id: %w", err)
 	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
-			return v, nil
+	return parseRunID(info)
+}
+
+// parseRunID reads the run id from an INFO server reply exactly as the
+// scripts do (Lua string.match(info, 'run_id:(%x+)')): the hex digits after
+// the first "run_id:" followed by at least one. Reading it any other way
+// would let the two disagree, and then no marker would ever apply.
+func parseRunID(info string) (string, error) {
+	for rest := info; ; {
+		i := strings.Index(rest, "run_id:")
+		if i < 0 {
+			return "", fmt.Errorf("%w: INFO server without a hexadecimal run_id", ErrBadReply)
+		}
+		rest = rest[i+len("run_id:"):]
+		n := 0
+		for n < len(rest) && isHex(rest[n]) {
+			n++
+		}
+		if n > 0 {
+			return rest[:n], nil
 		}
 	}
-	return "", fmt.Errorf("%w: INFO server without run_id", ErrBadReply)
 }
+
+func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
 
 // WriteMarker applies m for rule, in one script: a Create applies only if
 // the store's current run id is m.RunID and m's version is above the held

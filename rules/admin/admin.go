@@ -17,6 +17,7 @@
 package admin
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -27,6 +28,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -197,14 +199,15 @@ func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, err error) 
 
 func etag(rev int64) string { return `"` + strconv.FormatInt(rev, 10) + `"` }
 
-// parseETag reads one strong entity tag holding a revision.
+// parseETag reads one strong entity tag holding a revision, exactly as etag
+// writes it (entity tags compare character by character: "042" is not "42").
 func parseETag(s string) (int64, error) {
 	s = strings.TrimSpace(s)
 	if len(s) < 3 || s[0] != '"' || s[len(s)-1] != '"' {
 		return 0, fmt.Errorf("want one entity tag such as \"42\" (quotes included), got %q", s)
 	}
 	rev, err := strconv.ParseInt(s[1:len(s)-1], 10, 64)
-	if err != nil || rev <= 0 {
+	if err != nil || rev <= 0 || etag(rev) != s {
 		return 0, fmt.Errorf("entity tag %s is not a revision from this API", s)
 	}
 	return rev, nil
@@ -346,9 +349,15 @@ func withPathID(body []byte, id string) ([]byte, error) {
 	}
 	raw, ok := obj["id"]
 	if !ok {
+		// Add the id in front and leave the rest as written: re-encoding the
+		// map would drop a repeated field that rules.ParseRule must refuse.
 		idJSON, _ := json.Marshal(id)
-		obj["id"] = idJSON
-		return json.Marshal(obj)
+		rest := bytes.TrimLeft(body, " \t\r\n")[1:] // after the '{'
+		sep := []byte(",")
+		if bytes.TrimLeft(rest, " \t\r\n")[0] == '}' {
+			sep = nil
+		}
+		return slices.Concat([]byte(`{"id":`), idJSON, sep, rest), nil
 	}
 	var bodyID string
 	if err := json.Unmarshal(raw, &bodyID); err != nil {

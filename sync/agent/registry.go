@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
+	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/sync/ledger"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -31,6 +33,44 @@ type Spec struct {
 
 func (s Spec) equal(o Spec) bool {
 	return s.Units == o.Units && s.MinShare == o.MinShare && slices.Equal(s.Regions, o.Regions)
+}
+
+// validate checks a spec read from etcd as the agent would have made it:
+// units within the store's range, regions named once in name order
+// (ledger.Regions) with finite positive weights of a finite sum.
+func (s Spec) validate() error {
+	if s.Units <= 0 || s.Units > redisstore.MaxUnits {
+		return fmt.Errorf("spec: units %d outside (0, %d]", s.Units, redisstore.MaxUnits)
+	}
+	var sum float64
+	for i, x := range s.Regions {
+		if i > 0 && s.Regions[i-1].Name >= x.Name {
+			return fmt.Errorf("spec: regions not in name order or repeated at %q", x.Name)
+		}
+		if !(x.Weight > 0) || math.IsInf(x.Weight, 0) {
+			return fmt.Errorf("spec: region %q: weight %v is not a finite number above 0", x.Name, x.Weight)
+		}
+		sum += x.Weight
+	}
+	if math.IsInf(sum, 0) {
+		return errors.New("spec: the weights' sum is not finite")
+	}
+	return nil
+}
+
+// validLives checks that each region's incarnations appear in increasing
+// order, as Start appends them, below the largest number: Start gives the
+// next after the region's last, and a number given out twice (or 0, after
+// wrapping) would make peers take the new life for an old one.
+func validLives(st ledger.RegistryState) error {
+	last := map[string]uint64{}
+	for _, l := range st.Lives {
+		if l.Inc <= last[l.Region] || l.Inc == math.MaxUint64 {
+			return fmt.Errorf("state: incarnation %s/%d out of order (after %d) or too large", l.Region, l.Inc, last[l.Region])
+		}
+		last[l.Region] = l.Inc
+	}
+	return nil
 }
 
 // ledgerConfig returns base with the spec's Units and MinShare.
@@ -93,6 +133,12 @@ func (r *EtcdRegistry) decode(b []byte) (*ledger.Registry, Spec, error) {
 	var doc registryDoc
 	if err := json.Unmarshal(b, &doc); err != nil {
 		return nil, Spec{}, fmt.Errorf("%w: document: %w", ErrRegistry, err)
+	}
+	if err := doc.Spec.validate(); err != nil {
+		return nil, Spec{}, fmt.Errorf("%w: document: %v", ErrRegistry, err)
+	}
+	if err := validLives(doc.State); err != nil {
+		return nil, Spec{}, fmt.Errorf("%w: document: %v", ErrRegistry, err)
 	}
 	reg, err := ledger.RestoreRegistry(doc.Spec.ledgerConfig(r.base), doc.Spec.Regions, doc.State)
 	if err != nil {

@@ -1,0 +1,308 @@
+package regional
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/alicebob/miniredis/v2"
+	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
+	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/rules"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// miniEnforcer is an enforcer over the real store on an embedded
+// miniredis, with one token bucket keyed by client key.
+func miniEnforcer(t testing.TB) (*Enforcer, *miniredis.Miniredis) {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { client.Close() })
+	st, err := redisstore.New(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	cfg := DefaultConfig()
+	cfg.Region = "us-east"
+	cfg.Timeout = time.Second // the CI machine is small and shared; a fail-open answer stores nothing
+	cfg.Logger = quietLogger()
+	cfg.Metrics = NewMetrics(prometheus.NewRegistry(), cfg.Region)
+	enf, err := New(cfg, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := tokenBucket("tb", 10, 1)
+	r.Normalize()
+	if err := enf.SetRules([]rules.Rule{r}); err != nil {
+		t.Fatal(err)
+	}
+	return enf, mr
+}
+
+// JSON escapes of lone UTF-16 surrogates are not valid UTF-8: encoding/json
+// would turn each into U+FFFD, so that "\ud800", "\udfff" and "\ufffd" would
+// share one bucket. They are refused, naming the field, as invalid UTF-8
+// bytes are (and as gRPC refuses such keys).
+func TestHTTPRefusesStringsThatAreNotUTF8(t *testing.T) {
+	enf, mr := miniEnforcer(t)
+	srv := httptest.NewServer(NewHTTPHandler(enf, nil, nil))
+	t.Cleanup(srv.Close)
+	post := func(t *testing.T, body string) (int, errorBody) {
+		t.Helper()
+		resp, err := http.Post(srv.URL+"/v1/check", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var eb errorBody
+		if resp.StatusCode != http.StatusOK {
+			if err := json.NewDecoder(resp.Body).Decode(&eb); err != nil {
+				t.Fatalf("error body: %v", err)
+			}
+		}
+		return resp.StatusCode, eb
+	}
+	refused := []struct {
+		name, body, field string
+	}{
+		{"lone high surrogate", `{"client_key":"\ud800"}`, "client_key"},
+		{"lone low surrogate", `{"client_key":"\udfff"}`, "client_key"},
+		{"last high surrogate", `{"client_key":"u\udbff"}`, "client_key"},
+		{"upper-case hex", `{"client_key":"\uD800x"}`, "client_key"},
+		{"high then high", `{"client_key":"\ud800\ud800"}`, "client_key"},
+		{"high then a letter escape", `{"client_key":"\ud800\u0041"}`, "client_key"},
+		{"low then high (reversed pair)", `{"client_key":"\ude00\ud83d"}`, "client_key"},
+		{"after an escaped backslash", `{"client_key":"\\\ud800"}`, "client_key"},
+		{"field name in another case", `{"Client_Key":"\udfff"}`, "client_key"},
+		{"resource", `{"client_key":"u","resource":"GET /\udc00"}`, "resource"},
+		{"attribute value", `{"client_key":"u","attributes":{"tier":"\ud800"}}`, "attributes"},
+		{"attribute name", `{"client_key":"u","attributes":{"\udfff":"free"}}`, "attributes"},
+		{"invalid bytes", "{\"client_key\":\"u\xff\"}", "client_key"},
+		{"invalid bytes in an attribute", "{\"client_key\":\"u\",\"attributes\":{\"a\":\"\xc3\"}}", "attributes"},
+	}
+	for _, tc := range refused {
+		t.Run(tc.name, func(t *testing.T) {
+			code, eb := post(t, tc.body)
+			if code != http.StatusBadRequest || eb.Field != tc.field || !strings.Contains(eb.Error, "UTF-8") || !strings.Contains(eb.Error, tc.field) {
+				t.Fatalf("got %d %+v, want 400 naming %s and UTF-8", code, eb, tc.field)
+			}
+		})
+	}
+	if keys := mr.Keys(); len(keys) != 0 {
+		t.Fatalf("refused requests reached the store: %q", keys)
+	}
+	// Valid strings, escaped or not, are served, each in its own bucket.
+	accepted := []string{
+		`{"client_key":"\ufffd"}`,                  // U+FFFD itself is a valid character
+		`{"client_key":"\ud83d\ude00"}`,            // a surrogate pair: U+1F600
+		`{"client_key":"\\ud800"}`,                 // a backslash, then the text ud800
+		`{"client_key":"é"}`,                       // raw UTF-8
+		`{"client_key":"a","resource":"\u00e9\/"}`, // other escapes
+	}
+	for _, body := range accepted {
+		if code, eb := post(t, body); code != http.StatusOK {
+			t.Fatalf("%s: got %d %+v, want 200", body, code, eb)
+		}
+	}
+	if keys := mr.Keys(); len(keys) != len(accepted) {
+		t.Fatalf("%d requests with different client keys made buckets %q", len(accepted), keys)
+	}
+}
+
+// A request that is not protobuf answers InvalidArgument, not Internal, and
+// the server keeps serving.
+func TestMalformedProtobufIsInvalidArgument(t *testing.T) {
+	enf, _ := miniEnforcer(t)
+	gs, svc := NewGRPCServer(enf)
+	svc.SetServing(true)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(l)
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	truncated := protowire.AppendTag(nil, 1, protowire.BytesType) // a length that never comes
+	badTag := []byte{0x00}                                        // field number 0
+	var inBatch []byte                                            // a batch whose second request is cut short
+	inBatch = protowire.AppendTag(inBatch, 1, protowire.BytesType)
+	inBatch = protowire.AppendBytes(inBatch, protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "u"))
+	inBatch = protowire.AppendTag(inBatch, 1, protowire.BytesType)
+	inBatch = protowire.AppendBytes(inBatch, []byte{0x0a, 0x05, 'u'})
+	tests := []struct {
+		name, method string
+		body         []byte
+	}{
+		{"truncated CheckLimit", "CheckLimit", truncated},
+		{"field 0 CheckLimit", "CheckLimit", badTag},
+		{"truncated CheckLimits", "CheckLimits", truncated},
+		{"bad request inside a batch", "CheckLimits", inBatch},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var resp ratelimitv1.CheckLimitResponse
+			err := conn.Invoke(context.Background(), "/ratelimit.v1.RateLimiter/"+tc.method, tc.body, &resp, grpc.ForceCodec(rawCodec{}))
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "malformed ratelimit.v1.RateLimiter/"+tc.method) {
+				t.Fatalf("got %v, want InvalidArgument naming the method", err)
+			}
+		})
+	}
+	c := ratelimitv1.NewRateLimiterClient(conn)
+	if r, err := c.CheckLimit(context.Background(), &ratelimitv1.CheckLimitRequest{ClientKey: "a"}); err != nil || !r.Allowed {
+		t.Fatalf("valid request after malformed ones: %v %v", r, err)
+	}
+}
+
+// FuzzDecodeCheck: the HTTP body decoder never panics, never lets a string
+// that is not valid UTF-8 through as U+FFFD, names the field it refuses, and
+// what it accepts re-encodes to a body that decodes to the same request.
+func FuzzDecodeCheck(f *testing.F) {
+	f.Add([]byte(`{"client_key":"user:42","resource":"GET /","cost":2,"attributes":{"tier":"free"}}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, field, err := decodeCheck(body)
+		if err != nil {
+			if err.Error() == "" {
+				t.Fatal("empty error")
+			}
+			if field != "" && !strings.Contains(err.Error(), field) {
+				t.Fatalf("error %q does not name field %q", err, field)
+			}
+			var re *RequestError
+			if errors.As(err, &re) && re.Field != field {
+				t.Fatalf("field %q, error names %q", field, re.Field)
+			}
+			return
+		}
+		strs := []string{req.ClientKey, req.Resource}
+		for k, v := range req.Attributes {
+			strs = append(strs, k, v)
+		}
+		literal := bytes.Contains(body, []byte("\uFFFD")) || bytes.Contains(bytes.ToLower(body), []byte(`\ufffd`))
+		for _, s := range strs {
+			if !utf8.ValidString(s) {
+				t.Fatalf("accepted invalid UTF-8 %q", s)
+			}
+			if strings.ContainsRune(s, utf8.RuneError) && !literal {
+				t.Fatalf("accepted %q: a U+FFFD the body does not contain", s)
+			}
+		}
+		again, err := json.Marshal(req)
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		back, _, err := decodeCheck(again)
+		if err != nil {
+			t.Fatalf("re-encoded body %s refused: %v", again, err)
+		}
+		if len(req.Attributes) == 0 {
+			req.Attributes = nil
+		}
+		if !reflect.DeepEqual(back, req) {
+			t.Fatalf("round trip: %+v, then %+v", req, back)
+		}
+	})
+}
+
+// FuzzLenientCodec: the server's codec never panics; it decodes exactly
+// what proto does, and beyond that only messages whose strings are not valid
+// UTF-8 (which the enforcer then refuses naming the field); its failures
+// are the ones a RegisterService handler answers InvalidArgument.
+func FuzzLenientCodec(f *testing.F) {
+	for _, m := range []proto.Message{
+		&ratelimitv1.CheckLimitRequest{ClientKey: "user:42", Resource: "GET /", Cost: 3, Attributes: map[string]string{"tier": "free", "ip": "10.0.0.1"}},
+		&ratelimitv1.CheckLimitsRequest{Requests: []*ratelimitv1.CheckLimitRequest{{ClientKey: "a"}, {ClientKey: "b", Cost: -1}}},
+	} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c := lenientCodec{}
+		for _, mk := range []func() proto.Message{
+			func() proto.Message { return &ratelimitv1.CheckLimitRequest{} },
+			func() proto.Message { return &ratelimitv1.CheckLimitsRequest{} },
+		} {
+			strict, lenient := mk(), mk()
+			serr := proto.Unmarshal(data, strict)
+			lerr := c.Unmarshal(data, lenient)
+			target := &decodeTarget{msg: mk()}
+			if err := c.Unmarshal(data, target); err != nil || (target.err == nil) != (lerr == nil) {
+				t.Fatalf("decodeTarget: %v, recorded %v; direct %v", err, target.err, lerr)
+			}
+			switch {
+			case serr == nil && lerr != nil:
+				t.Fatalf("proto decodes %x, the codec refuses it: %v", data, lerr)
+			case serr == nil:
+				if !proto.Equal(strict, lenient) {
+					t.Fatalf("codec decodes %x as %v, proto as %v", data, lenient, strict)
+				}
+			case lerr == nil && allValidUTF8(lenient):
+				// proto refused it for a reason other than UTF-8: so must we,
+				// or re-encoding must at least give a message proto reads.
+				b, err := proto.Marshal(lenient)
+				if err != nil {
+					t.Fatalf("codec accepted %x (proto: %v) as %v, which does not encode: %v", data, serr, lenient, err)
+				}
+				if err := proto.Unmarshal(b, mk()); err != nil {
+					t.Fatalf("codec accepted %x (proto: %v) as %v: %v", data, serr, lenient, err)
+				}
+			}
+			if lerr == nil {
+				b, err := c.Marshal(lenient)
+				if err == nil {
+					back := mk()
+					if err := c.Unmarshal(b, back); err != nil || !proto.Equal(back, lenient) {
+						t.Fatalf("round trip of %v: %v %v", lenient, back, err)
+					}
+				} else if allValidUTF8(lenient) {
+					t.Fatalf("decoded %v does not encode: %v", lenient, err)
+				}
+			}
+		}
+	})
+}
+
+func allValidUTF8(m proto.Message) bool {
+	var reqs []*ratelimitv1.CheckLimitRequest
+	switch v := m.(type) {
+	case *ratelimitv1.CheckLimitRequest:
+		reqs = append(reqs, v)
+	case *ratelimitv1.CheckLimitsRequest:
+		reqs = v.GetRequests()
+	}
+	for _, r := range reqs {
+		if !utf8.ValidString(r.GetClientKey()) || !utf8.ValidString(r.GetResource()) {
+			return false
+		}
+		for k, v := range r.GetAttributes() {
+			if !utf8.ValidString(k) || !utf8.ValidString(v) {
+				return false
+			}
+		}
+	}
+	return true
+}

@@ -1,0 +1,44 @@
+package regional
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// RegisterService registers impl for desc on s, a server from
+// NewGRPCServer, as the generated Register functions do, except that a
+// request that does not decode answers InvalidArgument naming the method
+// (gRPC itself answers Internal: it cannot tell a client's bad bytes from a
+// server fault). Streaming methods are registered as they are.
+func RegisterService(s *grpc.Server, desc *grpc.ServiceDesc, impl any) {
+	d := *desc
+	d.Methods = make([]grpc.MethodDesc, len(desc.Methods))
+	for i, m := range desc.Methods {
+		name, handler := desc.ServiceName+"/"+m.MethodName, m.Handler
+		d.Methods[i] = grpc.MethodDesc{MethodName: m.MethodName,
+			Handler: func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+				return handler(srv, ctx, func(v any) error {
+					t := &decodeTarget{msg: v}
+					if err := dec(t); err != nil {
+						return err // not a decoding error: a read or size limit
+					}
+					if t.err != nil {
+						return status.Errorf(codes.InvalidArgument, "malformed %s request: %v", name, t.err)
+					}
+					return nil
+				}, ic)
+			}}
+	}
+	s.RegisterService(&d, impl)
+}
+
+// decodeTarget is what a RegisterService handler asks the codec to decode
+// into: the codec decodes into msg and records a failure in err instead of
+// failing the read.
+type decodeTarget struct {
+	msg any
+	err error
+}
