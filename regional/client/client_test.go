@@ -198,7 +198,9 @@ func deadAddr(t *testing.T) string {
 }
 
 // stuck is a RateLimiter that never answers before the caller gives up.
-type stuck struct{ ratelimitv1.UnimplementedRateLimiterServer }
+type stuck struct {
+	ratelimitv1.UnimplementedRateLimiterServer
+}
 
 func (stuck) CheckLimit(ctx context.Context, _ *ratelimitv1.CheckLimitRequest) (*ratelimitv1.CheckLimitResponse, error) {
 	<-ctx.Done()
