@@ -26,9 +26,9 @@ import (
 // --trace-client-keys is on: keys are often user ids or API keys, and trace
 // backends are rarely access-controlled like logs.
 const (
-	attrDecision   = "apportion.decision"    // allowed, rejected, fail_allowed, fail_rejected, no_rule
-	attrRuleID     = "apportion.rule_id"     // the binding rule
-	attrFailOpen   = "apportion.fail_open"   // answered by the failure policy
+	attrDecision   = "apportion.decision"  // allowed, rejected, fail_allowed, fail_rejected, no_rule
+	attrRuleID     = "apportion.rule_id"   // the binding rule
+	attrFailOpen   = "apportion.fail_open" // answered by the failure policy
 	attrMatched    = "apportion.rules_matched"
 	attrResource   = "apportion.resource"
 	attrCost       = "apportion.cost"
