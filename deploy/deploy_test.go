@@ -4,8 +4,9 @@ package deploy
 // APPORTION_* variable and command-line flag names a real flag of the binary
 // it configures, ports agree with the flags, every metric that an alert or a
 // dashboard panel uses is exported, and one image name is used everywhere.
-// They run without Docker or Kubernetes; where docker compose, kubectl or
-// promtool is on PATH they also run its own validation.
+// They run without Docker or Kubernetes; where docker compose or kubectl is
+// on PATH they also run its own validation. promtool is required
+// (prometheus_test.go).
 
 import (
 	"bytes"
@@ -1378,22 +1379,6 @@ func TestMetricNamesExist(t *testing.T) {
 		`decision=~"fail_.*"`, "shadow_rejected", "apportion_sync_peers_seen"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("neither alerts.yml nor the dashboard uses %s", want)
-		}
-	}
-}
-
-// TestPromtool runs promtool's own checks where it is installed.
-func TestPromtool(t *testing.T) {
-	if _, err := exec.LookPath("promtool"); err != nil {
-		t.Log("promtool is not installed: alerts.yml was checked by this package's own tests only, not by `promtool check rules`")
-		return
-	}
-	for _, args := range [][]string{
-		{"check", "rules", filepath.Join("prometheus", "alerts.yml")},
-		{"check", "config", "--syntax-only", filepath.Join("prometheus", "prometheus.yml")},
-	} {
-		if out, err := exec.Command("promtool", args...).CombinedOutput(); err != nil {
-			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
 }
