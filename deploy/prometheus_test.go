@@ -3,8 +3,8 @@ package deploy
 import (
 	"os"
 	"os/exec"
-	"regexp"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
