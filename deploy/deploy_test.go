@@ -57,7 +57,7 @@ var rlctlFlags = map[string]string{
 // histograms are the metrics whose _bucket, _sum and _count series queries use.
 var histograms = []string{regional.MetricLatency, "apportion_sync_tick_duration_seconds"}
 
-// pendingBinaries are named by DESIGN.md section 10 but may not be in cmd/
+// pendingBinaries are named by the command-line contract but may not be in cmd/
 // yet (other work in progress); deploy files may reference them.
 var pendingBinaries = []string{"rlsim"}
 
