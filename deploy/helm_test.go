@@ -157,7 +157,7 @@ func TestHelmTemplate(t *testing.T) {
 			}
 			sort.Strings(got)
 			want := []string{"Deployment/rl-apportion-ratelimitd", "Deployment/rl-apportion-syncagent",
-				"PodDisruptionBudget/rl-apportion-ratelimitd", "Service/rl-apportion-ratelimitd", "Service/rl-apportion-ratelimitd-admin",
+				"PodDisruptionBudget/rl-apportion-ratelimitd", "Service/rl-apportion-ratelimitd",
 				"Service/rl-apportion-ratelimitd-headless", "Service/rl-apportion-syncagent"}
 			if !slices.Equal(got, want) {
 				t.Fatalf("objects %v, want %v", got, want)
@@ -203,8 +203,10 @@ func checkWorkloads(t *testing.T, objs []k8sObject, bins map[string]map[string]s
 		}
 		cp := c.ports()
 		for flag, p := range listenPorts(t, c.where(), values) {
-			if !slices.Contains(mapValues(cp), p) {
-				t.Errorf("%s: --%s listens on %d, which no containerPort exposes (%v)", c.where(), flag, p, cp)
+			exposed := slices.Contains(mapValues(cp), p)
+			// A loopback listener is reachable from inside the pod only.
+			if lo := loopback(values[flagenvName(flag)]); lo == exposed {
+				t.Errorf("%s: --%s listens on %s, containerPorts %v", c.where(), flag, values[flagenvName(flag)], cp)
 			}
 		}
 		for _, probe := range []string{"readinessProbe", "livenessProbe"} {
@@ -324,6 +326,39 @@ func TestHelmValues(t *testing.T) {
 				t.Errorf("%s/%s rendered with admin.enabled=false", o.kind, o.name)
 			}
 		}
+	})
+	t.Run("admin API on loopback unless exposed with mutual TLS", func(t *testing.T) {
+		objs, _, err := render(t, base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := envOf(objs, "rl-apportion-ratelimitd")
+		if v := toString(env["APPORTION_ADMIN_ADDR"]["value"]); !loopback(v) {
+			t.Errorf("APPORTION_ADMIN_ADDR=%q by default, want loopback", v)
+		}
+		if _, _, err := render(t, with("ratelimitd.admin", map[string]any{"enabled": true, "expose": true})); err == nil ||
+			!strings.Contains(err.Error(), "mutual TLS") {
+			t.Errorf("admin exposed without TLS: %v, want an error asking for mutual TLS", err)
+		}
+		vals := with("ratelimitd.admin", map[string]any{"enabled": true, "expose": true})
+		vals["ratelimitd"].(map[string]any)["tls"] = map[string]any{"secretName": "ratelimitd-tls", "clientCA": true}
+		objs, _, err = render(t, vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env = envOf(objs, "rl-apportion-ratelimitd")
+		if loopback(toString(env["APPORTION_ADMIN_ADDR"]["value"])) || toString(env["APPORTION_TLS_CLIENT_CA"]["value"]) != "/etc/apportion/tls/ca.crt" ||
+			toString(env["APPORTION_TLS_CERT"]["value"]) == "" {
+			t.Errorf("exposed admin with mutual TLS: env %v", env)
+		}
+		admin := false
+		for _, o := range objs {
+			admin = admin || o.name == "rl-apportion-ratelimitd-admin"
+		}
+		if !admin {
+			t.Error("no admin Service with admin.expose and mutual TLS")
+		}
+		checkWorkloads(t, objs, binaryFlags(t))
 	})
 	t.Run("tracing", func(t *testing.T) {
 		objs, _, err := render(t, base)
