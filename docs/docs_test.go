@@ -9,8 +9,10 @@ package docs
 import (
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -161,5 +163,80 @@ func TestNoOutsideDesignDocs(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "docs", "design.md")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// layers ranks the repository's packages as docs/design.md ("Layers")
+// describes them: a package may import packages of its own rank or lower,
+// never higher. A package missing here fails the test, so a new package
+// gets a place in the design.
+var layers = []struct {
+	rank     int
+	prefixes []string
+}{
+	// internal/ is plumbing for all (internal/stack, the composition root, excepted).
+	{0, []string{"allocation", "rules", "proto/", "sync/ledger", "sync/usage", "sync/wire", "deploy", "internal/"}},
+	{1, []string{"regional/redisstore", "rules/etcdstore", "rules/admin"}},
+	{2, []string{"regional"}},
+	{3, []string{"regional/envoy", "regional/middleware", "regional/client", "sync/agent"}},
+	{4, []string{"regional/enforcerd"}},
+	{5, []string{"internal/stack", "simulations"}},
+	{6, []string{"cmd/"}},
+}
+
+// pure packages import nothing that does I/O, reads the clock's wall
+// time source, or draws random numbers.
+var pure = map[string][]string{
+	"allocation":  {"net", "os", "io", "math/rand", "math/rand/v2", "sync", "time"},
+	"sync/ledger": {"net", "os", "io", "math/rand", "math/rand/v2", "sync"},
+}
+
+func rankOf(pkg string) (int, bool) {
+	best, rank := "", -1
+	for _, l := range layers {
+		for _, p := range l.prefixes {
+			match := pkg == strings.TrimSuffix(p, "/") || strings.HasPrefix(pkg, strings.TrimSuffix(p, "/")+"/")
+			if match && len(p) > len(best) {
+				best, rank = p, l.rank
+			}
+		}
+	}
+	return rank, rank >= 0
+}
+
+func TestLayers(t *testing.T) {
+	const module = "github.com/apportion/apportion/"
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", module+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	n := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg := strings.TrimPrefix(fields[0], module)
+		if pkg == "docs" {
+			continue
+		}
+		n++
+		rank, ok := rankOf(pkg)
+		if !ok {
+			t.Errorf("package %s has no layer: add it to docs/design.md's Layers and to this test", pkg)
+			continue
+		}
+		for _, imp := range fields[1:] {
+			if banned := pure[pkg]; slices.Contains(banned, imp) {
+				t.Errorf("%s is pure but imports %s", pkg, imp)
+			}
+			dep, ok := strings.CutPrefix(imp, module)
+			if !ok {
+				continue
+			}
+			if r, _ := rankOf(dep); r > rank {
+				t.Errorf("%s (layer %d) imports %s (layer %d): arrows point down only", pkg, rank, dep, r)
+			}
+		}
+	}
+	if n < 30 {
+		t.Errorf("only %d packages listed", n)
 	}
 }
