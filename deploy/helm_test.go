@@ -389,6 +389,7 @@ func TestHelmValues(t *testing.T) {
 	})
 	for _, bad := range []struct{ path, want string }{
 		{"region", "region"}, {"redis.addr", "addr"}, {"ratelimitd.tracing.sampleRatio", "sampleRatio"},
+		{"syncagent.reportPeerKeys", "reportPeerKeys"},
 	} {
 		t.Run("refuses bad "+bad.path, func(t *testing.T) {
 			v := any("")

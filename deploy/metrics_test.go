@@ -131,7 +131,8 @@ func exported(t *testing.T) map[string]*metricRow {
 	enf := runDaemon(t, "ratelimitd", enforcerd.Run, "--region", "us-east", "--redis-addr", redisAddr,
 		"--etcd-endpoints", etcd.Endpoint, "--nats-url", natsURL, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
 	ag := runDaemon(t, "syncagent", agent.RunCommand, "--region", "us-east", "--redis-addr", redisAddr,
-		"--etcd-endpoints", etcd.Endpoint, "--nats-url", natsURL, "--http-addr", "127.0.0.1:0")
+		"--etcd-endpoints", etcd.Endpoint, "--nats-url", natsURL, "--http-addr", "127.0.0.1:0",
+		"--insecure-unsigned-reports") // the metrics are the same with signed reports
 
 	rows := map[string]*metricRow{}
 	for binary, addr := range map[string]string{"ratelimitd": enf, "syncagent": ag} {
@@ -199,6 +200,7 @@ func agentHelp(t *testing.T) map[string]string {
 	reg := &recorder{Registry: prometheus.NewRegistry()}
 	cfg := agent.DefaultConfig()
 	cfg.Region, cfg.Metrics = "r", reg
+	cfg.InsecureUnsigned = true // metrics only
 	if _, err := agent.New(cfg, noStore{}, &nats.Conn{}, noRegistry{}, rules.StaticSource(nil)); err != nil {
 		t.Fatal(err)
 	}
@@ -226,11 +228,12 @@ func TestMetricsTable(t *testing.T) {
 	wantValues := map[string]map[string][]string{
 		"apportion_checks_total": {"decision": {"allowed", "rejected", "shadow_rejected", "not_consumed",
 			"fail_allowed", "fail_rejected", "fail_shadow_rejected", "fail_not_consumed"}, "rule": {"user-global"}},
-		"apportion_requests_total":              {"protocol": {"grpc", "http", "envoy"}, "result": {"allowed", "rejected", "invalid", "error"}},
-		"apportion_store_errors_total":          {"kind": {"timeout", "breaker_open", "error"}},
-		"apportion_breaker_state":               {"state": {"closed", "half-open", "open"}},
-		"apportion_sync_reports_rejected_total": {"reason": {"malformed", "unknown_rule", "unknown_region", "stale_incarnation", "frozen_incarnation", "backwards", "overflow", "other"}},
-		"apportion_sync_reports_total":          {"direction": {"sent", "received"}},
+		"apportion_requests_total":     {"protocol": {"grpc", "http", "envoy"}, "result": {"allowed", "rejected", "invalid", "error"}},
+		"apportion_store_errors_total": {"kind": {"timeout", "breaker_open", "error"}},
+		"apportion_breaker_state":      {"state": {"closed", "half-open", "open"}},
+		"apportion_sync_reports_rejected_total": {"reason": {"malformed", "unknown_rule", "unknown_region", "stale_incarnation", "frozen_incarnation",
+			"backwards", "overflow", "other", "bad_signature", "implausible", "replayed", "unknown_key", "unsigned"}},
+		"apportion_sync_reports_total": {"direction": {"sent", "received"}},
 	}
 	for name, labels := range wantValues {
 		r := rows[name]

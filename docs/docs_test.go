@@ -175,7 +175,7 @@ var layers = []struct {
 	prefixes []string
 }{
 	// internal/ is plumbing for all (internal/stack, the composition root, excepted).
-	{0, []string{"allocation", "rules", "proto/", "sync/ledger", "sync/usage", "sync/wire", "deploy", "internal/"}},
+	{0, []string{"allocation", "rules", "proto/", "sync/ledger", "sync/wire", "regional/usage", "deploy", "internal/"}},
 	{1, []string{"regional/redisstore", "rules/etcdstore", "rules/admin"}},
 	{2, []string{"regional"}},
 	{3, []string{"regional/envoy", "regional/middleware", "regional/client", "sync/agent"}},

@@ -69,9 +69,6 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 		m.reports.WithLabelValues(d)
 		m.bytes.WithLabelValues(d)
 	}
-	for _, r := range []string{ReasonMalformed, ReasonUnknownRule, ReasonUnknownReg, ReasonStale, ReasonFrozen, ReasonBackwards, ReasonOverflow, ReasonOther} {
-		m.rejected.WithLabelValues(r)
-	}
 	if reg != nil {
 		reg.MustRegister(m.reports, m.bytes, m.rejected, m.peersSeen, m.peerLag, m.coordinated, m.gifts, m.fenced,
 			m.reclaims, m.tickDuration, m.usageDropped, m.storeErrors, newShareCollector(a, region))
