@@ -25,6 +25,12 @@ import (
 // CheckBatch splits longer batches.
 const MaxBatch = 1000
 
+// Never is Decision.RetryAfter (and RuleStatus.RetryAfter) when waiting
+// cannot help: the cost is above what the rule can ever admit, or the
+// region's share of the rule's rate is zero. Retrying the same request never
+// passes.
+const Never time.Duration = -1
+
 // Defaults.
 const (
 	DefaultAddress = "127.0.0.1:8081"
@@ -103,7 +109,7 @@ type RuleStatus struct {
 
 // Decision is the answer to a Request. Limit, Remaining, RetryAfter and
 // ResetAfter are those of the binding rule (RuleID, empty when no rule
-// matched).
+// matched). RetryAfter is Never when a rejection cannot be cured by waiting.
 type Decision struct {
 	Allowed    bool
 	Limit      int64
@@ -449,4 +455,10 @@ func fromProto(r *ratelimitv1.CheckLimitResponse) Decision {
 	return d
 }
 
-func ms(v int64) time.Duration { return time.Duration(max(v, 0)) * time.Millisecond }
+// ms converts a wire duration; a negative one means waiting cannot help.
+func ms(v int64) time.Duration {
+	if v < 0 {
+		return Never
+	}
+	return time.Duration(v) * time.Millisecond
+}

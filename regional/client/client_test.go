@@ -59,6 +59,10 @@ func TestCheck(t *testing.T) {
 	if d.Allowed || d.RetryAfter < 90*time.Second || d.RetryAfter > 100*time.Second || d.Remaining != 0 {
 		t.Fatalf("4th check: %+v, want rejected with retry after about 100s", d)
 	}
+	// A cost above the capacity can never pass: RetryAfter is Never.
+	if d, err := c.Check(ctx, client.Request{ClientKey: "user:3", Resource: "POST /orders", Cost: 5}); err != nil || d.Allowed || d.RetryAfter != client.Never {
+		t.Fatalf("cost 5 of capacity 3: %+v, %v; want rejected with RetryAfter Never", d, err)
+	}
 	// Another client and a resource no rule matches are not affected.
 	if d, err := c.Check(ctx, client.Request{ClientKey: "user:2", Resource: "POST /orders", Cost: 3}); err != nil || !d.Allowed {
 		t.Fatalf("user:2: %+v, %v", d, err)
@@ -66,8 +70,8 @@ func TestCheck(t *testing.T) {
 	if d, err := c.Check(ctx, client.Request{ClientKey: "user:1", Resource: "GET /orders"}); err != nil || !d.Allowed || d.RuleID != "" {
 		t.Fatalf("unmatched resource: %+v, %v", d, err)
 	}
-	if n := e.count("CheckLimit"); n != 6 {
-		t.Errorf("enforcer saw %d CheckLimit calls, want 6", n)
+	if n := e.count("CheckLimit"); n != 7 {
+		t.Errorf("enforcer saw %d CheckLimit calls, want 7", n)
 	}
 }
 

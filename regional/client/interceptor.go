@@ -114,7 +114,8 @@ func (c *Client) interceptorConfig(opts []InterceptorOption) *interceptorConfig 
 
 // UnaryServerInterceptor returns a gRPC server interceptor that asks the
 // enforcer before every unary call. A rejected call is answered
-// ResourceExhausted with a RetryInfo detail (when waiting can help) and a
+// ResourceExhausted with a RetryInfo detail (only when waiting can help:
+// not when RetryAfter is Never) and a
 // QuotaFailure detail naming the rule, and the handler does not run. Every
 // answer bound by a rule carries x-ratelimit-limit, x-ratelimit-remaining
 // and x-ratelimit-reset (seconds) header metadata, and a rejection
@@ -205,7 +206,11 @@ func headers(d Decision) metadata.MD {
 
 // rejection is the ResourceExhausted status of a rejected call.
 func rejection(d Decision) error {
-	st := status.New(codes.ResourceExhausted, fmt.Sprintf("rate limit exceeded (rule %q)", d.RuleID))
+	msg := fmt.Sprintf("rate limit exceeded (rule %q)", d.RuleID)
+	if d.RetryAfter == Never {
+		msg += ": waiting cannot help (the cost is above what the rule admits here)"
+	}
+	st := status.New(codes.ResourceExhausted, msg)
 	qf := &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
 		Subject: "rule:" + d.RuleID, Description: fmt.Sprintf("limit %d, remaining %d", d.Limit, d.Remaining)}}}
 	var err error

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,5 +176,26 @@ func TestInterceptorEnforcerDown(t *testing.T) {
 				t.Fatalf("echo: %v, want %v", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestInterceptorWaitingCannotHelp: a call whose cost the rule can never
+// admit is refused without RetryInfo or retry-after, so clients do not retry.
+func TestInterceptorWaitingCannotHelp(t *testing.T) {
+	e := startEnforcer(t, []rules.Rule{tokenBucket("echo", "/demo.Echo/Echo", 2)})
+	c := newClient(t, client.WithAddress(e.addr))
+	conn := startEcho(t, c, client.WithCost(func(context.Context, string) int64 { return 3 }))
+	hdr, err := echo(conn, "")
+	st := status.Convert(err)
+	if st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "waiting cannot help") {
+		t.Fatalf("cost 3 of capacity 2: %v, want ResourceExhausted saying waiting cannot help", err)
+	}
+	for _, d := range st.Details() {
+		if _, ok := d.(*errdetails.RetryInfo); ok {
+			t.Errorf("RetryInfo %v on a rejection waiting cannot cure", d)
+		}
+	}
+	if got := hdr.Get("retry-after"); len(got) != 0 {
+		t.Errorf("retry-after %v on a rejection waiting cannot cure", got)
 	}
 }
