@@ -227,9 +227,10 @@ func TestMetricsTable(t *testing.T) {
 	// Label values the code knows must all be there at start.
 	wantValues := map[string]map[string][]string{
 		"apportion_checks_total": {"decision": {"allowed", "rejected", "shadow_rejected", "not_consumed",
-			"fail_allowed", "fail_rejected", "fail_shadow_rejected", "fail_not_consumed"}, "rule": {"user-global"}},
+			"fail_allowed", "fail_rejected", "fail_shadow_rejected", "fail_not_consumed", "shed"}, "rule": {"user-global"}},
 		"apportion_requests_total":     {"protocol": {"grpc", "http", "envoy"}, "result": {"allowed", "rejected", "invalid", "error"}},
-		"apportion_store_errors_total": {"kind": {"timeout", "breaker_open", "error"}},
+		"apportion_store_errors_total": {"kind": {"timeout", "breaker_open", "error", "invalid"}},
+		"apportion_shed_total":         {"reason": {"queue_depth", "latency", "queue_timeout"}},
 		"apportion_breaker_state":      {"state": {"closed", "half-open", "open"}},
 		"apportion_sync_reports_rejected_total": {"reason": {"malformed", "unknown_rule", "unknown_region", "stale_incarnation", "frozen_incarnation",
 			"backwards", "overflow", "other", "bad_signature", "implausible", "replayed", "unknown_key", "unsigned"}},
