@@ -157,7 +157,7 @@ func TestHelmTemplate(t *testing.T) {
 			}
 			sort.Strings(got)
 			want := []string{"Deployment/rl-apportion-ratelimitd", "Deployment/rl-apportion-syncagent",
-				"PodDisruptionBudget/rl-apportion-ratelimitd", "Service/rl-apportion-ratelimitd",
+				"PodDisruptionBudget/rl-apportion-ratelimitd", "PodDisruptionBudget/rl-apportion-syncagent", "Service/rl-apportion-ratelimitd",
 				"Service/rl-apportion-ratelimitd-headless", "Service/rl-apportion-syncagent"}
 			if !slices.Equal(got, want) {
 				t.Fatalf("objects %v, want %v", got, want)
