@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
 	"sync/atomic"
@@ -311,6 +313,7 @@ func (e *Enforcer) SetRules(rs []rules.Rule) error {
 	e.index.Store(c)
 	if e.metrics != nil {
 		e.metrics.rulesLoaded.Set(float64(len(c.params)))
+		e.metrics.ruleSet(slices.Collect(maps.Keys(c.params)))
 		e.metrics.ruleUpdates.Inc()
 	}
 	e.log.Info("rule set applied", "rules", ix.Len(), "enforced_here", len(c.params))

@@ -1,6 +1,8 @@
 package regional
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
 )
@@ -18,6 +20,9 @@ type Metrics struct {
 	inFlight     prometheus.Gauge
 	shed         *prometheus.CounterVec
 	leaseAnswers prometheus.Counter
+
+	mu    sync.Mutex
+	rules map[string]bool // the rules whose checks series exist
 }
 
 // Metric names, shared with deploy/ dashboards and alerts.
@@ -67,7 +72,55 @@ func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
 			Help: "Checks of local_batch rules answered from tokens this enforcer took from Redis in advance."}),
 	}
 	reg.MustRegister(m.checks, m.latency, m.storeErrors, m.breaker, m.rulesLoaded, m.ruleUpdates, m.requests, m.inFlight, m.shed, m.leaseAnswers)
+	// Every series with a known label value exists from the start (at 0), so
+	// dashboards and rate() see "0", not "No data", before the first event.
+	for _, o := range outcomes {
+		m.latency.WithLabelValues(o)
+	}
+	for _, k := range storeErrorKinds {
+		m.storeErrors.WithLabelValues(k)
+	}
+	for _, p := range protocols {
+		for _, r := range requestResults {
+			m.requests.WithLabelValues(p, r)
+		}
+	}
+	for _, r := range shedReasons {
+		m.shed.WithLabelValues(r)
+	}
+	m.setBreaker(gobreaker.StateClosed)
 	return m
+}
+
+// The label values of the enforcer's metrics.
+var (
+	outcomes        = []string{"allowed", "rejected", "fail_allowed", "fail_rejected", "shed", "none"}
+	storeErrorKinds = []string{"timeout", "breaker_open", "error", "invalid"}
+	shedReasons     = []string{"queue_depth", "latency", "queue_timeout"}
+	protocols       = []string{"grpc", "http", "envoy"}
+	requestResults  = []string{"allowed", "rejected", "invalid", "error"}
+	ruleDecisions   = []string{"allowed", "rejected", "shadow_rejected", "not_consumed",
+		"fail_allowed", "fail_rejected", "fail_shadow_rejected", "fail_not_consumed", "shed"}
+)
+
+// ruleSet creates the checks series of every decision for the rules of a new
+// rule set (ids) and deletes those of rules no longer in it.
+func (m *Metrics) ruleSet(ids []string) {
+	keep := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		keep[id] = true
+		for _, d := range ruleDecisions {
+			m.checks.WithLabelValues(id, d)
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id := range m.rules {
+		if !keep[id] {
+			m.checks.DeletePartialMatch(prometheus.Labels{"rule": id})
+		}
+	}
+	m.rules = keep
 }
 
 func (m *Metrics) setBreaker(s gobreaker.State) {

@@ -132,7 +132,7 @@ func tokenBucket(id string, capacity int64, refill float64) rules.Rule {
 	return rules.Rule{ID: id, Algorithm: rules.TokenBucket, Capacity: capacity, RefillPerSecond: refill}
 }
 
-// The reference example of DESIGN.md: capacity 5, refill 2/s.
+// The reference example: capacity 5, refill 2/s.
 func TestReferenceTokenBucket(t *testing.T) {
 	e := newEnv(t, []rules.Rule{tokenBucket("ref", 5, 2)}, nil)
 	count := func(n int) (allowed int, last *ratelimitv1.CheckLimitResponse) {

@@ -51,7 +51,7 @@ const (
 	PriorityLow  Priority = "low"  // shed first under overload
 )
 
-// Rule is one rate-limit rule, stored as one JSON document (DESIGN.md section 4).
+// Rule is one rate-limit rule, stored as one JSON document (docs/design.md section 4).
 type Rule struct {
 	ID string `json:"id"`
 	// Match selects the requests the rule applies to: "resource" and attribute

@@ -1,5 +1,5 @@
 // Command syncagent is a region's sync agent: it moves shares of global
-// limits between regions (see package sync/agent).
+// limits between regions (see package sync/agent and docs/design.md section 7).
 //
 //	syncagent --region NAME --redis-addr HOST:PORT --nats-url URL --etcd-endpoints URLS \
 //	    --report-seed-file FILE --report-peer-keys REGION=PUBKEY,...

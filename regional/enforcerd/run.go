@@ -67,6 +67,7 @@ type options struct {
 	adminTimeout  time.Duration
 	shutdown      time.Duration
 	envoy         bool
+	tracing       tracingFlags
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -104,11 +105,15 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.httpTimeouts.Register(fs)
 	fs.BoolVar(&o.envoy, "envoy", true, "also serve Envoy's rate-limit protocol (envoy.service.ratelimit.v3.RateLimitService) on the gRPC port")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown waits for in-flight checks")
+	o.tracing.register(fs)
 	if err := flagenv.Parse(fs, args, nil); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if err := o.tracing.validate(); err != nil {
+		return nil, err
 	}
 	switch {
 	case o.region == "":
@@ -257,6 +262,16 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 
+	tp, err := o.tracing.start(ctx, o.region)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := shutdownTracing(tp, 5*time.Second); err != nil {
+			log.Warn("trace export at shutdown", "error", err)
+		}
+	}()
+
 	lis, err := listen(o, rsrc.admin != nil)
 	if err != nil {
 		return err
@@ -268,6 +283,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if tlsSrv != nil {
 		tlsCfg = tlsSrv.Config()
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	if tp != nil {
+		gopts = append(gopts, tracingServerOptions(tp, o.tracing.clientKeys)...)
 	}
 	gs, svc := regional.NewGRPCServer(enf, gopts...)
 	if o.envoy {

@@ -106,7 +106,7 @@
 // (count); sliding window w, c (count in w), p (count in w-1). The sliding
 // log is a sorted set. A marker is 5 6-byte integers and the run id.
 //
-// Why not a hash with short field names (DESIGN.md's recommended layout):
+// Why not a hash with short field names (the obvious layout):
 // measured with MEMORY USAGE on Redis 7.0 (jemalloc) for the typical key
 // rl:{user:42}:orders-free, a hash {t, l} takes 104 bytes whatever the field
 // names, because its listpack (28 bytes) falls in jemalloc's 32-byte class;

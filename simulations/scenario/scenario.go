@@ -146,7 +146,7 @@ type Sync struct {
 	// ActivateAbove: a key's usage reaches the ledger (and the key becomes
 	// coordinated) once a region used more than this fraction of its static
 	// share of the key in one interval (default 0.25). Keys below it run on
-	// static shares, as DESIGN.md asks ("only keys with traffic").
+	// static shares: only keys with traffic are coordinated (docs/design.md section 7).
 	ActivateAbove *float64 `yaml:"activate_above"`
 	// Alpha is the weight of the newest interval in the ledger's demand
 	// estimate (an EWMA; default 0.5, the agent's): higher follows shifts

@@ -8,7 +8,9 @@ import (
 	"time"
 )
 
-// Focused tests: one per trap of DESIGN.md section 6, driving Ledgers by hand.
+// Focused tests: one per trap of the ledger protocol (gift order, lazy refill
+// across a share change, data loss under the bucket, reclaim and late gifts,
+// expiry and idle keys, clocks), driving Ledgers by hand.
 
 const ms = time.Millisecond
 

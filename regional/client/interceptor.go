@@ -1,0 +1,235 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// InterceptorOption configures the server interceptors.
+type InterceptorOption func(*interceptorConfig)
+
+type interceptorConfig struct {
+	key        func(ctx context.Context, fullMethod string) string
+	resource   func(ctx context.Context, fullMethod string) string
+	attributes func(ctx context.Context, fullMethod string) map[string]string
+	cost       func(ctx context.Context, fullMethod string) int64
+	skip       func(fullMethod string) bool
+}
+
+// WithKey sets how a call names its client. Default: the caller's IP
+// address (the peer's host). See KeyFromMetadata.
+func WithKey(f func(ctx context.Context, fullMethod string) string) InterceptorOption {
+	return func(c *interceptorConfig) {
+		if f != nil {
+			c.key = f
+		}
+	}
+}
+
+// WithResource sets a call's resource. Default: the full method name,
+// "/package.Service/Method", which rules match with "resource".
+func WithResource(f func(ctx context.Context, fullMethod string) string) InterceptorOption {
+	return func(c *interceptorConfig) {
+		if f != nil {
+			c.resource = f
+		}
+	}
+}
+
+// WithAttributes sets the attributes rules match on (tier, api_key, ...).
+// Default: none.
+func WithAttributes(f func(ctx context.Context, fullMethod string) map[string]string) InterceptorOption {
+	return func(c *interceptorConfig) { c.attributes = f }
+}
+
+// WithCost sets a call's cost in tokens. Default: 1.
+func WithCost(f func(ctx context.Context, fullMethod string) int64) InterceptorOption {
+	return func(c *interceptorConfig) { c.cost = f }
+}
+
+// WithSkip exempts methods from limiting. Default: the standard health and
+// reflection services (grpc.health.v1.*, grpc.reflection.*) are exempt.
+func WithSkip(f func(fullMethod string) bool) InterceptorOption {
+	return func(c *interceptorConfig) {
+		if f != nil {
+			c.skip = f
+		}
+	}
+}
+
+// KeyFromMetadata returns a key function that reads the client key from the
+// incoming metadata entry name (e.g. "x-api-key"), falling back to the
+// caller's IP address when the entry is absent.
+func KeyFromMetadata(name string) func(ctx context.Context, fullMethod string) string {
+	name = strings.ToLower(name)
+	return func(ctx context.Context, fullMethod string) string {
+		if md, ok := metadata.FromIncomingContext(ctx); ok {
+			if v := md.Get(name); len(v) > 0 && v[0] != "" {
+				return v[0]
+			}
+		}
+		return peerIP(ctx, fullMethod)
+	}
+}
+
+func peerIP(ctx context.Context, _ string) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return "unknown"
+	}
+	host, _, err := net.SplitHostPort(p.Addr.String())
+	if err != nil {
+		return p.Addr.String()
+	}
+	return host
+}
+
+func defaultSkip(fullMethod string) bool {
+	return strings.HasPrefix(fullMethod, "/grpc.health.v1.") || strings.HasPrefix(fullMethod, "/grpc.reflection.")
+}
+
+func (c *Client) interceptorConfig(opts []InterceptorOption) *interceptorConfig {
+	cfg := &interceptorConfig{
+		key:      peerIP,
+		resource: func(_ context.Context, m string) string { return m },
+		skip:     defaultSkip,
+	}
+	for _, o := range opts {
+		o(cfg)
+	}
+	return cfg
+}
+
+// UnaryServerInterceptor returns a gRPC server interceptor that asks the
+// enforcer before every unary call. A rejected call is answered
+// ResourceExhausted with a RetryInfo detail (only when waiting can help:
+// not when RetryAfter is Never) and a
+// QuotaFailure detail naming the rule, and the handler does not run. Every
+// answer bound by a rule carries x-ratelimit-limit, x-ratelimit-remaining
+// and x-ratelimit-reset (seconds) header metadata, and a rejection
+// retry-after (seconds). When the enforcer cannot be asked the Client's
+// FailurePolicy decides: FailOpen runs the handler, FailClosed answers
+// Unavailable.
+func (c *Client) UnaryServerInterceptor(opts ...InterceptorOption) grpc.UnaryServerInterceptor {
+	cfg := c.interceptorConfig(opts)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if cfg.skip(info.FullMethod) {
+			return handler(ctx, req)
+		}
+		md, err := c.admit(ctx, cfg, info.FullMethod)
+		if md != nil {
+			_ = grpc.SetHeader(ctx, md) // fails only when headers were sent: not before the handler
+		}
+		if err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamServerInterceptor is UnaryServerInterceptor for streaming calls:
+// one check when the stream opens.
+func (c *Client) StreamServerInterceptor(opts ...InterceptorOption) grpc.StreamServerInterceptor {
+	cfg := c.interceptorConfig(opts)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if cfg.skip(info.FullMethod) {
+			return handler(srv, ss)
+		}
+		md, err := c.admit(ss.Context(), cfg, info.FullMethod)
+		if md != nil {
+			_ = ss.SetHeader(md)
+		}
+		if err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
+
+// admit checks one call: a nil error lets it through.
+func (c *Client) admit(ctx context.Context, cfg *interceptorConfig, method string) (metadata.MD, error) {
+	req := Request{ClientKey: cfg.key(ctx, method), Resource: cfg.resource(ctx, method)}
+	if cfg.attributes != nil {
+		req.Attributes = cfg.attributes(ctx, method)
+	}
+	if cfg.cost != nil {
+		req.Cost = cfg.cost(ctx, method)
+	}
+	d, err := c.Check(ctx, req)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, status.FromContextError(ctx.Err()).Err()
+	case err != nil:
+		// A request the enforcer refuses (the key function gave an empty
+		// key, a cost over the maximum) or a closed Client: the limiter
+		// cannot answer this call, so the failure policy decides.
+		d = c.policy(err)
+	}
+	if d.Unreachable != nil {
+		if d.Allowed {
+			return nil, nil
+		}
+		return nil, status.Error(codes.Unavailable, "rate limiter unavailable")
+	}
+	md := headers(d)
+	if d.Allowed {
+		return md, nil
+	}
+	return md, rejection(d)
+}
+
+func headers(d Decision) metadata.MD {
+	if d.RuleID == "" {
+		return nil
+	}
+	md := metadata.Pairs(
+		"x-ratelimit-limit", strconv.FormatInt(d.Limit, 10),
+		"x-ratelimit-remaining", strconv.FormatInt(d.Remaining, 10),
+		"x-ratelimit-reset", strconv.FormatInt(ceilSeconds(d.ResetAfter), 10))
+	if !d.Allowed && d.RetryAfter > 0 {
+		md.Set("retry-after", strconv.FormatInt(ceilSeconds(d.RetryAfter), 10))
+	}
+	return md
+}
+
+// rejection is the ResourceExhausted status of a rejected call.
+func rejection(d Decision) error {
+	msg := fmt.Sprintf("rate limit exceeded (rule %q)", d.RuleID)
+	if d.RetryAfter == Never {
+		msg += ": waiting cannot help (the cost is above what the rule admits here)"
+	}
+	st := status.New(codes.ResourceExhausted, msg)
+	qf := &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+		Subject: "rule:" + d.RuleID, Description: fmt.Sprintf("limit %d, remaining %d", d.Limit, d.Remaining)}}}
+	var err error
+	if d.RetryAfter > 0 {
+		st, err = st.WithDetails(qf, &errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)})
+	} else {
+		st, err = st.WithDetails(qf)
+	}
+	if err != nil { // only for a detail that does not marshal
+		return status.Errorf(codes.ResourceExhausted, "rate limit exceeded (rule %q)", d.RuleID)
+	}
+	return st.Err()
+}
+
+// ceilSeconds rounds d up to whole seconds, as Retry-After and
+// X-RateLimit-Reset are written.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
