@@ -7,6 +7,7 @@
 package docs
 
 import (
+	"bytes"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -36,6 +37,9 @@ func repoFiles(t *testing.T) []string {
 		}
 		switch filepath.Ext(p) {
 		case ".go", ".md", ".proto", ".yml", ".yaml", ".json", ".tpl", ".txt", ".lua", ".conf", "":
+			if filepath.Ext(p) == "" && isBinary(p) {
+				return nil // a binary built in the tree (go build ./cmd/rlctl), not a document
+			}
 			rel, err := filepath.Rel(root, p)
 			if err != nil {
 				return err
@@ -48,6 +52,18 @@ func repoFiles(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// isBinary reports whether the file's first 8 KB hold a NUL byte.
+func isBinary(p string) bool {
+	f, err := os.Open(p)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, 8192)
+	n, _ := f.Read(b)
+	return bytes.IndexByte(b[:n], 0) >= 0
 }
 
 func read(t *testing.T, rel string) string {
