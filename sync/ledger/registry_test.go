@@ -40,7 +40,7 @@ func TestRegistry(t *testing.T) {
 	if !rec.Complete || rec.Base != initial[0] {
 		t.Fatalf("want complete with base %d: %+v", initial[0], rec)
 	}
-	if len(rec.Own) != 0 || len(rec.Contributions) != 2 {
+	if len(rec.Keys) != 1 || rec.Keys[0] != (KeyUnits{"k", -4}) {
 		t.Fatalf("b/1 is not reclaimed: its Q counts, a's own term does not: %+v", rec)
 	}
 	if len(rec.Recipients) != 2 {
@@ -59,21 +59,32 @@ func TestRegistry(t *testing.T) {
 	}
 	// b/1 is reclaimed next: a/1 (complete) is no longer required, and the
 	// pair (a/1, b/1) is not counted again: b's Q in a's record took it.
+	// What a/1's reclaim paid b/1 counts in b/1's reclaim, applied or not.
+	paid := r.Record(B1).Paid
+	if paid == nil || paid.Base <= 0 {
+		t.Fatalf("b/1 was not paid: %+v", r.Record(B1))
+	}
+	var paidK int64
+	for _, x := range paid.Keys {
+		if x.Key == "k" {
+			paidK = x.Units
+		}
+	}
 	rec, _ = r.Contribute(Contribution{Of: B1, From: C1, Q: []KeyUnits{{"k", 3}}})
 	if !rec.Complete {
 		t.Fatalf("b/1 not complete: %+v", rec)
 	}
+	if rec.Base != initial[1]+paid.Base {
+		t.Fatalf("b/1's record frees %d on every key, want its initial %d plus its payment %d: %+v", rec.Base, initial[1], paid.Base, rec)
+	}
 	var q int64
-	for _, c := range rec.Contributions {
-		for _, x := range c.Q {
-			q += x.Units
+	for _, x := range rec.Keys {
+		if x.Key == "k" {
+			q = x.Units
 		}
 	}
-	for _, o := range rec.Own {
-		q += o.Units
-	}
-	if q != 3+4 {
-		t.Fatalf("b/1's record counts %d units on k, want c's 3 plus b's own 4", q)
+	if q != 3+4+paidK {
+		t.Fatalf("b/1's record counts %d units on k, want c's 3 plus b's own 4 plus its payment %d", q, paidK)
 	}
 	if _, err := r.Start("mars"); !errors.Is(err, ErrUnknownRegion) {
 		t.Fatalf("unknown region: %v", err)

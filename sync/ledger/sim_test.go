@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"container/heap"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand"
@@ -124,6 +125,7 @@ type sim struct {
 	// real times: an incarnation's Fenced output, and the first application
 	// of its reclaim by a survivor
 	fencedAt, reclaimedAt map[Incarnation]int64
+	regSize               int // largest registry state seen, JSON bytes
 }
 
 func (s *sim) logf(format string, args ...any) {
@@ -274,10 +276,18 @@ func (s *sim) handle(r *region, inc uint64, out Output) {
 			if rec.Complete {
 				s.logf("record complete %+v", rec)
 			}
-			for _, to := range s.regions {
-				to := to
-				s.at(s.dur(200*time.Millisecond), func() { s.deliverRecord(to, rec) })
+			s.publishRecords()
+		})
+	}
+	if out.Close != (Incarnation{}) {
+		by := out.Close
+		s.at(s.dur(200*time.Millisecond), func() {
+			if err := s.reg.Close(by); err != nil {
+				s.fail("close by %v: %v", by, err)
+				return
 			}
+			s.logf("%v closes its predecessors", by)
+			s.publishRecords()
 		})
 	}
 	if len(out.Contributions) > 0 {
@@ -299,22 +309,40 @@ func (s *sim) handle(r *region, inc uint64, out Output) {
 	}
 }
 
+// publishRecords delivers the registry's records to every region, each
+// after its own delay (as agents polling etcd would see them).
+func (s *sim) publishRecords() {
+	recs := s.reg.Records()
+	s.regSize = max(s.regSize, registrySize(s.tb, s.reg))
+	for _, to := range s.regions {
+		to := to
+		s.at(s.dur(200*time.Millisecond), func() {
+			for _, rec := range recs {
+				s.deliverRecord(to, rec)
+			}
+		})
+	}
+}
+
 func (s *sim) deliverRecord(r *region, rec Record) {
 	if r.led == nil {
 		return
 	}
 	if rec.Complete {
 		for _, q := range rec.Recipients {
-			if q == r.led.Incarnation() {
-				// Real-time order: the reclaimed incarnation's store is at its floor.
-				of := s.regions[s.index(rec.Of.Region)]
-				if u, ok := s.incEnforcing(of, rec.Of.Inc); ok {
-					s.fail("reclaim of %v applied by %v while its store enforces it (%d units)", rec.Of, q, u)
+			if q != r.led.Incarnation() {
+				continue
+			}
+			// Real-time order: the reclaimed incarnations' stores are at their floors.
+			for _, m := range rec.Cohort {
+				of := s.regions[s.index(m.Region)]
+				if u, ok := s.incEnforcing(of, m.Inc); ok {
+					s.fail("reclaim of %v applied by %v while its store enforces it (%d units)", m, q, u)
 				}
+			}
+			if _, ok := s.reclaimedAt[rec.Of]; !ok {
 				s.reclaims++
-				if _, ok := s.reclaimedAt[rec.Of]; !ok {
-					s.reclaimedAt[rec.Of] = s.now
-				}
+				s.reclaimedAt[rec.Of] = s.now
 			}
 		}
 	}
@@ -662,6 +690,15 @@ func (s *sim) converged(tol int64) (bool, string) {
 			p := r.led.Position(k.name)
 			active = active || p.Active
 		}
+		// Nothing is lost: every unit is held by a live region (up to the
+		// tolerance, for gifts in flight at this instant).
+		var held int64
+		for _, r := range s.regions {
+			held += r.led.Position(k.name).Units
+		}
+		if d := s.cfg.Units - held; d > tol || d < 0 {
+			return false, fmt.Sprintf("key %s: the regions hold %d of %d units", k.name, held, s.cfg.Units)
+		}
 		if !active { // idle everywhere: static shares, each at its base
 			for _, r := range s.regions {
 				if p := r.led.Position(k.name); p.Units != p.Initial {
@@ -722,20 +759,7 @@ func TestRandomized(t *testing.T) {
 	var steps, fences, reclaims, rejected, raises int
 	start := time.Now()
 	for seed := int64(1); seed <= int64(seeds); seed++ {
-		rng := rand.New(rand.NewSource(seed * 7919))
-		o := simOpts{
-			regions:    3 + rng.Intn(3),
-			keys:       3,
-			loss:       rng.Float64() * 0.3,
-			dup:        rng.Float64() * 0.2,
-			maxDelay:   time.Duration(rng.Int63n(int64(3 * time.Second))),
-			writeFail:  rng.Float64() * 0.2,
-			partitions: rng.Intn(4) != 0,
-			restarts:   rng.Intn(3) != 0,
-			resets:     rng.Intn(3) != 0,
-			chaos:      20 * time.Second,
-			calm:       15 * time.Second,
-		}
+		o := randomOpts(seed)
 		res := runSim(t, seed, o)
 		steps += res.steps
 		fences += res.fences
@@ -751,4 +775,31 @@ func TestRandomized(t *testing.T) {
 	}
 	t.Logf("%d seeds, %d steps (%.0f/seed), %d gift receipts, %d fences, %d reclaim shares applied, %d reports rejected, %v",
 		seeds, steps, float64(steps)/float64(seeds), raises, fences, reclaims, rejected, time.Since(start).Round(time.Millisecond))
+}
+
+// registrySize is the size of the registry's state as the agent stores it in etcd.
+func registrySize(tb testing.TB, r *Registry) int {
+	b, err := json.Marshal(r.State())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return len(b)
+}
+
+// randomOpts draws the faults of one randomized seed: 2 to 7 regions.
+func randomOpts(seed int64) simOpts {
+	rng := rand.New(rand.NewSource(seed * 7919))
+	return simOpts{
+		regions:    2 + rng.Intn(6),
+		keys:       3,
+		loss:       rng.Float64() * 0.3,
+		dup:        rng.Float64() * 0.2,
+		maxDelay:   time.Duration(rng.Int63n(int64(3 * time.Second))),
+		writeFail:  rng.Float64() * 0.2,
+		partitions: rng.Intn(4) != 0,
+		restarts:   rng.Intn(3) != 0,
+		resets:     rng.Intn(3) != 0,
+		chaos:      20 * time.Second,
+		calm:       15 * time.Second,
+	}
 }
