@@ -438,10 +438,12 @@ func (r *Registry) Record(of Incarnation) Record {
 		rec = cloneRecord(s.rec)
 	} else {
 		rec = Record{Of: of}
-		if l := r.lifeOf(of); l != nil {
-			rec.Required = r.required(l)
-		}
 		if s != nil {
+			// A reclaim is under way: Required tells the others whose
+			// contribution it waits for (and makes them watch its silence).
+			if l := r.lifeOf(of); l != nil {
+				rec.Required = r.required(l)
+			}
 			ids := append([]Incarnation(nil), s.order...)
 			sort.Slice(ids, func(a, b int) bool { return incLess(ids[a], ids[b]) })
 			for _, id := range ids {
