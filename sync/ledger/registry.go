@@ -240,10 +240,10 @@ func (r *Registry) settle() {
 // overlapped a member has contributed to that member, or is closed and a
 // member itself (their pair is then counted by nobody: both are at their
 // floors for good, and a pair's units sum to zero). A member that is not
-// closed needs, from every other region, a contribution from the last of
-// that region's incarnations that overlapped it: that one froze it after
-// silence, later than any earlier one of its region could have renewed its
-// lease.
+// closed needs at least one contribution and, from every other region, a
+// contribution from the last of that region's incarnations that overlapped
+// it (unless that one is reclaimed): that one froze it after silence, later
+// than any earlier one of its region could have renewed its lease.
 func (r *Registry) cohort(x Incarnation) []Incarnation {
 	s := []Incarnation{x}
 	in := map[Incarnation]bool{x: true}
@@ -267,6 +267,9 @@ func (r *Registry) cohort(x Incarnation) []Incarnation {
 		m := r.lifeOf(id)
 		if m.closed {
 			continue
+		}
+		if rs := r.recs[id]; rs == nil || len(rs.order) == 0 {
+			return nil // nobody found it silent: it may be alive
 		}
 		last := map[string]Incarnation{}
 		for j := range r.lives {
