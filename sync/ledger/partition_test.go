@@ -184,3 +184,63 @@ func TestPartitionDuringShift(t *testing.T) {
 		t.Logf("%d regions: worst %v from the heal to the targets", n, worst)
 	}
 }
+
+// TestRegistryBoundedOverAWeek: a simulated week of faults (every six hours
+// one region is cut off for two hours, in turn; every day every agent
+// crashes and restarts) with a coarse interval so the week runs in seconds.
+// The registry document stays within a few kilobytes however long the run,
+// and at the end every share is at its target.
+func TestRegistryBoundedOverAWeek(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a week of virtual time")
+	}
+	s := newSim(t, 3, simOpts{regions: 3, keys: 2, restart: time.Second, config: func(c *Config) {
+		c.Alpha = 1
+		c.Interval = 10 * time.Second
+		c.Lease = time.Minute
+		c.Margin = 10 * time.Second
+		c.StoreTimeout = 200 * time.Millisecond
+		c.RetryWrite = 20 * time.Second
+		c.IdleAfter = 5 * time.Minute
+	}})
+	s.heal()
+	spread(s, []float64{0.5, 0.3, 0.4})
+	week := int64(7 * 24 * time.Hour)
+	sizes := []int{}
+	for h := int64(0); s.now < week; h++ {
+		switch {
+		case h%6 == 0:
+			cutOff(s, int(h/6)%3)
+		case h%6 == 2:
+			s.heal()
+		}
+		if h%24 == 12 {
+			for _, r := range s.regions {
+				r := r
+				r.led = nil // crash: state lost
+				s.at(int64(5*time.Second), func() {
+					if r.led == nil {
+						s.start(r)
+					}
+				})
+			}
+		}
+		s.run(s.now + int64(time.Hour))
+		if s.violation != "" {
+			t.Fatal(s.violation)
+		}
+		if h%24 == 23 {
+			sizes = append(sizes, registrySize(t, s.reg))
+		}
+	}
+	s.heal()
+	s.run(s.now + int64(5*time.Minute))
+	if ok, why := s.converged(s.cfg.Units / 1000); !ok {
+		t.Fatalf("after the week: %s", why)
+	}
+	if s.regSize > 4000 {
+		t.Errorf("registry state reached %d bytes", s.regSize)
+	}
+	t.Logf("registry state at the end of each day (bytes): %v; largest %d; %d fences, %d regions' incarnations %v",
+		sizes, s.regSize, s.fences, len(s.regions), []uint64{s.regions[0].inc, s.regions[1].inc, s.regions[2].inc})
+}
