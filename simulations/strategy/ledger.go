@@ -85,6 +85,7 @@ func ledgerConfig(env *sim.Env) (ledger.Config, []ledger.RegionSpec) {
 	cfg.Margin = sc.Sync.Margin.D()
 	cfg.StoreTimeout = sc.Sync.StoreTimeout.D()
 	cfg.Alpha = *sc.Sync.Alpha
+	cfg.Quantum = ledger.QuantumOf(cfg.Units, sc.Rule.Burst)
 	f, _ := allocation.ByName(sc.Rule.Allocation)
 	cfg.Allocate = func(pool int64, wants []ledger.Want) []int64 {
 		rs := make([]allocation.Region, len(wants))

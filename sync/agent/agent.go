@@ -451,7 +451,9 @@ func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, 
 		return
 	}
 	start.RunID = a.runID
-	led, err := ledger.New(spec.ledgerConfig(a.lcfg), a.cfg.Region, spec.Regions, start, a.now())
+	lcfg := spec.ledgerConfig(a.lcfg)
+	lcfg.Quantum = ledger.QuantumOf(lcfg.Units, float64(st.rule.Capacity))
+	led, err := ledger.New(lcfg, a.cfg.Region, spec.Regions, start, a.now())
 	if err != nil {
 		a.failStart(st, err)
 		return

@@ -6,6 +6,8 @@ import (
 	"math"
 	"sort"
 	"time"
+
+	"github.com/apportion/apportion/allocation"
 )
 
 // Start describes the incarnation a Ledger runs as. The agent obtains it from
@@ -418,7 +420,11 @@ func (l *Ledger) Tick(now time.Duration) Output {
 		if k.rate > 0 {
 			inst := float64(k.used) / dt * float64(l.cfg.Units) / k.rate
 			old := int64(k.demand)
-			k.demand = l.cfg.Alpha*inst + (1-l.cfg.Alpha)*k.demand
+			a := l.cfg.Alpha
+			if l.cfg.DemandTokens > 0 {
+				a = min(a, dt*k.rate/l.cfg.DemandTokens)
+			}
+			k.demand = a*inst + (1-a)*k.demand
 			if k.demand < 0.5 {
 				k.demand = 0
 			}
@@ -492,6 +498,18 @@ func (l *Ledger) give(k *key, now time.Duration) {
 	tg := l.cfg.Allocate(pool, wants)
 	if len(tg) != len(idx) {
 		return
+	}
+	if q := l.cfg.Quantum; q > 1 {
+		// Whole tokens; a region holding one keeps it unless another wants
+		// more than twice as much.
+		fl, pri := make([]int64, len(idx)), make([]int64, len(idx))
+		for j, i := range idx {
+			fl[j], pri[j] = l.floor[i], wants[j].Demand
+			if proj[j] >= q {
+				pri[j] *= 2
+			}
+		}
+		tg = allocation.WholeTokens(tg, fl, q, pri)
 	}
 	var excess, sumD int64
 	def := make([]int64, len(idx))

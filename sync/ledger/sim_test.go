@@ -145,6 +145,7 @@ func simConfig() Config {
 	c.IdleAfter = 2 * time.Second
 	c.FullEvery = 5
 	c.Hysteresis = 0
+	c.DemandTokens = 0 // the harness's demand is steady: estimates follow at once
 	return c
 }
 
