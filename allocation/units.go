@@ -148,7 +148,7 @@ func usableShares(shares []float64, n int) []float64 {
 //
 // A region whose position (floor + target) is below one token but above its
 // floor gives its target up; then, in order of the larger want (then the
-// larger position, then the lower index), each of them is raised to
+// larger position, then the lower index), each of them that wants any is raised to
 // exactly one token if the units given up, plus what the regions holding
 // more than one token hold above it, cover the difference (taken from those
 // holding the most first); what is left goes to the region whose target was
@@ -183,7 +183,7 @@ func WholeTokens(targets, floors []int64, quantum int64, want []int64) []int64 {
 	})
 	for _, i := range small {
 		need := quantum - floors[i]
-		if need > pot+spare {
+		if want[i] <= 0 || need > pot+spare {
 			continue
 		}
 		out[i] = need
