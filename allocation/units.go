@@ -142,9 +142,7 @@ func usableShares(shares []float64, n int) []float64 {
 // admit nothing, so for small limits (a burst of one to a few tokens over
 // several regions) a continuous split starves everyone. quantum is the
 // number of units per token (U/C), floors are the regions' floors, and want
-// orders the regions competing for a token (the caller's priority: demand,
-// say, with a bonus for the region holding it now so that it does not move
-// with every change in the estimates).
+// orders the regions competing for a token (the caller's priority: demand).
 //
 // A region whose position (floor + target) is below one token but above its
 // floor gives its target up; then, in order of the larger want (then the
