@@ -128,8 +128,8 @@ type Contribution struct {
 // it fences itself. Cohort lists the incarnations reclaimed together with it;
 // the record of the first member carries the units they freed, per key
 // Base + Keys[key] (Base alone for keys not listed), which the registry split
-// by weight among Recipients, one incarnation per other region, and added to
-// their Paid.
+// by weight among Recipients (the newest unreclaimed incarnation of every
+// region, members excepted) and added to their Paid.
 type Record struct {
 	Of       Incarnation
 	Complete bool
