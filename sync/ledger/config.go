@@ -75,11 +75,10 @@ type Config struct {
 	// DemandTokens/Interval per second are unaffected. Default 10; 0 disables.
 	DemandTokens float64
 	// Quantum is the number of units per whole token of the limit's capacity
-	// (Units/capacity, see QuantumOf), when the agent knows it; 0 (the
-	// default) means none. With it, targets are rounded so that no region is
-	// left with a fraction of one token (allocation.WholeTokens: a region
-	// whose capacity is below one token cannot admit anything), and a region
-	// decides a new gift on a key only once its last one has landed.
+	// (Units/capacity), when the agent knows it; 0 (the default) means none.
+	// With it, targets are rounded so that regions hold whole tokens
+	// (allocation.WholeTokens): a region whose capacity is below one token
+	// cannot admit anything.
 	Quantum int64
 	// Allocate computes targets (default WaterFill).
 	Allocate Allocator
@@ -140,15 +139,10 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// WholeTokensUpTo is the largest capacity, in tokens, for which QuantumOf
-// asks for whole tokens: above it a region's share is many tokens, and a
-// fraction of one changes what it admits by 1% or less.
-const WholeTokensUpTo = 100
-
 // QuantumOf returns the Quantum for a limit of capacity tokens over units:
-// units/capacity for a capacity of 1 to WholeTokensUpTo tokens, else 0.
+// units/capacity, or 0 when the capacity is not at least one token.
 func QuantumOf(units int64, capacity float64) int64 {
-	if !(capacity >= 1) || capacity > WholeTokensUpTo {
+	if !(capacity >= 1) || math.IsInf(capacity, 0) {
 		return 0
 	}
 	return int64(float64(units) / math.Floor(capacity))

@@ -524,17 +524,6 @@ func (l *Ledger) give(k *key, now time.Duration) {
 	if excess <= l.cfg.Hysteresis || sumD == 0 {
 		return
 	}
-	if l.cfg.Quantum > 1 {
-		// Whole tokens: targets jump with small changes, and the regions
-		// see each other a round trip late. Deciding again while our last
-		// gift on the key has not landed made gifts swing back and forth;
-		// wait until the live receivers report it applied.
-		for i := range k.pairs {
-			if l.live(i, now) && k.pairs[i].give > k.pairs[i].peerApplied {
-				return
-			}
-		}
-	}
 	// Never below our floor: excess <= position - floor since targets are >= 0.
 	for j, i := range idx {
 		if def[j] == 0 || !l.giftable(i) {
