@@ -139,10 +139,15 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// WholeTokensUpTo is the largest capacity, in tokens, for which QuantumOf
+// asks for whole tokens: above it a region's share is many tokens, and a
+// fraction of one changes what it admits by 1% or less.
+const WholeTokensUpTo = 100
+
 // QuantumOf returns the Quantum for a limit of capacity tokens over units:
-// units/capacity, or 0 when the capacity is not at least one token.
+// units/capacity for a capacity of 1 to WholeTokensUpTo tokens, else 0.
 func QuantumOf(units int64, capacity float64) int64 {
-	if !(capacity >= 1) || math.IsInf(capacity, 0) {
+	if !(capacity >= 1) || capacity > WholeTokensUpTo {
 		return 0
 	}
 	return int64(float64(units) / math.Floor(capacity))
