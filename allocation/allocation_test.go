@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -262,4 +263,91 @@ func ExampleMaxMinFair() {
 	// [40 20 20]
 	// [50 25 25]
 	// [40 20 20]
+}
+
+func TestWholeTokens(t *testing.T) {
+	const U = 1_000_000
+	for _, tc := range []struct {
+		name            string
+		targets, floors []int64
+		quantum         int64
+		want, out       []int64
+	}{
+		{"burst 4, even demand with noise: one token each",
+			[]int64{235000, 225000, 225000, 215000}, []int64{25000, 25000, 25000, 25000}, U / 4,
+			[]int64{1, 1, 1, 1}, []int64{225000, 225000, 225000, 225000}},
+		{"burst 1, no floors: the region with the largest want gets the token",
+			[]int64{400000, 350000, 250000}, []int64{0, 0, 0}, U,
+			[]int64{2, 3, 2}, []int64{0, 1000000, 0}},
+		{"burst 1 with floors: no region can be whole, the rest stays with the top",
+			[]int64{300000, 300000, 300000}, []int64{33334, 33333, 33333}, U,
+			[]int64{1, 1, 1}, []int64{900000, 0, 0}},
+		{"no token for a region that wants none",
+			[]int64{700000, 100000, 200000}, []int64{0, 0, 0}, U / 2,
+			[]int64{7, 0, 2}, []int64{500000, 0, 500000}},
+		{"quantum 1: unchanged",
+			[]int64{600, 300, 100}, []int64{0, 0, 0}, 1,
+			[]int64{1, 1, 1}, []int64{600, 300, 100}},
+		{"burst 10: every region above a token, unchanged",
+			[]int64{260000, 250000, 250000, 240000}, []int64{0, 0, 0, 0}, U / 10,
+			[]int64{1, 1, 1, 1}, []int64{260000, 250000, 250000, 240000}},
+		{"burst 10: a region below a token borrows from the largest",
+			[]int64{850000, 80000, 70000}, []int64{0, 0, 0}, U / 10,
+			[]int64{9, 1, 1}, []int64{800000, 100000, 100000}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := WholeTokens(tc.targets, tc.floors, tc.quantum, tc.want)
+			if !slices.Equal(got, tc.out) {
+				t.Fatalf("got %v, want %v", got, tc.out)
+			}
+		})
+	}
+}
+
+func TestWholeTokensProperties(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for it := 0; it < 5000; it++ {
+		n := 1 + rng.IntN(8)
+		U := int64(1 + rng.IntN(2_000_000))
+		q := int64(1 + rng.IntN(int(U)))
+		tg, fl, w := make([]int64, n), make([]int64, n), make([]int64, n)
+		var sum int64
+		for i := range tg {
+			tg[i] = rng.Int64N(U/int64(n) + 1)
+			fl[i] = rng.Int64N(U/int64(n)/10 + 1)
+			w[i] = rng.Int64N(3)
+			sum += tg[i]
+		}
+		got := WholeTokens(tg, fl, q, w)
+		var s int64
+		whole := 0
+		for i, x := range got {
+			if x < 0 {
+				t.Fatalf("negative target %v from %v", got, tg)
+			}
+			s += x
+			if (fl[i]+x)%q == 0 && fl[i]+x > 0 {
+				whole++
+			}
+		}
+		if s != sum {
+			t.Fatalf("sum %d, want %d: %v from %v", s, sum, got, tg)
+		}
+		// Never fewer regions holding at least one whole token than before,
+		// and no region left between its floor and one token.
+		before, after := 0, 0
+		for i := range tg {
+			if fl[i]+tg[i] >= q {
+				before++
+			}
+			if fl[i]+got[i] >= q {
+				after++
+			} else if got[i] > 0 && q > 1 && s == sum && fl[i]+tg[i] >= q {
+				t.Fatalf("region %d dropped below a token: %v -> %v (q %d floors %v)", i, tg, got, q, fl)
+			}
+		}
+		if after < before && q > 1 {
+			t.Fatalf("regions with a whole token: %d before, %d after: %v -> %v (q %d floors %v)", before, after, tg, got, q, fl)
+		}
+	}
 }

@@ -135,3 +135,83 @@ func usableShares(shares []float64, n int) []float64 {
 	}
 	return v
 }
+
+// WholeTokens adjusts integer targets so that no region is left with a
+// fraction of one token: a store enforcing u of U units gets floor(C*u/U)
+// of the capacity C, and a region whose capacity is below one token can
+// admit nothing, so for small limits (a burst of one to a few tokens over
+// several regions) a continuous split starves everyone. quantum is the
+// number of units per token (U/C), floors are the regions' floors, and want
+// orders the regions competing for a token (the caller's priority: demand).
+//
+// A region whose position (floor + target) is below one token but above its
+// floor gives its target up; then, in order of the larger want (then the
+// larger position, then the lower index), each of them that wants any is raised to
+// exactly one token if the units given up, plus what the regions holding
+// more than one token hold above it, cover the difference (taken from those
+// holding the most first); what is left goes to the region whose target was
+// the largest. Positions of one token or more change only when they lend.
+// The result sums to exactly the sum of targets, and every entry is >= 0.
+// A quantum <= 1 returns targets unchanged.
+func WholeTokens(targets, floors []int64, quantum int64, want []int64) []int64 {
+	n := len(targets)
+	out := slices.Clone(targets)
+	if quantum <= 1 || n == 0 || len(floors) != n || len(want) != n {
+		return out
+	}
+	pos := make([]int64, n)
+	var pot, spare int64
+	var small []int
+	for i := range out {
+		pos[i] = floors[i] + out[i]
+		switch {
+		case pos[i] >= quantum:
+			spare += pos[i] - quantum
+		case out[i] > 0:
+			small = append(small, i)
+			pot += out[i]
+			out[i] = 0
+		}
+	}
+	slices.SortStableFunc(small, func(a, b int) int {
+		if c := cmp.Compare(want[b], want[a]); c != 0 {
+			return c
+		}
+		return cmp.Compare(pos[b], pos[a])
+	})
+	for _, i := range small {
+		need := quantum - floors[i]
+		if want[i] <= 0 || need > pot+spare {
+			continue
+		}
+		out[i] = need
+		if need <= pot {
+			pot -= need
+			continue
+		}
+		borrow := need - pot
+		pot = 0
+		spare -= borrow
+		for borrow > 0 { // from the largest lender first
+			top := -1
+			for j := range out {
+				if floors[j]+out[j] > quantum && (top < 0 || floors[j]+out[j] > floors[top]+out[top]) {
+					top = j
+				}
+			}
+			take := min(borrow, floors[top]+out[top]-quantum)
+			out[top] -= take
+			borrow -= take
+		}
+	}
+	if pot > 0 {
+		top := 0
+		for i := range pos {
+			if pos[i] > pos[top] || pos[i] == pos[top] && want[i] > want[top] {
+				top = i
+			}
+		}
+		out[top] += pot
+	}
+	return out
+}

@@ -125,7 +125,7 @@ type Network struct {
 type Rule struct {
 	Rate     float64 `yaml:"rate"`      // tokens per second, > 0
 	Burst    float64 `yaml:"burst"`     // capacity in tokens, > 0 (default: rate)
-	MinShare float64 `yaml:"min_share"` // fraction held as floors, [0,1] (default 0.1)
+	MinShare float64 `yaml:"min_share"` // fraction held as floors, [0,1] (default 0, as in a rule: no floor)
 	// Weights per region; they must name every region once and add up to 1
 	// (default: equal).
 	Weights map[string]float64 `yaml:"weights"`

@@ -85,6 +85,7 @@ func ledgerConfig(env *sim.Env) (ledger.Config, []ledger.RegionSpec) {
 	cfg.Margin = sc.Sync.Margin.D()
 	cfg.StoreTimeout = sc.Sync.StoreTimeout.D()
 	cfg.Alpha = *sc.Sync.Alpha
+	cfg.Quantum = ledger.QuantumOf(cfg.Units, sc.Rule.Burst)
 	f, _ := allocation.ByName(sc.Rule.Allocation)
 	cfg.Allocate = func(pool int64, wants []ledger.Want) []int64 {
 		rs := make([]allocation.Region, len(wants))
@@ -240,12 +241,17 @@ func (s *Ledger) handle(r *lregion, gen int, out ledger.Output) {
 	for _, c := range out.Contributions {
 		c := c
 		s.env.Registry(r.idx, func() func() {
-			rec, err := s.reg.Contribute(c)
-			if err != nil {
+			if _, err := s.reg.Contribute(c); err != nil {
 				return nil
 			}
-			for _, q := range s.rs {
-				s.pushRecord(q, rec)
+			s.pushRecords()
+			return nil
+		})
+	}
+	if by := out.Close; by != (ledger.Incarnation{}) {
+		s.env.Registry(r.idx, func() func() {
+			if s.reg.Close(by) == nil {
+				s.pushRecords()
 			}
 			return nil
 		})
@@ -256,14 +262,23 @@ func (s *Ledger) handle(r *lregion, gen int, out ledger.Output) {
 	}
 }
 
-func (s *Ledger) pushRecord(q *lregion, rec ledger.Record) {
-	s.env.After(s.env.RegistryDelay(), func() {
-		if q.led == nil || !s.env.RegistryReachable(q.idx) {
-			return
-		}
-		g := q.gen
-		s.handle(q, g, q.led.ReclaimRecorded(s.env.AgentNow(q.idx), rec))
-	})
+// pushRecords delivers every record of the registry to every region, as
+// the agents' registry poll would: a reclaim's payments are in the
+// recipients' own records.
+func (s *Ledger) pushRecords() {
+	recs := s.reg.Records()
+	for _, q := range s.rs {
+		q := q
+		s.env.After(s.env.RegistryDelay(), func() {
+			if q.led == nil || !s.env.RegistryReachable(q.idx) {
+				return
+			}
+			for _, rec := range recs {
+				g := q.gen
+				s.handle(q, g, q.led.ReclaimRecorded(s.env.AgentNow(q.idx), rec))
+			}
+		})
+	}
 }
 
 func (s *Ledger) storeDelay() time.Duration {

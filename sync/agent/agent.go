@@ -110,6 +110,7 @@ type ruleState struct {
 	retryAt      time.Time
 	backoff      time.Duration
 	contributing bool
+	closing      bool
 	fedRev       int64
 	written      map[string]int64     // last units written per key (gift metric)
 	fresh        map[string]freshness // peer region -> newest report accepted (verify.go)
@@ -450,7 +451,9 @@ func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, 
 		return
 	}
 	start.RunID = a.runID
-	led, err := ledger.New(spec.ledgerConfig(a.lcfg), a.cfg.Region, spec.Regions, start, a.now())
+	lcfg := spec.ledgerConfig(a.lcfg)
+	lcfg.Quantum = ledger.QuantumOf(lcfg.Units, float64(st.rule.Capacity))
+	led, err := ledger.New(lcfg, a.cfg.Region, spec.Regions, start, a.now())
 	if err != nil {
 		a.failStart(st, err)
 		return
@@ -499,6 +502,9 @@ func (a *Agent) collect(ctx context.Context, b *batch, st *ruleState, out ledger
 	}
 	if len(out.Contributions) > 0 {
 		a.contribute(ctx, st, out.Contributions)
+	}
+	if out.Close != (ledger.Incarnation{}) {
+		a.closePredecessors(ctx, st, out.Close)
 	}
 	if out.Fenced {
 		a.fence(ctx, st)
@@ -664,6 +670,25 @@ func (a *Agent) contribute(ctx context.Context, st *ruleState, cs []ledger.Contr
 			}
 			a.flush(ctx, b)
 		})
+	})
+}
+
+// closePredecessors records in the registry that this incarnation's marker
+// is confirmed (the ledger repeats the request until it sees it recorded).
+func (a *Agent) closePredecessors(ctx context.Context, st *ruleState, by ledger.Incarnation) {
+	if st.closing {
+		return
+	}
+	st.closing = true
+	id := st.id
+	a.goOwned(func() {
+		cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
+		err := a.reg.Close(cctx, id, by)
+		cancel()
+		if err != nil {
+			a.logs.Log(slog.LevelWarn, "close/"+id, "recording the end of earlier incarnations failed; it is retried", logKeyRule, id, logKeyErr, err)
+		}
+		a.post(ctx, func(ctx context.Context) { st.closing = false })
 	})
 }
 

@@ -518,11 +518,34 @@ func TestEtcdRegistryConcurrentStarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	rr := recs["r1"]
-	if len(rr.Records) != 1 || !rr.Records[0].Complete || rr.Revision == 0 {
-		t.Fatalf("records: %+v", rr)
+	done, paid := false, false
+	for _, rec := range rr.Records {
+		done = done || rec.Of == ledger.Incarnation{Region: "a", Inc: 20} && rec.Complete
+		paid = paid || rec.Of == ledger.Incarnation{Region: "b", Inc: 1} && rec.Paid != nil
+	}
+	if !done || !paid || rr.Revision == 0 {
+		t.Fatalf("records (want a/20 reclaimed, b/1 paid): %+v", rr)
 	}
 	if _, err := reg.Contribute(context.Background(), "nope", ledger.Contribution{}); err == nil {
 		t.Fatal("contribution to a rule without registry accepted")
+	}
+	// A new incarnation's Close is recorded and shows in its record.
+	if err := reg.Close(context.Background(), "r1", ledger.Incarnation{Region: "b", Inc: 1}); err != nil {
+		t.Fatal(err)
+	}
+	recs, err = reg.Records(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	closer := false
+	for _, rec := range recs["r1"].Records {
+		closer = closer || rec.Of == ledger.Incarnation{Region: "b", Inc: 1} && rec.Closer
+	}
+	if !closer {
+		t.Fatalf("Close not recorded: %+v", recs["r1"])
+	}
+	if err := reg.Close(context.Background(), "r1", ledger.Incarnation{Region: "b", Inc: 7}); err == nil {
+		t.Fatal("Close by an incarnation the registry never allocated accepted")
 	}
 }
 

@@ -50,7 +50,9 @@
 //     ledger.RegistryState, changed only by a Txn comparing ModRevision, so
 //     concurrent agents never lose an update). Start allocates incarnations;
 //     Contributions are submitted as the ledger emits them (it re-emits
-//     pending ones, so a failed submission is retried); every agent reads the
+//     pending ones, so a failed submission is retried), and so is a new
+//     incarnation's Close once its marker is confirmed (it ends the earlier
+//     incarnations of the region for the reclaims); every agent reads the
 //     whole prefix every RegistryPoll and feeds the records of a document
 //     whose revision changed to ReclaimRecorded.
 //

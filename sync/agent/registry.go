@@ -87,6 +87,9 @@ type Registry interface {
 	Start(ctx context.Context, rule string, spec Spec, region string) (ledger.Start, Spec, error)
 	// Contribute adds c to rule's registry and returns the record of c.Of.
 	Contribute(ctx context.Context, rule string, c ledger.Contribution) (ledger.Record, error)
+	// Close records that by's store marker is confirmed: every earlier
+	// incarnation of its region is at its floor for good.
+	Close(ctx context.Context, rule string, by ledger.Incarnation) error
 	// Records returns, per rule with a registry, a revision that changes
 	// whenever the rule's registry does, and every reclaim record in it.
 	Records(ctx context.Context) (map[string]RuleRecords, error)
@@ -217,6 +220,13 @@ func (r *EtcdRegistry) Contribute(ctx context.Context, rule string, c ledger.Con
 		return err
 	})
 	return rec, err
+}
+
+// Close implements Registry.
+func (r *EtcdRegistry) Close(ctx context.Context, rule string, by ledger.Incarnation) error {
+	return r.update(ctx, rule, nil, func(reg *ledger.Registry, _ Spec) error {
+		return reg.Close(by)
+	})
 }
 
 // Records implements Registry with one range read of the prefix. Documents

@@ -67,6 +67,19 @@ type Config struct {
 	IdleAfter time.Duration
 	// Hysteresis is the smallest excess (units) worth a gift (default Units/10000).
 	Hysteresis int64
+	// DemandTokens makes the demand estimate of a key average over at least
+	// the time its limit takes to admit this many requests (DemandTokens/rate
+	// seconds), so that at a few requests per second the estimate does not
+	// jump with every single request: the EWMA weight of an interval of dt
+	// seconds is min(Alpha, dt*rate/DemandTokens). Limits above
+	// DemandTokens/Interval per second are unaffected. Default 10; 0 disables.
+	DemandTokens float64
+	// Quantum is the number of units per whole token of the limit's capacity
+	// (Units/capacity), when the agent knows it; 0 (the default) means none.
+	// With it, targets are rounded so that regions hold whole tokens
+	// (allocation.WholeTokens): a region whose capacity is below one token
+	// cannot admit anything.
+	Quantum int64
 	// Allocate computes targets (default WaterFill).
 	Allocate Allocator
 }
@@ -86,6 +99,7 @@ func DefaultConfig() Config {
 		Alpha:        0.5,
 		IdleAfter:    10 * time.Second,
 		Hysteresis:   100,
+		DemandTokens: 40,
 		Allocate:     WaterFill,
 	}
 }
@@ -115,10 +129,28 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: IdleAfter must be positive", ErrConfig)
 	case c.Hysteresis < 0:
 		return fmt.Errorf("%w: Hysteresis must not be negative", ErrConfig)
+	case !(c.DemandTokens >= 0) || math.IsInf(c.DemandTokens, 0):
+		return fmt.Errorf("%w: DemandTokens must be finite and not negative", ErrConfig)
+	case c.Quantum < 0 || c.Quantum > c.Units:
+		return fmt.Errorf("%w: Quantum must be in [0, Units]", ErrConfig)
 	case c.Allocate == nil:
 		return fmt.Errorf("%w: Allocate is nil", ErrConfig)
 	}
 	return nil
+}
+
+// WholeTokensUpTo is the largest capacity, in tokens, for which QuantumOf
+// asks for whole tokens: above it a region's share is many tokens, and a
+// fraction of one changes what it admits by 1% or less.
+const WholeTokensUpTo = 100
+
+// QuantumOf returns the Quantum for a limit of capacity tokens over units:
+// units/capacity for a capacity of 1 to WholeTokensUpTo tokens, else 0.
+func QuantumOf(units int64, capacity float64) int64 {
+	if !(capacity >= 1) || capacity > WholeTokensUpTo {
+		return 0
+	}
+	return int64(float64(units) / math.Floor(capacity))
 }
 
 // ReclaimAfter is how long, on a survivor's clock, a peer incarnation must be

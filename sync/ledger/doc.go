@@ -43,11 +43,14 @@
 //     than one already applied from the same incarnation in an older report,
 //     or implausible (values its sender could not hold: plausible.go) is
 //     rejected whole (an error, Stats.Rejected) and changes nothing.
-//   - Every Tick: fold usage into an EWMA demand (units, per key), compute
+//   - Every Tick: fold usage into an EWMA demand (units, per key; for small
+//     limits the EWMA averages over at least DemandTokens requests' worth of
+//     the limit, so a few requests a second do not swing it), compute
 //     targets with the injected Allocator over the live regions (heard within
 //     Lease, not frozen) from their last reported positions plus our own gifts
-//     in flight, and give our excess over target to the regions below theirs in
-//     proportion to their deficits. Targets are >= 0, so nobody gives below its
+//     in flight, round them to whole tokens when Quantum is set (a region
+//     below one token of capacity admits nothing), and give our excess over
+//     target to the regions below theirs in proportion to their deficits. Targets are >= 0, so nobody gives below its
 //     floor. Nobody gives to a region it does not consider live, nor to a
 //     later incarnation of a region (restarted, or fenced and back) before
 //     that incarnation has acknowledged one of our reports: behind a one-way
@@ -93,29 +96,66 @@
 // Let D = (the latest local send time of one of our reports that any peer has
 // acknowledged, or the start) + Lease. Every Tick renews the marker with a
 // store lease of (1-rho)((D-now)/(1+rho) - StoreTimeout), so in real time the
-// store lease ends no later than D does. At D the ledger fences: its store is
-// already at the floor, it stops gifting and reporting, and the agent must
-// start a new incarnation. A peer telling us it froze us fences us too.
+// store lease ends no later than D does. At D the store is at the floor. An
+// incarnation that holds more than its floor on some key then fences: it stops
+// gifting and reporting, and the agent must start a new incarnation. One that
+// holds only its floor has nothing to give up and carries on (reporting, so a
+// peer can acknowledge it again; its next marker is then a Create): a region
+// cut off from every peer fences once, then keeps one life for the whole cut.
+// A peer telling us it froze us fences us too.
 //
 // A survivor freezes a peer incarnation (stops applying and giving to it,
 // ignores its messages, contributes its pair terms to the registry) when it
 // has heard nothing from it for ReclaimAfter = Lease(1+rho)/(1-rho) + Margin
-// on its own clock, or when it sees a newer incarnation of that region (whose
-// marker, confirmed before its first report, has already floored the old one).
+// on its own clock while a peer acknowledges the survivor itself, or when it
+// sees a newer incarnation of that region (whose marker, confirmed before its
+// first report, has already floored the old one). A region with no live peer
+// does not freeze by silence: it could not take the payment (below), and
+// reclaiming the other side of a partition would only make it start a new
+// life.
 //
 // # Reclaim
 //
-// The Registry (one etcd document, compare-and-swap) allocates incarnations
-// and collects contributions. Survivor j's contribution to the reclaim of A is
-// Q_j = conf[j][A] - recv[A][j] per key, frozen: j keeps -Q_j in its position
-// for good (an unconfirmed gift to A is cancelled: a raise back).
-// The record of A completes once every incarnation of another region
-// that overlapped A (and is not itself reclaimed) has contributed. Then, per
-// key, Phi = max(0, B_A-I + Own_A + sum Q) is split by weight among the
-// recipients (the newest required incarnation of each other region), where
-// B_A-I is I_A for a first incarnation and 0 otherwise, and Own_A is A's own
-// frozen pair terms towards incarnations whose reclaim completed earlier. Each
-// pair of incarnations is thus counted once.
+// The Registry (one etcd document, compare-and-swap) allocates incarnations,
+// records which are closed, collects contributions and pays out. A new
+// incarnation whose first marker is confirmed asks for Close (Output.Close):
+// every earlier incarnation of its region is then closed, at its floor for
+// good (its records are floored by the new marker) and silent (the agent
+// runs one incarnation per region at a time: a life ends at the next Start).
+// Survivor j's contribution to the reclaim of A is Q_j = conf[j][A] -
+// recv[A][j] per key, frozen: j keeps -Q_j in its position for good (an
+// unconfirmed gift to A is cancelled: a raise back).
+//
+// Reclaims complete in cohorts. The cohort of A starts as {A}; every
+// unreclaimed incarnation X of another region whose life overlapped a member
+// M must have contributed to M, or else be closed, and then X joins the
+// cohort (X and M are both at their floors for good and neither froze the
+// other: their pair is counted by nobody, which is exact, since the units of
+// a pair, both positions plus what is in flight, sum to zero). A member that
+// is not closed must have a contribution, and, from every other region, one
+// from the last of that region's incarnations that overlapped it: that one
+// froze it after silence, later than any earlier one of its region could
+// have acknowledged it, so its store lease has lapsed. When the cohort
+// completes, per key, Phi = sum over members (I_M for a first incarnation +
+// Paid_M + Kept_M + the Q of contributors outside the cohort) is split by
+// weight among the newest unreclaimed incarnation of every region (outside
+// the cohort: for a two-region cohort, the two successors) and added to their
+// cumulative Paid; each contributor outside adds -Q to its
+// Kept. Paid_M (what reclaims paid M, applied or not) and Kept_M (what M kept
+// of pairs with incarnations reclaimed before it) are thus never lost: a
+// pair is counted once, by whichever of its two reclaims completes first
+// using the other's contribution, and the second reclaim counts the kept
+// side. A recipient applies the part of its cumulative Paid it has not
+// applied yet, in any order and late, but only while a peer acknowledges it
+// (joined): a region alone holding more than its floor would fence at once.
+//
+// The registry stays bounded: a reclaimed incarnation is forgotten (a
+// watermark per region remembers that every incarnation up to it is
+// reclaimed) once every earlier one of its region is reclaimed too and it is
+// not among its region's two newest; a completed reclaim keeps no
+// contributions. Its size is O(regions x unreclaimed incarnations x keys with
+// units in flight), whatever the run length (TestRegionAloneForHours,
+// TestRegistryBoundedOverAWeek).
 //
 // # Invariant 1, proof sketch
 //
@@ -127,20 +167,69 @@
 //     after the store holds a version whose units already subtract give >=
 //     conf; every later write also subtracts it (give only grows); an empty
 //     store enforces floors until every key is re-asserted; a lapsed lease or
-//     a newer incarnation's marker gives the floor <= P_i.
+//     a newer incarnation's marker gives the floor <= P_i. A first marker
+//     written after D (floor-only incarnations only) has a zero lease.
 //  2. With all regions alive, sum_i P_i = sum F + sum I + sum over pairs
 //     (recv - conf) <= Units, since recv[j][i] <= conf[j][i].
-//  3. When A dies its store falls to F_A no later (in real time) than any
-//     survivor freezes A by silence: a survivor that froze A at its time t
-//     last heard A at t - ReclaimAfter, never acknowledged a later report, so
-//     A's lease deadline D is at most L/(1-rho) real after that, and the store
-//     lease ends by D. Each survivor's payment is a share of Phi >= 0, so every
-//     change is a raise and any subset of survivors having applied it is
-//     bounded by all of them having applied it. With all applied, the pair
-//     terms of A are replaced by sum Phi <= I_A + (A's holding and in-flight
-//     units of A's pairs) and the total is sum F + sum I + the remaining pairs
-//     <= Units. Phi is clamped at 0 only when it is a lower bound (A's own
-//     reclaim payments are not counted: they leak, they are never double counted).
+//  3. A cohort completes only when each member's store is at its floor for
+//     good: it is closed, or every incarnation that could still acknowledge
+//     it has been silent towards it for ReclaimAfter, so its lease deadline
+//     has passed in real time (as above). Every contributor outside has frozen
+//     its pair with the members: it applies nothing more from them. Phi is
+//     then what the members held above their floors plus what was in flight
+//     to or from them, so Phi >= 0 and the clamp at 0 never binds; each
+//     recipient's payment is a raise of a part of Phi, so any subset of
+//     recipients having applied it is bounded by all of them having applied
+//     it, and the total is sum F + sum I + the remaining pairs <= Units.
+//
+// # Invariant 4: liveness, and its bound
+//
+// Claim: once the network is healthy (every report and registry call gets
+// through, RTT the largest round trip, T_reg the registry's one-way delay),
+// every agent is up and demand holds still, every key's positions reach the
+// allocator's targets, with every unit held by a live incarnation, within
+//
+//	T_heal = 2 T_reg + 2 (I + RTT) + 3 (I + S + RTT)
+//
+// of the heal (I the interval, S StoreTimeout), plus the restart of an agent
+// that is down (a registry round trip and its first marker write).
+//
+//  1. Every dead incarnation is reclaimed. A dead incarnation's successor
+//     confirms its marker and closes it; a region that is gone for good is
+//     frozen by every survivor after ReclaimAfter (the survivors acknowledge
+//     each other). So every overlapping incarnation has either contributed or
+//     is closed, and the cohort rule completes it: no reclaim waits for a
+//     dead contributor (before, a two-region partition longer than the lease
+//     left both sides' reclaims waiting for each other forever).
+//  2. After the heal, each new incarnation's report reaches its peers within
+//     I + RTT/2; a peer that still pairs with the old one freezes it at once
+//     and contributes (T_reg), the record reaches everyone (T_reg).
+//     Acknowledgements come back within another I + RTT, so every
+//     incarnation has a lease (joined: it applies its Paid) and accepts gifts.
+//  3. Then sum of positions = Units (nothing is lost: item 1 and the
+//     accounting above), and the allocator's targets over the live regions
+//     are reached by gifts: each round (a giver's tick, its store write,
+//     the report) takes I + S + RTT and brings every position within the
+//     givers' projection error of its target; three rounds bring it within
+//     0.1% of the limit in the tests. With whole tokens (Quantum) targets
+//     jump with the estimates, and while the regions' views of each other
+//     differ gifts can swing back and forth before they settle: the bound is
+//     then not proven (TestRandomized's small-limit seeds: within 8 s of the
+//     heal for its 400 seeds; in a hunt of 3,000 seeds, 3 of about 750
+//     small-limit seeds had not settled 15 s after the heal).
+//
+// The tests check this bound in virtual time (TestTwoRegionPartition, both
+// sides fencing at once; TestRegionAloneForHours; TestPartitionDuringShift;
+// TestRandomized over 2..7 regions with loss, duplication, delays, restarts,
+// store resets and partitions: restart delays + RetryWrite + T_heal + ten
+// intervals of demand estimate) and live (simulations/live,
+// TestLiveTwoRegionPartition).
+//
+// A two-region pair cannot tell a partition from the loss of the other
+// region: during a cut longer than the lease both hold their floors (a lone
+// survivor of two regions holds its floor until the other comes back).
+// Deployments of two regions that must serve more than the floor during a cut
+// need a larger min_share.
 //
 // # Clocks
 //
@@ -170,8 +259,5 @@
 //
 // # Limits
 //
-// Units paid to an incarnation by reclaim records are not paid out again when
-// it dies (they leak, safely). When a required contributor dies before
-// contributing, the record never completes: the units stay unclaimed (safe).
 // Keys' tombstones are never garbage-collected.
 package ledger

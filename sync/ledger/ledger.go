@@ -6,6 +6,8 @@ import (
 	"math"
 	"sort"
 	"time"
+
+	"github.com/apportion/apportion/allocation"
 )
 
 // Start describes the incarnation a Ledger runs as. The agent obtains it from
@@ -56,7 +58,7 @@ type key struct {
 	used    int64
 	demand  float64
 	lastUse time.Duration
-	extra   int64 // from reclaim records
+	extra   int64 // paid by reclaims, beyond the base part (Payment.Keys)
 	frozen  int64 // -Q of every frozen pair
 	pairs   []pair
 	pend    []snap
@@ -118,10 +120,15 @@ type Ledger struct {
 	createAt time.Duration
 	reset    bool // reasserting after StoreReset
 
-	rseq    uint64
-	sent    map[uint64]time.Duration
-	applied map[Incarnation]bool
-	stats   Stats
+	rseq  uint64
+	sent  map[uint64]time.Duration
+	stats Stats
+
+	paid        Payment // the payment applied so far (cumulative)
+	markerUnits int64   // the default units of the last marker write
+	owed        Payment // the newest payment the registry shows
+	closeSent   bool    // Output.Close emitted at least once
+	closeAck    bool    // the registry shows our Close
 }
 
 // New returns the ledger of region self among regions, running as st.Inc,
@@ -137,7 +144,7 @@ func New(cfg Config, self string, regions []RegionSpec, st Start, now time.Durat
 		return nil, fmt.Errorf("%w: incarnation must be positive", ErrConfig)
 	}
 	l := &Ledger{cfg: cfg, self: -1, inc: st.Inc, keys: map[string]*key{}, started: now,
-		lastTick: now, runID: st.RunID, sent: map[uint64]time.Duration{}, applied: map[Incarnation]bool{}}
+		lastTick: now, runID: st.RunID, sent: map[uint64]time.Duration{}}
 	seen := map[string]bool{}
 	for i, r := range regions {
 		if r.Name == "" || seen[r.Name] || !(r.Weight > 0) || math.IsInf(r.Weight, 0) {
@@ -158,6 +165,7 @@ func New(cfg Config, self string, regions []RegionSpec, st Start, now time.Durat
 	if st.Inc == 1 {
 		l.base += l.initial[l.self]
 	}
+	l.markerUnits = l.base
 	l.peers = make([]peer, len(regions))
 	for i := range l.peers {
 		l.peers[i] = peer{name: l.names[i], inc: 1, heard: now, mayFreeze: true,
@@ -294,6 +302,64 @@ func (l *Ledger) leaseDeadline() time.Duration {
 	return d + l.cfg.Lease
 }
 
+// holdsMore reports whether this incarnation holds more than its floor on
+// any key (or for keys without state).
+func (l *Ledger) holdsMore() bool {
+	f := l.floor[l.self]
+	if l.base > f {
+		return true
+	}
+	for _, k := range l.keys {
+		if l.position(k) > f {
+			return true
+		}
+	}
+	return false
+}
+
+// joined reports whether a peer has acknowledged one of our reports within
+// the lease: only then does the ledger take reclaim payments, since holding
+// more than the floor without a lease would make it fence at once.
+func (l *Ledger) joined(now time.Duration) bool {
+	if len(l.names) == 1 {
+		return true
+	}
+	acked := false
+	for i := range l.peers {
+		acked = acked || i != l.self && l.peers[i].ackedSend > 0
+	}
+	return acked && now < l.leaseDeadline()
+}
+
+// payOwed applies the part of the registry's payment not applied yet.
+func (l *Ledger) payOwed(now time.Duration) {
+	if l.owed.Seq <= l.paid.Seq || !l.joined(now) {
+		return
+	}
+	l.base += l.owed.Base - l.paid.Base
+	keys := map[string]int64{}
+	for _, ku := range l.paid.Keys {
+		keys[ku.Key] = 0 // listed before: reset unless listed again
+	}
+	for _, ku := range l.owed.Keys {
+		keys[ku.Key] = ku.Units
+	}
+	for n, v := range keys {
+		k := l.key(n)
+		if k.extra != v {
+			k.extra = v
+			k.active, k.dirty = true, true
+			k.lastUse = now
+		}
+	}
+	if l.owed.Base != l.paid.Base {
+		for _, k := range l.keys {
+			k.dirty = true // every position moved
+		}
+	}
+	l.paid = l.owed
+}
+
 func (l *Ledger) live(i int, now time.Duration) bool {
 	p := &l.peers[i]
 	return i != l.self && p.seen && now-p.heard <= l.cfg.Lease
@@ -315,14 +381,33 @@ func (l *Ledger) Tick(now time.Duration) Output {
 	if l.fenced {
 		return Output{Fenced: true}
 	}
-	if l.told || now >= l.leaseDeadline() {
+	if l.told {
 		return l.fence()
 	}
+	if now >= l.leaseDeadline() {
+		// The store lease has lapsed: the store enforces the floor. An
+		// incarnation that holds more must end (peers may reclaim it); one
+		// that holds only its floor has nothing to give up and carries on,
+		// so a region alone does not start a new life every lease. Its next
+		// marker is a Create, once a peer acknowledges it again.
+		if l.holdsMore() {
+			return l.fence()
+		}
+		l.markerOK = false
+	}
 	var out Output
-	// Freeze silent incarnations.
+	l.payOwed(now)
+	if l.everOK && l.inc > 1 && !l.closeAck && (!l.closeSent || (l.ticks+1)%(4*l.cfg.FullEvery) == 0) {
+		out.Close, l.closeSent = Incarnation{l.names[l.self], l.inc}, true
+	}
+	// Freeze silent incarnations, if a peer acknowledges us: a region with
+	// no live peer could not take a reclaim payment anyway (see joined), and
+	// reclaiming the other side of a partition would only make it start a
+	// new life. A newer incarnation seen in a report freezes at once (Receive).
+	joined := l.joined(now)
 	for i := range l.peers {
 		p := &l.peers[i]
-		if i != l.self && p.mayFreeze && now-p.heard >= l.cfg.ReclaimAfter() {
+		if i != l.self && joined && p.mayFreeze && now-p.heard >= l.cfg.ReclaimAfter() {
 			out.Contributions = append(out.Contributions, l.freeze(i, p.inc, now)...)
 		}
 	}
@@ -337,7 +422,11 @@ func (l *Ledger) Tick(now time.Duration) Output {
 		if k.rate > 0 {
 			inst := float64(k.used) / dt * float64(l.cfg.Units) / k.rate
 			old := int64(k.demand)
-			k.demand = l.cfg.Alpha*inst + (1-l.cfg.Alpha)*k.demand
+			a := l.cfg.Alpha
+			if l.cfg.DemandTokens > 0 {
+				a = min(a, dt*k.rate/l.cfg.DemandTokens)
+			}
+			k.demand = a*inst + (1-a)*k.demand
 			if k.demand < 0.5 {
 				k.demand = 0
 			}
@@ -411,6 +500,16 @@ func (l *Ledger) give(k *key, now time.Duration) {
 	tg := l.cfg.Allocate(pool, wants)
 	if len(tg) != len(idx) {
 		return
+	}
+	if q := l.cfg.Quantum; q > 1 {
+		// Whole tokens, by demand. (A bonus for the region holding a token
+		// made the regions' views disagree on the holder and gifts swing
+		// back and forth under faults: TestRandomized's small-limit seeds.)
+		fl, dem := make([]int64, len(idx)), make([]int64, len(idx))
+		for j, i := range idx {
+			fl[j], dem[j] = l.floor[i], wants[j].Demand
+		}
+		tg = allocation.WholeTokens(tg, fl, q, dem)
 	}
 	var excess, sumD int64
 	def := make([]int64, len(idx))
@@ -501,14 +600,37 @@ func (l *Ledger) storeLease(now time.Duration) time.Duration {
 	return time.Duration(v)
 }
 
+// markerDefault is the marker's default units: the base, once every key
+// whose position is below the base has a confirmed record of its own
+// (a reclaim payment can raise the base by more than it raises some keys);
+// until then the default written last. Lower first, for the marker too.
+func (l *Ledger) markerDefault() int64 {
+	u := l.base
+	if u > l.markerUnits {
+		for _, k := range l.keys {
+			if l.position(k) < u && !(k.written && !k.wRelease && k.confirmed.Inc == l.inc && !k.confirmed.Less(k.wVer)) {
+				u = l.markerUnits
+				break
+			}
+		}
+	}
+	l.markerUnits = u
+	return u
+}
+
 func (l *Ledger) marker(now time.Duration) (Write, bool) {
 	lease := l.storeLease(now)
-	if lease <= 0 {
+	if lease <= 0 && (l.everOK || l.holdsMore()) {
 		return Write{}, false
 	}
+	// A first marker past the lease deadline, of an incarnation that holds
+	// only its floor, gets a zero lease: it grants nothing, but it floors
+	// the records of the region's earlier incarnations, so reports may
+	// start and a peer's acknowledgement can give this one a lease.
+	lease = max(lease, 0)
 	if l.markerOK {
 		l.wseq++
-		return Write{Key: MarkerKey, Version: Version{l.inc, l.wseq}, Units: l.base, Lease: lease}, true
+		return Write{Key: MarkerKey, Version: Version{l.inc, l.wseq}, Units: l.markerDefault(), Lease: lease}, true
 	}
 	if l.reset {
 		for _, k := range l.keys {
@@ -522,7 +644,7 @@ func (l *Ledger) marker(now time.Duration) (Write, bool) {
 	}
 	l.wseq++
 	l.creating, l.createAt = Version{l.inc, l.wseq}, now
-	return Write{Key: MarkerKey, Version: l.creating, Units: l.base, Create: true, RunID: l.runID, Lease: lease}, true
+	return Write{Key: MarkerKey, Version: l.creating, Units: l.markerDefault(), Create: true, RunID: l.runID, Lease: lease}, true
 }
 
 func (l *Ledger) report(now time.Duration, full bool) *Report {
@@ -874,17 +996,29 @@ func (l *Ledger) StoreReset(now time.Duration, runID string) Output {
 	return out
 }
 
-// ReclaimRecorded feeds the registry's record of a reclaim. An incomplete
-// record that needs this incarnation's contribution makes the incarnation
-// freezable; a complete one pays this region its share of the free units.
+// ReclaimRecorded feeds the registry's record of an incarnation. An
+// incomplete record that needs this incarnation's contribution makes the
+// incarnation freezable; a complete one freezes it (and fences it, if it is
+// this one). A record of this incarnation carries what reclaims paid it,
+// applied (now or later) while a peer acknowledges us.
 func (l *Ledger) ReclaimRecorded(now time.Duration, rec Record) Output {
 	if l.fenced {
 		return Output{Fenced: true}
 	}
 	me := Incarnation{l.names[l.self], l.inc}
 	if rec.Of.Region == me.Region {
-		if rec.Of == me && rec.Complete {
+		if rec.Of != me {
+			return Output{}
+		}
+		if rec.Complete {
 			return l.fence()
+		}
+		if rec.Closer {
+			l.closeAck = true
+		}
+		if p := rec.Paid; p != nil && p.Seq > l.owed.Seq {
+			l.owed = Payment{Seq: p.Seq, Base: p.Base, Keys: append([]KeyUnits(nil), p.Keys...)}
+			l.payOwed(now)
 		}
 		return Output{}
 	}
@@ -911,44 +1045,10 @@ func (l *Ledger) ReclaimRecorded(now time.Duration, rec Record) Output {
 		}
 		return Output{}
 	}
-	if l.applied[rec.Of] {
-		return Output{}
-	}
-	l.applied[rec.Of] = true
 	var out Output
 	if rec.Of.Inc > p.frozenInc {
 		out.Contributions = l.freeze(i, rec.Of.Inc, now)
 	}
 	delete(p.pending, rec.Of.Inc)
-	w := make([]float64, len(rec.Recipients))
-	mine := -1
-	for j, r := range rec.Recipients {
-		if x := l.index(r.Region); x >= 0 {
-			w[j] = l.weights[x]
-		}
-		if r == me {
-			mine = j
-		}
-	}
-	if mine < 0 {
-		return out
-	}
-	sh0 := splitByWeight(max(0, rec.Base), w)[mine]
-	l.base += sh0
-	phi := map[string]int64{}
-	for _, o := range rec.Own {
-		phi[o.Key] += o.Units
-	}
-	for _, c := range rec.Contributions {
-		for _, q := range c.Q {
-			phi[q.Key] += q.Units
-		}
-	}
-	for n, extra := range phi {
-		sh := splitByWeight(max(0, rec.Base+extra), w)[mine]
-		k := l.key(n)
-		k.extra += sh - sh0
-		k.dirty = true
-	}
 	return out
 }

@@ -12,19 +12,29 @@ type RegistryState struct {
 	Clock   uint64        `json:"clock"`
 	Lives   []LifeState   `json:"lives,omitempty"`
 	Records []RecordState `json:"records,omitempty"`
+	// Paid and Kept are per unreclaimed incarnation: what reclaims paid it,
+	// and what it keeps of its pairs with reclaimed incarnations.
+	Paid []AccountState `json:"paid,omitempty"`
+	Kept []AccountState `json:"kept,omitempty"`
+	// Done is, per region, the incarnation up to which all are reclaimed
+	// and forgotten.
+	Done []Incarnation `json:"done,omitempty"`
 }
 
 // LifeState is one incarnation's open interval on the registry's clock
-// (End 0: still open).
+// (End 0: still open), whether it is closed, and whether it closed its
+// predecessors.
 type LifeState struct {
 	Region string `json:"region"`
 	Inc    uint64 `json:"inc"`
 	Start  uint64 `json:"start"`
 	End    uint64 `json:"end,omitempty"`
+	Closed bool   `json:"closed,omitempty"`
+	Closer bool   `json:"closer,omitempty"`
 }
 
 // RecordState is the registry's state of the reclaim of one incarnation:
-// the contributions in the order they arrived, and, once complete, the
+// the contributions in the order they arrived, or, once complete, the
 // record as it was completed.
 type RecordState struct {
 	Of            Incarnation    `json:"of"`
@@ -33,13 +43,21 @@ type RecordState struct {
 	Record        *Record        `json:"record,omitempty"`
 }
 
+// AccountState is a per-incarnation amount: Base on every key plus Keys.
+type AccountState struct {
+	Of   Incarnation `json:"of"`
+	Seq  uint64      `json:"seq,omitempty"`
+	Base int64       `json:"base,omitempty"`
+	Keys []KeyUnits  `json:"keys,omitempty"`
+}
+
 // State returns the registry's state. It shares no memory with r.
 func (r *Registry) State() RegistryState {
 	st := RegistryState{Clock: r.clock}
 	for _, l := range r.lives {
-		st.Lives = append(st.Lives, LifeState{Region: l.id.Region, Inc: l.id.Inc, Start: l.start, End: l.end})
+		st.Lives = append(st.Lives, LifeState{Region: l.id.Region, Inc: l.id.Inc, Start: l.start, End: l.end, Closed: l.closed, Closer: l.closer})
 	}
-	for _, of := range r.recordIDs() {
+	for _, of := range sortedIDs(r.recs) {
 		s := r.recs[of]
 		rs := RecordState{Of: of, Complete: s.complete}
 		for _, id := range s.order {
@@ -51,7 +69,39 @@ func (r *Registry) State() RegistryState {
 		}
 		st.Records = append(st.Records, rs)
 	}
+	for _, of := range sortedIDs(r.paid) {
+		a := r.paid[of]
+		st.Paid = append(st.Paid, AccountState{Of: of, Seq: a.seq, Base: a.base, Keys: sortedUnits(a.keys)})
+	}
+	for _, of := range sortedIDs(r.kept) {
+		st.Kept = append(st.Kept, AccountState{Of: of, Keys: sortedUnits(r.kept[of])})
+	}
+	for _, n := range r.names {
+		if d := r.done[n]; d > 0 {
+			st.Done = append(st.Done, Incarnation{n, d})
+		}
+	}
 	return st
+}
+
+func sortedIDs[V any](m map[Incarnation]V) []Incarnation {
+	ids := make([]Incarnation, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(a, b int) bool { return incLess(ids[a], ids[b]) })
+	return ids
+}
+
+func sortedUnits(m map[string]int64) []KeyUnits {
+	var out []KeyUnits
+	for k, v := range m {
+		if v != 0 {
+			out = append(out, KeyUnits{k, v})
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Key < out[b].Key })
+	return out
 }
 
 // RestoreRegistry returns the registry of cfg and regions in state st (as
@@ -62,11 +112,17 @@ func RestoreRegistry(cfg Config, regions []RegionSpec, st RegistryState) (*Regis
 		return nil, err
 	}
 	r.clock = st.Clock
+	for _, d := range st.Done {
+		if r.index(d.Region) < 0 || r.done[d.Region] != 0 {
+			return nil, fmt.Errorf("%w: registry watermark %v", ErrConfig, d)
+		}
+		r.done[d.Region] = d.Inc
+	}
 	for _, l := range st.Lives {
-		if r.index(l.Region) < 0 || l.Inc == 0 || l.Start == 0 || l.Start > st.Clock || l.End > st.Clock || l.End != 0 && l.End < l.Start {
+		if r.index(l.Region) < 0 || l.Inc <= r.done[l.Region] || l.Start == 0 || l.Start > st.Clock || l.End > st.Clock || l.End != 0 && l.End < l.Start {
 			return nil, fmt.Errorf("%w: registry life %s/%d", ErrConfig, l.Region, l.Inc)
 		}
-		r.lives = append(r.lives, life{id: Incarnation{l.Region, l.Inc}, start: l.Start, end: l.End})
+		r.lives = append(r.lives, life{id: Incarnation{l.Region, l.Inc}, start: l.Start, end: l.End, closed: l.Closed, closer: l.Closer})
 	}
 	for _, rs := range st.Records {
 		if r.index(rs.Of.Region) < 0 || r.recs[rs.Of] != nil || rs.Complete != (rs.Record != nil) {
@@ -88,29 +144,51 @@ func RestoreRegistry(cfg Config, regions []RegionSpec, st RegistryState) (*Regis
 		}
 		r.recs[rs.Of] = s
 	}
+	for _, a := range st.Paid {
+		if r.index(a.Of.Region) < 0 || r.paid[a.Of] != nil {
+			return nil, fmt.Errorf("%w: registry payment to %v", ErrConfig, a.Of)
+		}
+		acc := &account{seq: a.Seq, base: a.Base, keys: map[string]int64{}}
+		for _, k := range a.Keys {
+			acc.keys[k.Key] += k.Units
+		}
+		r.paid[a.Of] = acc
+	}
+	for _, a := range st.Kept {
+		if r.index(a.Of.Region) < 0 || r.kept[a.Of] != nil {
+			return nil, fmt.Errorf("%w: registry kept units of %v", ErrConfig, a.Of)
+		}
+		m := map[string]int64{}
+		for _, k := range a.Keys {
+			m[k.Key] += k.Units
+		}
+		r.kept[a.Of] = m
+	}
 	return r, nil
 }
 
 // Records returns the current record of every incarnation the registry has
-// a reclaim entry for (complete or not), sorted by region and incarnation.
-// An agent feeds them to its ledger with ReclaimRecorded.
+// something to say about (a reclaim entry, a payment, or being its region's
+// newest), sorted by region and incarnation. An agent feeds them to its
+// ledger with ReclaimRecorded.
 func (r *Registry) Records() []Record {
+	ids := map[Incarnation]bool{}
+	for id := range r.recs {
+		ids[id] = true
+	}
+	for id := range r.paid {
+		ids[id] = true
+	}
+	for _, n := range r.names {
+		if c := r.current(n); c != nil {
+			ids[c.id] = true
+		}
+	}
 	var out []Record
-	for _, of := range r.recordIDs() {
+	for _, of := range sortedIDs(ids) {
 		out = append(out, r.Record(of))
 	}
 	return out
-}
-
-func (r *Registry) recordIDs() []Incarnation {
-	ids := make([]Incarnation, 0, len(r.recs))
-	for id := range r.recs {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(a, b int) bool {
-		return ids[a].Region < ids[b].Region || ids[a].Region == ids[b].Region && ids[a].Inc < ids[b].Inc
-	})
-	return ids
 }
 
 func cloneContribution(c Contribution) Contribution {
@@ -119,13 +197,19 @@ func cloneContribution(c Contribution) Contribution {
 }
 
 func cloneRecord(rec Record) Record {
-	rec.Own = append([]KeyUnits(nil), rec.Own...)
+	rec.Keys = append([]KeyUnits(nil), rec.Keys...)
+	rec.Cohort = append([]Incarnation(nil), rec.Cohort...)
 	rec.Recipients = append([]Incarnation(nil), rec.Recipients...)
 	rec.Required = append([]Incarnation(nil), rec.Required...)
 	cs := rec.Contributions
 	rec.Contributions = nil
 	for _, c := range cs {
 		rec.Contributions = append(rec.Contributions, cloneContribution(c))
+	}
+	if rec.Paid != nil {
+		p := *rec.Paid
+		p.Keys = append([]KeyUnits(nil), p.Keys...)
+		rec.Paid = &p
 	}
 	return rec
 }

@@ -39,6 +39,12 @@ func TestRegistryStateRoundTrip(t *testing.T) {
 				t.Fatalf("seed %d step %d: records differ after restore", seed, step)
 			}
 			switch n := names[rng.Intn(3)]; {
+			case cur[n] > 1 && rng.Intn(6) == 0:
+				by := Incarnation{n, cur[n]}
+				e1, e2 := orig.Close(by), rest.Close(by)
+				if fmt.Sprint(e1) != fmt.Sprint(e2) || !reflect.DeepEqual(orig.Records(), rest.Records()) {
+					t.Fatalf("seed %d step %d: Close differs: %v / %v", seed, step, e1, e2)
+				}
 			case rng.Intn(4) == 0 || cur[n] == 0:
 				s1, e1 := orig.Start(n)
 				s2, e2 := rest.Start(n)
@@ -75,6 +81,10 @@ func TestRestoreRegistryRejectsBadState(t *testing.T) {
 		"complete without record": {Clock: 1, Records: []RecordState{{Of: Incarnation{"a", 1}, Complete: true}}},
 		"foreign contribution": {Clock: 1, Records: []RecordState{{Of: Incarnation{"a", 1},
 			Contributions: []Contribution{{Of: Incarnation{"b", 1}, From: Incarnation{"a", 1}}}}}},
+		"life below the watermark":       {Clock: 1, Done: []Incarnation{{"a", 2}}, Lives: []LifeState{{Region: "a", Inc: 2, Start: 1}}},
+		"watermark of an unknown region": {Clock: 1, Done: []Incarnation{{"x", 2}}},
+		"payment to an unknown region":   {Clock: 1, Paid: []AccountState{{Of: Incarnation{"x", 1}, Base: 5}}},
+		"kept twice":                     {Clock: 1, Kept: []AccountState{{Of: Incarnation{"a", 1}}, {Of: Incarnation{"a", 1}}}},
 	} {
 		if _, err := RestoreRegistry(cfg, spec, st); err == nil {
 			t.Errorf("%s: restored", name)

@@ -40,7 +40,7 @@ func TestRegistry(t *testing.T) {
 	if !rec.Complete || rec.Base != initial[0] {
 		t.Fatalf("want complete with base %d: %+v", initial[0], rec)
 	}
-	if len(rec.Own) != 0 || len(rec.Contributions) != 2 {
+	if len(rec.Keys) != 1 || rec.Keys[0] != (KeyUnits{"k", -4}) {
 		t.Fatalf("b/1 is not reclaimed: its Q counts, a's own term does not: %+v", rec)
 	}
 	if len(rec.Recipients) != 2 {
@@ -59,21 +59,32 @@ func TestRegistry(t *testing.T) {
 	}
 	// b/1 is reclaimed next: a/1 (complete) is no longer required, and the
 	// pair (a/1, b/1) is not counted again: b's Q in a's record took it.
+	// What a/1's reclaim paid b/1 counts in b/1's reclaim, applied or not.
+	paid := r.Record(B1).Paid
+	if paid == nil || paid.Base <= 0 {
+		t.Fatalf("b/1 was not paid: %+v", r.Record(B1))
+	}
+	var paidK int64
+	for _, x := range paid.Keys {
+		if x.Key == "k" {
+			paidK = x.Units
+		}
+	}
 	rec, _ = r.Contribute(Contribution{Of: B1, From: C1, Q: []KeyUnits{{"k", 3}}})
 	if !rec.Complete {
 		t.Fatalf("b/1 not complete: %+v", rec)
 	}
+	if rec.Base != initial[1]+paid.Base {
+		t.Fatalf("b/1's record frees %d on every key, want its initial %d plus its payment %d: %+v", rec.Base, initial[1], paid.Base, rec)
+	}
 	var q int64
-	for _, c := range rec.Contributions {
-		for _, x := range c.Q {
-			q += x.Units
+	for _, x := range rec.Keys {
+		if x.Key == "k" {
+			q = x.Units
 		}
 	}
-	for _, o := range rec.Own {
-		q += o.Units
-	}
-	if q != 3+4 {
-		t.Fatalf("b/1's record counts %d units on k, want c's 3 plus b's own 4", q)
+	if q != 3+4+paidK {
+		t.Fatalf("b/1's record counts %d units on k, want c's 3 plus b's own 4 plus its payment %d", q, paidK)
 	}
 	if _, err := r.Start("mars"); !errors.Is(err, ErrUnknownRegion) {
 		t.Fatalf("unknown region: %v", err)
@@ -132,5 +143,57 @@ func TestConfigValidate(t *testing.T) {
 		if err := c.Validate(); !errors.Is(err, ErrConfig) {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// TestRegistryCohort: both sides of a two-region pair died at once, neither
+// froze the other. Once their successors close them (and the successor that
+// overlapped the other side's dead life froze it), they are reclaimed
+// together (their pair counted by nobody) and the successors are paid both
+// initial parts; an incarnation nobody found silent is never reclaimed.
+func TestRegistryCohort(t *testing.T) {
+	cfg := DefaultConfig()
+	spec := []RegionSpec{{"a", 1}, {"b", 3}}
+	r, err := NewRegistry(cfg, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, initial := Split(cfg, spec)
+	for _, n := range []string{"a", "b", "a", "b"} {
+		if _, err := r.Start(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	A1, B1, A2, B2 := Incarnation{"a", 1}, Incarnation{"b", 1}, Incarnation{"a", 2}, Incarnation{"b", 2}
+	if err := r.Close(A2); err != nil {
+		t.Fatal(err)
+	}
+	if rec := r.Record(A1); rec.Complete {
+		t.Fatalf("a/1 reclaimed while b/1, which overlapped it, may be alive: %+v", rec)
+	}
+	if err := r.Close(B2); err != nil {
+		t.Fatal(err)
+	}
+	// a/2 started before b/1 ended: it must freeze b/1 first (it does when
+	// it hears b/2, or after b/1's silence once a peer acknowledges it).
+	if rec := r.Record(A1); rec.Complete {
+		t.Fatalf("reclaimed before a/2 froze b/1: %+v", rec)
+	}
+	if _, err := r.Contribute(Contribution{Of: B1, From: A2}); err != nil {
+		t.Fatal(err)
+	}
+	rec := r.Record(A1)
+	if !rec.Complete || len(rec.Cohort) != 2 || rec.Cohort[1] != B1 || rec.Base != initial[0]+initial[1] {
+		t.Fatalf("a/1 and b/1 not reclaimed together: %+v", rec)
+	}
+	pa, pb := r.Record(A2).Paid, r.Record(B2).Paid
+	if pa == nil || pb == nil || pa.Base+pb.Base != initial[0]+initial[1] || pb.Base != 3*pa.Base {
+		t.Fatalf("payments %+v %+v, want the initial parts %v split 1:3", pa, pb, initial)
+	}
+	if r.Record(A2).Complete || r.Record(B2).Complete {
+		t.Fatal("a live incarnation was reclaimed")
+	}
+	if err := r.Close(Incarnation{"a", 9}); !errors.Is(err, ErrUnknownRegion) {
+		t.Fatalf("close by an unknown incarnation: %v", err)
 	}
 }

@@ -2,11 +2,9 @@ package ledger
 
 import (
 	"fmt"
-	"math/rand"
 	"os"
 	"strconv"
 	"testing"
-	"time"
 )
 
 func TestReplaySeed(t *testing.T) {
@@ -14,11 +12,7 @@ func TestReplaySeed(t *testing.T) {
 	if err != nil {
 		t.Skip("set LEDGER_SEED=n (and LEDGER_KEY=k0 for a per-step trace) to replay one randomized seed")
 	}
-	rng := rand.New(rand.NewSource(seed * 7919))
-	o := simOpts{regions: 3 + rng.Intn(3), keys: 3, loss: rng.Float64() * 0.3, dup: rng.Float64() * 0.2,
-		maxDelay: time.Duration(rng.Int63n(int64(3 * time.Second))), writeFail: rng.Float64() * 0.2,
-		partitions: rng.Intn(4) != 0, restarts: rng.Intn(3) != 0, resets: rng.Intn(3) != 0,
-		chaos: 20 * time.Second, calm: 15 * time.Second}
+	o := randomOpts(seed)
 	s := newSim(t, seed, o)
 	s.trace = t.Logf
 	key := os.Getenv("LEDGER_KEY")

@@ -294,8 +294,10 @@ func TestTraps(t *testing.T) {
 			if !rec.Complete {
 				t.Fatalf("reclaim of r0 not complete: %+v", rec)
 			}
-			c.l[1].ReclaimRecorded(c.now, rec)
-			c.l[2].ReclaimRecorded(c.now, rec)
+			for _, x := range c.reg.Records() {
+				c.l[1].ReclaimRecorded(c.now, x)
+				c.l[2].ReclaimRecorded(c.now, x)
+			}
 			if c.l[1].Fenced() || c.l[2].Fenced() {
 				t.Fatalf("survivor fenced: %v %v told %v %v rec %+v", c.l[1].Fenced(), c.l[2].Fenced(), c.l[1].told, c.l[2].told, rec)
 			}

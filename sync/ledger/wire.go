@@ -53,6 +53,11 @@ type Output struct {
 	// Fenced: this incarnation is over (its store lease is lapsing or lapsed).
 	// The agent must start a new incarnation; the ledger ignores further input.
 	Fenced bool
+	// Close, when not zero, asks the agent to record Registry.Close(Close):
+	// this incarnation's marker is confirmed, so every earlier incarnation of
+	// its region is at its floor for good. Repeated until a Record with
+	// Closer set for this incarnation reaches ReclaimRecorded.
+	Close Incarnation
 }
 
 // Report is one region's periodic message. All slices are sorted (Acks by
@@ -116,17 +121,38 @@ type Contribution struct {
 	Q    []KeyUnits // sorted by Key, zero entries omitted
 }
 
-// Record is the reclaim registry's view of the reclaim of one incarnation.
-// Once Complete, each key's free units Phi = Base + Own[key] + sum of Q[key]
-// over Contributions (never negative: clamped at 0) are split by weight among
-// Recipients, one incarnation per other region.
+// Record is the reclaim registry's view of one incarnation: its reclaim and
+// what reclaims have paid it.
+//
+// Once Complete, the incarnation is over for everyone: peers freeze it, and
+// it fences itself. Cohort lists the incarnations reclaimed together with it;
+// the record of the first member carries the units they freed, per key
+// Base + Keys[key] (Base alone for keys not listed), which the registry split
+// by weight among Recipients (the newest unreclaimed incarnation of every
+// region, members excepted) and added to their Paid.
 type Record struct {
-	Of            Incarnation
-	Complete      bool
-	Base          int64
-	Own           []KeyUnits
+	Of       Incarnation
+	Complete bool
+	Base     int64
+	Keys     []KeyUnits
+	Cohort   []Incarnation
+	// Contributions received so far (incomplete records).
 	Contributions []Contribution
 	Recipients    []Incarnation
-	// Required lists the incarnations whose contributions complete the record.
+	// Required lists the incarnations whose contribution (or closure) the
+	// reclaim waits for (incomplete records).
 	Required []Incarnation
+	// Closer: Of has recorded (Registry.Close) that its predecessors are over.
+	Closer bool
+	// Paid is everything reclaims have paid Of so far, cumulative: a ledger
+	// applies what it has not applied yet (and only while it holds a lease).
+	Paid *Payment
+}
+
+// Payment is a cumulative payment to one incarnation: Base units on every
+// key, plus Keys[key] on the keys listed.
+type Payment struct {
+	Seq  uint64 // number of payouts so far: a ledger ignores an older Payment
+	Base int64
+	Keys []KeyUnits
 }
