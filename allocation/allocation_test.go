@@ -351,3 +351,26 @@ func TestWholeTokensProperties(t *testing.T) {
 		}
 	}
 }
+
+func TestFloorsSplitByName(t *testing.T) {
+	names, floor, initial := Floors(1000, 0.1, map[string]float64{"us-east": 2, "eu-west": 1, "ap-south": 1})
+	if want := []string{"ap-south", "eu-west", "us-east"}; !slices.Equal(names, want) {
+		t.Fatalf("names %v, want %v", names, want)
+	}
+	if want := []int64{25, 25, 50}; !slices.Equal(floor, want) {
+		t.Fatalf("floors %v, want %v", floor, want)
+	}
+	if want := []int64{225, 225, 450}; !slices.Equal(initial, want) {
+		t.Fatalf("initial parts %v, want %v", initial, want)
+	}
+	var sum int64
+	for _, p := range SplitByWeight(7, []float64{1, 1, 1}) {
+		sum += p
+	}
+	if sum != 7 {
+		t.Fatalf("SplitByWeight(7) sums to %d", sum)
+	}
+	if got := SplitByWeight(5, []float64{math.MaxFloat64, math.MaxFloat64}); got[0] != 5 {
+		t.Fatalf("an infinite weight sum: %v, want all to the first part", got)
+	}
+}

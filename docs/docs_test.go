@@ -190,14 +190,20 @@ var layers = []struct {
 	rank     int
 	prefixes []string
 }{
-	// internal/ is plumbing for all (internal/stack, the composition root, excepted).
-	{0, []string{"allocation", "rules", "proto/", "sync/ledger", "sync/wire", "regional/usage", "deploy", "internal/"}},
-	{1, []string{"regional/redisstore", "rules/etcdstore", "rules/admin"}},
-	{2, []string{"regional"}},
-	{3, []string{"regional/envoy", "regional/middleware", "regional/client", "sync/agent"}},
-	{4, []string{"regional/enforcerd"}},
-	{5, []string{"internal/stack", "simulations"}},
-	{6, []string{"cmd/"}},
+	// internal/ is plumbing for all (internal/stack, the composition root
+	// of the local stack and of live runs, excepted). regional/ is below
+	// sync/: the enforcer knows nothing of the agent; the usage deltas it
+	// emits are its own package, which the agent imports.
+	{0, []string{"internal/"}},
+	{1, []string{"allocation", "rules", "proto/", "deploy"}},
+	{2, []string{"regional/redisstore", "regional/usage", "rules/etcdstore", "rules/admin"}},
+	{3, []string{"regional"}},
+	{4, []string{"regional/envoy", "regional/middleware", "regional/client"}},
+	{5, []string{"regional/enforcerd"}},
+	{6, []string{"sync/ledger", "sync/wire"}},
+	{7, []string{"sync/agent"}},
+	{8, []string{"internal/stack", "simulations"}},
+	{9, []string{"cmd/"}},
 }
 
 // pure packages import nothing that does I/O, reads the clock's wall

@@ -14,10 +14,10 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/apportion/apportion/allocation"
 	"github.com/apportion/apportion/internal/logsample"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
-	"github.com/apportion/apportion/sync/ledger"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 )
@@ -347,7 +347,7 @@ func (e *Enforcer) params(r rules.Rule) (bucketParams, bool) {
 		p.capacity = r.Capacity * 1000
 		p.rate = int64(r.RefillPerSecond * 1000)
 		p.windowMs = p.capacity * 1000 / max(p.rate, 1)
-		p.global = &redisstore.Global{Rule: r.ID, Units: ledger.DefaultConfig().Units, Floor: floor}
+		p.global = &redisstore.Global{Rule: r.ID, Units: allocation.DefaultUnits, Floor: floor}
 		return p, true
 	}
 	if r.Split >= 2 {
@@ -368,15 +368,12 @@ func (e *Enforcer) params(r rules.Rule) (bucketParams, bool) {
 	return p, true
 }
 
-// globalFloor is the region's floor units of a global rule, computed as the
-// sync agent's ledger does (ledger.Regions, ledger.Split).
+// globalFloor is the region's floor units of a global rule: the static
+// split the sync agent's ledger starts from (allocation.Floors).
 func globalFloor(r rules.Rule, region string) (int64, bool) {
-	specs := ledger.Regions(r.Regions)
-	cfg := ledger.DefaultConfig()
-	cfg.MinShare = r.MinShare
-	floor, _ := ledger.Split(cfg, specs)
-	for i, s := range specs {
-		if s.Name == region {
+	names, floor, _ := allocation.Floors(allocation.DefaultUnits, r.MinShare, r.Regions)
+	for i, n := range names {
+		if n == region {
 			return floor[i], true
 		}
 	}

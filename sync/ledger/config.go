@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sort"
 	"time"
+
+	"github.com/apportion/apportion/allocation"
 )
 
 // Errors returned by the ledger. Inputs that return an error change nothing.
@@ -87,7 +88,7 @@ type Config struct {
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{
-		Units:        1_000_000,
+		Units:        allocation.DefaultUnits,
 		MinShare:     0.1,
 		Interval:     250 * time.Millisecond,
 		Lease:        3 * time.Second,
@@ -161,50 +162,9 @@ func (c Config) ReclaimAfter() time.Duration {
 	return time.Duration(math.Ceil(float64(c.Lease)*(1+c.Rho)/(1-c.Rho))) + c.Margin
 }
 
-// splitByWeight splits total (>= 0) into integer parts proportional to w,
-// summing exactly to total (largest remainder, ties to the lower index).
-func splitByWeight(total int64, w []float64) []int64 {
-	out := make([]int64, len(w))
-	if len(w) == 0 || total <= 0 {
-		return out
-	}
-	var sum float64
-	for _, x := range w {
-		sum += x
-	}
-	if sum <= 0 {
-		out[0] = total
-		return out
-	}
-	type rem struct {
-		i int
-		r float64
-	}
-	rems := make([]rem, len(w))
-	var given int64
-	for i, x := range w {
-		exact := float64(total) * x / sum
-		out[i] = int64(math.Floor(exact))
-		given += out[i]
-		rems[i] = rem{i, exact - float64(out[i])}
-	}
-	sort.SliceStable(rems, func(a, b int) bool { return rems[a].r > rems[b].r })
-	for k := 0; given < total; k = (k + 1) % len(w) {
-		out[rems[k].i]++
-		given++
-	}
-	for given > total { // float error: take back from the largest
-		j := 0
-		for i := range out {
-			if out[i] > out[j] {
-				j = i
-			}
-		}
-		out[j]--
-		given--
-	}
-	return out
-}
+// splitByWeight is allocation.SplitByWeight: the ledger and the enforcer
+// split by the same function.
+func splitByWeight(total int64, w []float64) []int64 { return allocation.SplitByWeight(total, w) }
 
 // WaterFill is the default Allocator: max-min fair water-filling of the demands,
 // with the spare handed out by weight. With no demand at all it returns the

@@ -201,7 +201,7 @@ func Split(cfg Config, regions []RegionSpec) (floor, initial []int64) {
 		w[i] = r.Weight
 	}
 	f := int64(math.Floor(cfg.MinShare * float64(cfg.Units)))
-	return splitByWeight(f, w), splitByWeight(cfg.Units-f, w)
+	return splitByWeight(f, w), splitByWeight(cfg.Units-f, w) // as allocation.Floors
 }
 
 func (l *Ledger) index(name string) int {
