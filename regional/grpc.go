@@ -122,12 +122,24 @@ func (s *GRPCService) CheckLimits(ctx context.Context, in *ratelimitv1.CheckLimi
 
 func isInvalid(err error) bool { return errors.Is(err, ErrInvalidRequest) }
 
-// grpcError maps enforcer errors to gRPC status codes, in one place.
-func grpcError(err error) error {
+// grpcError maps enforcer errors to gRPC status codes (GRPCStatus).
+func grpcError(err error) error { return GRPCStatus(err, nil) }
+
+// GRPCStatus maps an enforcer error to its gRPC status, for every gRPC
+// service the enforcer serves (RateLimiter here, Envoy's in regional/envoy):
+// a RequestError is InvalidArgument naming the field (as field names it,
+// when given: a service whose requests spell fields otherwise), no rule set
+// is Unavailable, the caller's cancellation and deadline keep their codes,
+// anything else is Internal.
+func GRPCStatus(err error, field func(*RequestError) string) error {
 	var re *RequestError
 	switch {
 	case errors.As(err, &re):
-		return status.Errorf(codes.InvalidArgument, "%s: %s", re.Field, re.Msg)
+		name := re.Field
+		if field != nil {
+			name = field(re)
+		}
+		return status.Errorf(codes.InvalidArgument, "%s: %s", name, re.Msg)
 	case errors.Is(err, ErrNoRules):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.Canceled):

@@ -2,7 +2,6 @@ package envoy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -223,21 +222,9 @@ func hasRetryAfter(fs []header.Field) bool {
 	return false
 }
 
-// grpcError maps enforcer errors to gRPC status codes, in one place.
-func grpcError(err error, c *check) error {
-	var re *regional.RequestError
-	switch {
-	case errors.As(err, &re):
-		return status.Errorf(codes.InvalidArgument, "%s: %s", c.field(re), re.Msg)
-	case errors.Is(err, regional.ErrNoRules):
-		return status.Error(codes.Unavailable, err.Error())
-	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, err.Error())
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Error(codes.DeadlineExceeded, err.Error())
-	}
-	return status.Error(codes.Internal, err.Error())
-}
+// grpcError maps enforcer errors to gRPC status codes (regional.GRPCStatus),
+// naming fields as the descriptor spells them.
+func grpcError(err error, c *check) error { return regional.GRPCStatus(err, c.field) }
 
 // tighter reports whether descriptor a binds the client more than b:
 // rejected before allowed, then rejected for good (waiting cannot help)

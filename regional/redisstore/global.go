@@ -200,12 +200,7 @@ func (s *Store) WriteMarker(ctx context.Context, rule string, m Marker) (Version
 	}
 	keys := []string{MarkerKey(rule)}
 	args := []any{m.Inc, m.Seq, m.Units, m.Lease.Milliseconds(), create, m.RunID, now}
-	v, err := s.marker.EvalSha(ctx, s.client, keys, args...).Result()
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
-		if err = s.load(ctx, s.marker); err == nil {
-			v, err = s.marker.EvalSha(ctx, s.client, keys, args...).Result()
-		}
-	}
+	v, err := s.evalShas(ctx, s.marker, 1, func(int) []string { return keys }, func(int) []any { return args })[0].Result()
 	if err != nil {
 		return Version{}, fmt.Errorf("redisstore: write marker of %q: %w", rule, err)
 	}
@@ -250,31 +245,8 @@ func (s *Store) WriteShares(ctx context.Context, rule string, recs []ShareRecord
 		}
 		return []any{r.Inc, r.Seq, r.Units, rel, r.Capacity, r.Rate, r.Total, r.Floor, r.TTL.Milliseconds(), now, s.slackMs}
 	}
-	send := func(idx []int, cmds []*redis.Cmd) {
-		pipe := s.client.Pipeline()
-		for _, i := range idx {
-			cmds[i] = pipe.EvalSha(ctx, s.shares.Hash(), []string{recs[i].Key, mk}, argsOf(recs[i])...)
-		}
-		_, _ = pipe.Exec(ctx) // errors are per command
-	}
-	cmds := make([]*redis.Cmd, len(recs))
-	all := make([]int, len(recs))
-	for i := range all {
-		all[i] = i
-	}
-	send(all, cmds)
-	var retry []int
-	for i, c := range cmds {
-		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-			retry = append(retry, i)
-		}
-	}
-	if len(retry) > 0 {
-		if err := s.load(ctx, s.shares); err != nil {
-			return nil, err
-		}
-		send(retry, cmds)
-	}
+	cmds := s.evalShas(ctx, s.shares, len(recs), func(i int) []string { return []string{recs[i].Key, mk} },
+		func(i int) []any { return argsOf(recs[i]) })
 	out := make([]Version, len(recs))
 	for i, c := range cmds {
 		v, err := c.Result()

@@ -650,36 +650,13 @@ func (s *Store) run(batch []*call) {
 	s.batched.Add(uint64(n))
 	ahead := s.inflight.Add(int64(n)) // scripts in Redis, this pipeline's included
 	defer s.inflight.Add(-int64(n))
-	cmds := make([]*redis.Cmd, 0, n)
 	its := make([]*item, 0, n)
-	pipe := s.client.Pipeline()
 	for _, c := range batch {
 		for i := range c.items {
-			it := &c.items[i]
-			its = append(its, it)
-			cmds = append(cmds, pipe.EvalSha(ctx, s.check.Hash(), it.keys, it.args...))
+			its = append(its, &c.items[i])
 		}
 	}
-	_, _ = pipe.Exec(ctx) // errors are per command
-	var retry []int
-	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			retry = append(retry, i)
-		}
-	}
-	if len(retry) > 0 {
-		if err := s.load(ctx, s.check); err != nil {
-			for _, i := range retry {
-				cmds[i].SetErr(err)
-			}
-		} else {
-			pipe = s.client.Pipeline()
-			for _, i := range retry {
-				cmds[i] = pipe.EvalSha(ctx, s.check.Hash(), its[i].keys, its[i].args...)
-			}
-			_, _ = pipe.Exec(ctx)
-		}
-	}
+	cmds := s.evalShas(ctx, s.check, len(its), func(i int) []string { return its[i].keys }, func(i int) []any { return its[i].args })
 	rt := time.Since(sent)
 	for _, cmd := range cmds {
 		if err := cmd.Err(); err == nil || isReply(err) {
@@ -745,6 +722,44 @@ func isReply(err error) bool {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// evalShas runs sc n times in one pipeline, call i with keys(i) and args(i),
+// and returns the n commands with their replies or errors. Calls that find
+// the script missing (NOSCRIPT: a restarted or flushed server) are sent
+// again, in a second pipeline, once the script is loaded; if loading fails,
+// they carry that error. This is the store's one NOSCRIPT retry.
+func (s *Store) evalShas(ctx context.Context, sc *redis.Script, n int, keys func(i int) []string, args func(i int) []any) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, n)
+	send := func(idx []int) {
+		pipe := s.client.Pipeline()
+		for _, i := range idx {
+			cmds[i] = pipe.EvalSha(ctx, sc.Hash(), keys(i), args(i)...)
+		}
+		_, _ = pipe.Exec(ctx) // errors are per command
+	}
+	all := make([]int, n)
+	for i := range all {
+		all[i] = i
+	}
+	send(all)
+	var retry []int
+	for i, c := range cmds {
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) == 0 {
+		return cmds
+	}
+	if err := s.load(ctx, sc); err != nil {
+		for _, i := range retry {
+			cmds[i].SetErr(err)
+		}
+		return cmds
+	}
+	send(retry)
+	return cmds
 }
 
 func (s *Store) load(ctx context.Context, sc *redis.Script) error {
