@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/apportion/apportion/internal/binread"
+	"github.com/apportion/apportion/internal/bincode"
 )
 
 // Batch is one flushed message.
@@ -176,49 +176,33 @@ func groupByRule(ds []Delta) [][]Delta {
 	return groups
 }
 
-func uvarintLen(v uint64) int {
-	n := 1
-	for v >= 0x80 {
-		v >>= 7
-		n++
-	}
-	return n
-}
-
-func stringSize(s string) int { return uvarintLen(uint64(len(s))) + len(s) }
-
 func headerSize(region, enforcer string, seq uint64, ndeltas, ngroups int) int {
-	return 1 + stringSize(region) + stringSize(enforcer) + uvarintLen(seq) +
-		uvarintLen(uint64(ndeltas)) + uvarintLen(uint64(ngroups))
+	return 1 + bincode.StringLen(region) + bincode.StringLen(enforcer) + bincode.UvarintLen(seq) +
+		bincode.UvarintLen(uint64(ndeltas)) + bincode.UvarintLen(uint64(ngroups))
 }
 
 func groupHeaderSize(rule string, nkeys int) int {
-	return stringSize(rule) + uvarintLen(uint64(nkeys))
+	return bincode.StringLen(rule) + bincode.UvarintLen(uint64(nkeys))
 }
 
 func deltaSize(d Delta) int {
-	return stringSize(d.Key) + uvarintLen(uint64(d.Admitted)) + uvarintLen(uint64(d.Rejected))
-}
-
-func appendString(buf []byte, s string) []byte {
-	buf = binary.AppendUvarint(buf, uint64(len(s)))
-	return append(buf, s...)
+	return bincode.StringLen(d.Key) + bincode.UvarintLen(uint64(d.Admitted)) + bincode.UvarintLen(uint64(d.Rejected))
 }
 
 func appendHeader(buf []byte, region, enforcer string, seq uint64, ndeltas, ngroups int) []byte {
 	buf = append(buf, magicV1)
-	buf = appendString(buf, region)
-	buf = appendString(buf, enforcer)
+	buf = bincode.AppendString(buf, region)
+	buf = bincode.AppendString(buf, enforcer)
 	buf = binary.AppendUvarint(buf, seq)
 	buf = binary.AppendUvarint(buf, uint64(ndeltas))
 	return binary.AppendUvarint(buf, uint64(ngroups))
 }
 
 func appendGroup(buf []byte, g []Delta) []byte {
-	buf = appendString(buf, g[0].Rule)
+	buf = bincode.AppendString(buf, g[0].Rule)
 	buf = binary.AppendUvarint(buf, uint64(len(g)))
 	for _, d := range g {
-		buf = appendString(buf, d.Key)
+		buf = bincode.AppendString(buf, d.Key)
 		buf = binary.AppendUvarint(buf, uint64(d.Admitted))
 		buf = binary.AppendUvarint(buf, uint64(d.Rejected))
 	}
@@ -240,7 +224,7 @@ func Decode(data []byte) (Batch, error) {
 	if data[0] != magicV1 {
 		return Batch{}, fmt.Errorf("%w: unknown format byte 0x%02x", ErrMalformed, data[0])
 	}
-	d := binread.New(string(data), 1, ErrMalformed, MaxStringLen)
+	d := bincode.New(string(data), 1, ErrMalformed, MaxStringLen)
 	var b Batch
 	b.Region = d.Str()
 	b.Enforcer = d.Str()

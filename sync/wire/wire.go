@@ -56,7 +56,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/apportion/apportion/internal/binread"
+	"github.com/apportion/apportion/internal/bincode"
 	"slices"
 
 	"github.com/apportion/apportion/sync/ledger"
@@ -247,11 +247,6 @@ func regionTable(m Message) []string {
 	return slices.Compact(tab)
 }
 
-func appendString(buf []byte, s string) []byte {
-	buf = binary.AppendUvarint(buf, uint64(len(s)))
-	return append(buf, s...)
-}
-
 func appendMessage(buf []byte, from string, tab []string, rs []RuleReport) []byte {
 	idx := func(name string) uint64 {
 		i, _ := slices.BinarySearch(tab, name)
@@ -267,15 +262,15 @@ func appendMessage(buf []byte, from string, tab []string, rs []RuleReport) []byt
 		return buf
 	}
 	buf = append(buf, magicV1)
-	buf = appendString(buf, from)
+	buf = bincode.AppendString(buf, from)
 	buf = binary.AppendUvarint(buf, uint64(len(tab)))
 	for _, r := range tab {
-		buf = appendString(buf, r)
+		buf = bincode.AppendString(buf, r)
 	}
 	buf = binary.AppendUvarint(buf, uint64(len(rs)))
 	for _, rr := range rs {
 		r := rr.Report
-		buf = appendString(buf, rr.Rule)
+		buf = bincode.AppendString(buf, rr.Rule)
 		buf = binary.AppendUvarint(buf, r.Inc)
 		buf = binary.AppendUvarint(buf, r.Seq)
 		buf = binary.AppendVarint(buf, r.Base)
@@ -292,7 +287,7 @@ func appendMessage(buf []byte, from string, tab []string, rs []RuleReport) []byt
 		}
 		buf = binary.AppendUvarint(buf, uint64(len(r.Keys)))
 		for _, k := range r.Keys {
-			buf = appendString(buf, k.Key)
+			buf = bincode.AppendString(buf, k.Key)
 			buf = binary.AppendVarint(buf, k.Demand)
 			buf = binary.AppendVarint(buf, k.Position)
 			buf = counters(buf, k.Gave)
@@ -313,7 +308,7 @@ func Decode(data []byte) (Message, error) {
 	if data[0] != magicV1 {
 		return Message{}, fmt.Errorf("%w: unknown format byte 0x%02x", ErrMalformed, data[0])
 	}
-	d := binread.New(string(data), 1, ErrMalformed, MaxStringLen)
+	d := bincode.New(string(data), 1, ErrMalformed, MaxStringLen)
 	var m Message
 	m.From = d.Str()
 	n := d.Count(minRegion)

@@ -1,10 +1,12 @@
-// Package binread reads the canonical binary encodings of regional/usage and
-// sync/wire: minimal uvarints, counts bounded by the bytes left, and
+// Package bincode reads and writes the pieces of the canonical binary
+// encodings of regional/usage and sync/wire. Reading: minimal uvarints, counts bounded by the bytes left, and
 // length-prefixed strings that share the input's memory. The first error
 // sticks (it wraps the codec's own ErrMalformed and names the byte offset);
 // every later read returns a zero value, so a decoder can read a whole
-// message and check Err once. Nothing here panics on any input.
-package binread
+// message and check Err once. Nothing here panics on any input. Writing:
+// AppendString and the sizes (UvarintLen, StringLen) that let an encoder
+// split a message before it writes it.
+package bincode
 
 import (
 	"encoding/binary"
