@@ -316,11 +316,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		servers = append(servers, serve.NewHTTP(mux, o.httpTimeouts, nil, log))
 		listeners = append(listeners, lis.metrics)
 	}
+	// Every serve goroutine is waited for before Run returns (serving
+	// stops at shutdown below); serveErr has room for each one's result.
 	serveErr := make(chan error, len(servers)+1)
+	var serving sync.WaitGroup
+	defer serving.Wait()
 	for i, hs := range servers {
-		go func() { serveErr <- serve.HTTP(hs, listeners[i]) }()
+		serving.Go(func() { serveErr <- serve.HTTP(hs, listeners[i]) })
 	}
-	go func() { serveErr <- gs.Serve(lis.grpc) }()
+	serving.Go(func() { serveErr <- gs.Serve(lis.grpc) })
 	svc.SetServing(true)
 	log.Info("serving", "grpc", lis.grpc.Addr().String(), "http", lis.http.Addr().String(), "rules", len(enf.Rules()),
 		"tls", tlsSrv != nil, "mutual_tls", tlsSrv != nil && tlsSrv.MutualTLS())
@@ -363,6 +367,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case <-done:
 	case <-sctx.Done():
 		gs.Stop()
+		<-done
 	}
 	log.Info("stopped")
 	return runErr
