@@ -87,13 +87,7 @@ func ledgerConfig(env *sim.Env) (ledger.Config, []ledger.RegionSpec) {
 	cfg.Alpha = *sc.Sync.Alpha
 	cfg.Quantum = ledger.QuantumOf(cfg.Units, sc.Rule.Burst)
 	f, _ := allocation.ByName(sc.Rule.Allocation)
-	cfg.Allocate = func(pool int64, wants []ledger.Want) []int64 {
-		rs := make([]allocation.Region, len(wants))
-		for i, w := range wants {
-			rs[i] = allocation.Region{Weight: w.Weight, Demand: float64(w.Demand)}
-		}
-		return allocation.SplitUnits(f, pool, rs)
-	}
+	cfg.Allocate = ledger.AllocatorOf(f)
 	var specs []ledger.RegionSpec
 	for i, r := range sc.Regions {
 		specs = append(specs, ledger.RegionSpec{Name: r.Name, Weight: sc.Weights()[i]})

@@ -142,19 +142,7 @@ func (c Config) ledgerConfig() ledger.Config {
 	lc.Hysteresis = max(1, c.Units/10000)
 	lc.Alpha = c.Alpha
 	f, _ := allocation.ByName(c.Strategy)
-	lc.Allocate = Allocator(f)
+	lc.Allocate = ledger.AllocatorOf(f)
 	return lc
 }
 
-// Allocator adapts an allocation strategy to the ledger: the wants (demand
-// above the floor, in units) become allocation.Regions with a zero floor,
-// and SplitUnits returns integer targets summing exactly to the pool.
-func Allocator(f allocation.Func) ledger.Allocator {
-	return func(pool int64, wants []ledger.Want) []int64 {
-		rs := make([]allocation.Region, len(wants))
-		for i, w := range wants {
-			rs[i] = allocation.Region{Weight: w.Weight, Demand: float64(w.Demand)}
-		}
-		return allocation.SplitUnits(f, pool, rs)
-	}
-}

@@ -162,6 +162,21 @@ func (c Config) ReclaimAfter() time.Duration {
 	return time.Duration(math.Ceil(float64(c.Lease)*(1+c.Rho)/(1-c.Rho))) + c.Margin
 }
 
+// AllocatorOf adapts an allocation strategy to the ledger: the wants (demand
+// above the floor, in units) become allocation.Regions with a zero floor,
+// and allocation.SplitUnits returns integer targets summing exactly to the
+// pool. The agent and the simulator both build their ledgers' Allocate with
+// it.
+func AllocatorOf(f allocation.Func) Allocator {
+	return func(pool int64, wants []Want) []int64 {
+		rs := make([]allocation.Region, len(wants))
+		for i, w := range wants {
+			rs[i] = allocation.Region{Weight: w.Weight, Demand: float64(w.Demand)}
+		}
+		return allocation.SplitUnits(f, pool, rs)
+	}
+}
+
 // splitByWeight is allocation.SplitByWeight: the ledger and the enforcer
 // split by the same function.
 func splitByWeight(total int64, w []float64) []int64 { return allocation.SplitByWeight(total, w) }
