@@ -33,6 +33,7 @@ import (
 	"github.com/apportion/apportion/regional/usage"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/sync/agent"
+	"github.com/apportion/apportion/sync/agentd"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,10 +76,10 @@ func ratelimitdFlags(t testing.TB) map[string]string {
 }
 
 // syncagentFlags returns syncagent's flags and defaults, parsed from its
-// usage text (agent.RunCommand with -h).
+// usage text (agentd.RunCommand with -h).
 func syncagentFlags(t testing.TB) map[string]string {
 	t.Helper()
-	return daemonFlags(t, "agent.RunCommand", agent.RunCommand)
+	return daemonFlags(t, "agentd.RunCommand", agentd.RunCommand)
 }
 
 func daemonFlags(t testing.TB, name string, run func(context.Context, []string, io.Writer, io.Writer) error) map[string]string {
@@ -1394,7 +1395,7 @@ func TestMetricNamesExist(t *testing.T) {
 func natsKeys(t testing.TB, dir string) map[string]string {
 	t.Helper()
 	var out bytes.Buffer
-	if err := agent.RunCommand(context.Background(), append([]string{"keys", filepath.Join(dir, "keys")}, regions...), &out, io.Discard); err != nil {
+	if err := agentd.RunCommand(context.Background(), append([]string{"keys", filepath.Join(dir, "keys")}, regions...), &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	pubs := map[string]string{}

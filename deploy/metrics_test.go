@@ -31,6 +31,7 @@ import (
 	"github.com/apportion/apportion/regional/enforcerd"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/sync/agent"
+	"github.com/apportion/apportion/sync/agentd"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -130,7 +131,7 @@ func exported(t *testing.T) map[string]*metricRow {
 	}
 	enf := runDaemon(t, "ratelimitd", enforcerd.Run, "--region", "us-east", "--redis-addr", redisAddr,
 		"--etcd-endpoints", etcd.Endpoint, "--nats-url", natsURL, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
-	ag := runDaemon(t, "syncagent", agent.RunCommand, "--region", "us-east", "--redis-addr", redisAddr,
+	ag := runDaemon(t, "syncagent", agentd.RunCommand, "--region", "us-east", "--redis-addr", redisAddr,
 		"--etcd-endpoints", etcd.Endpoint, "--nats-url", natsURL, "--http-addr", "127.0.0.1:0",
 		"--insecure-unsigned-reports") // the metrics are the same with signed reports
 

@@ -202,8 +202,9 @@ var layers = []struct {
 	{5, []string{"regional/enforcerd"}},
 	{6, []string{"sync/ledger", "sync/wire"}},
 	{7, []string{"sync/agent"}},
-	{8, []string{"internal/stack", "simulations"}},
-	{9, []string{"cmd/"}},
+	{8, []string{"sync/agentd"}},
+	{9, []string{"internal/stack", "simulations"}},
+	{10, []string{"cmd/"}},
 }
 
 // pure packages import nothing that does I/O, reads the clock's wall

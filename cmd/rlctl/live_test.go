@@ -18,6 +18,7 @@ import (
 	"github.com/apportion/apportion/regional/usage"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/sync/agent"
+	"github.com/apportion/apportion/sync/agentd"
 )
 
 // fakeAgent serves the sync agent's endpoint with fixed answers, encoded
@@ -192,7 +193,7 @@ func TestLimitsShowRealAgent(t *testing.T) {
 	out := &testutil.SyncBuffer{}
 	done := make(chan error, 1)
 	go func() {
-		done <- agent.RunCommand(ctx, []string{"--region", "solo", "--redis-addr", r.Addr, "--nats-url", ns.ClientURL(),
+		done <- agentd.RunCommand(ctx, []string{"--region", "solo", "--redis-addr", r.Addr, "--nats-url", ns.ClientURL(),
 			"--etcd-endpoints", f.endpoints, "--http-addr", "127.0.0.1:0", "--interval", "50ms",
 			"--insecure-unsigned-reports"}, out, io.Discard) // one region: no peers to verify
 	}()

@@ -18,7 +18,7 @@ import (
 	"syscall"
 
 	"github.com/apportion/apportion/internal/version"
-	"github.com/apportion/apportion/sync/agent"
+	"github.com/apportion/apportion/sync/agentd"
 )
 
 func main() {
@@ -37,7 +37,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if version.Requested(args) {
 		return version.Print(stdout, "syncagent")
 	}
-	err := agent.RunCommand(ctx, args, stdout, stderr)
+	err := agentd.RunCommand(ctx, args, stdout, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stderr, version.FlagHelp)
 		return nil

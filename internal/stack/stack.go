@@ -32,7 +32,7 @@ import (
 	"github.com/apportion/apportion/regional/enforcerd"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/etcdstore"
-	"github.com/apportion/apportion/sync/agent"
+	"github.com/apportion/apportion/sync/agentd"
 	"github.com/nats-io/nats-server/v2/server"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -266,7 +266,7 @@ func (s *Stack) startAgent(ctx, runCtx context.Context, r *Region) error {
 	if s.cfg.SyncLease > 0 {
 		args = append(args, "--lease", s.cfg.SyncLease.String())
 	}
-	m, err := s.runDaemon(ctx, runCtx, "sync agent "+r.Name, r.Name+"/agent", agentReadyRE, args, agent.RunCommand)
+	m, err := s.runDaemon(ctx, runCtx, "sync agent "+r.Name, r.Name+"/agent", agentReadyRE, args, agentd.RunCommand)
 	if err != nil {
 		return err
 	}

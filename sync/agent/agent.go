@@ -131,7 +131,7 @@ func New(cfg Config, store Store, nc *nats.Conn, reg Registry, src rules.Source)
 		cfg.Logger = slog.Default()
 	}
 	a := &Agent{
-		cfg: cfg, lcfg: cfg.ledgerConfig(), store: store, nc: nc, reg: reg, src: src,
+		cfg: cfg, lcfg: cfg.LedgerConfig(), store: store, nc: nc, reg: reg, src: src,
 		log:       cfg.Logger,
 		ver:       wire.NewVerifier(cfg.PeerKeys, cfg.InsecureUnsigned),
 		logs:      logsample.New(cfg.Logger, logEvery),

@@ -82,7 +82,7 @@ func (r *testRegion) start(t testing.TB, ec *clientv3.Client, tweak ...func(*Con
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(cfg, r.store, r.nc, NewEtcdRegistry(ec, "", cfg.ledgerConfig()), w)
+	a, err := New(cfg, r.store, r.nc, NewEtcdRegistry(ec, "", cfg.LedgerConfig()), w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -552,7 +552,7 @@ func TestEtcdRegistryConcurrentStarts(t *testing.T) {
 func TestAllocatorSumsToPool(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Region = "a"
-	lc := cfg.ledgerConfig()
+	lc := cfg.LedgerConfig()
 	for _, tc := range []struct {
 		pool  int64
 		wants []ledger.Want

@@ -128,15 +128,15 @@ func (c Config) Validate() error {
 	case c.MaxUsageKeys <= 0 || c.HotKeys < 0:
 		return fmt.Errorf("%w: MaxUsageKeys must be positive, HotKeys not negative", ErrConfig)
 	}
-	if err := c.ledgerConfig().Validate(); err != nil {
+	if err := c.LedgerConfig().Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return nil
 }
 
-// ledgerConfig returns the ledger settings; Units and MinShare are set per
+// LedgerConfig returns the ledger settings; Units and MinShare are set per
 // rule from its Spec.
-func (c Config) ledgerConfig() ledger.Config {
+func (c Config) LedgerConfig() ledger.Config {
 	lc := ledger.DefaultConfig()
 	lc.Units, lc.Interval, lc.Lease, lc.Rho, lc.Margin, lc.StoreTimeout = c.Units, c.Interval, c.Lease, c.Rho, c.Margin, c.StoreTimeout
 	lc.Hysteresis = max(1, c.Units/10000)
@@ -145,4 +145,3 @@ func (c Config) ledgerConfig() ledger.Config {
 	lc.Allocate = ledger.AllocatorOf(f)
 	return lc
 }
-

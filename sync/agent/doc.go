@@ -38,7 +38,7 @@
 //     proves origin, not freshness, so a rule report also has to be newer
 //     than the newest accepted from its region (incarnation, sequence, key
 //     range of a split report), which drops replays. Without a Signer the
-//     Config is invalid unless InsecureUnsigned (RunCommand: a startup error
+//     Config is invalid unless InsecureUnsigned (agentd.RunCommand: a startup error
 //     unless --insecure-unsigned-reports).
 //   - Store: Store (regional/redisstore.Store). Marker writes go to
 //     WriteMarker(rule), key writes to WriteShares(rule) with the rule's
@@ -87,14 +87,14 @@
 //     contract in memory under one lock shared by the regions, so its sampler
 //     checks the sum at true instants; the same scenario runs against real
 //     Redis, where the regions are read in both orders (see redisProbe).
-//   - Standby (RunCommand --standby): the process campaigns on an etcd
+//   - Standby (agentd.RunCommand --standby): the process campaigns on an etcd
 //     election (/ratelimit/syncagent/<region>/leader) and runs an agent only
 //     while leader; each term starts new incarnations (state is not carried
 //     over, as the ledger package doc requires). A deposed leader cut off from
 //     etcd but not from Redis can still renew its marker until the new
 //     leader's marker (a Create with a higher incarnation) replaces it, after
 //     which its renewals are refused by the store.
-//   - RunCommand's HTTP server (--http-addr) serves /metrics, /healthz,
+//   - agentd.RunCommand's HTTP server (--http-addr) serves /metrics, /healthz,
 //     /readyz and GET /v1/shares?rule=ID (the rule's coordinated keys with
 //     their units, rate and burst, busiest first), which rlctl limits show
 //     --agents reads. It has no authentication: keep it on a private address.

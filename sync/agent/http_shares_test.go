@@ -16,9 +16,7 @@ import (
 	"github.com/apportion/apportion/internal/testutil"
 	"github.com/apportion/apportion/regional/usage"
 	"github.com/apportion/apportion/rules"
-	"github.com/apportion/apportion/rules/etcdstore"
 	"github.com/nats-io/nats.go"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // getShares GETs base+SharesPath with the query and decodes the answer.
@@ -270,60 +268,5 @@ func TestSharesHandlerContractStore(t *testing.T) {
 	}
 	if code, _, e := getShares(t, srv.URL, q(big.ID, 0)); code != http.StatusServiceUnavailable {
 		t.Fatalf("closed agent: %d %+v", code, e)
-	}
-}
-
-// TestSharesEndpointRunCommand queries the endpoint of the real command
-// (Redis, NATS, etcd) for a rule it coordinates alone.
-func TestSharesEndpointRunCommand(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	r := testutil.StartRedis(t)
-	ns := testutil.StartNATS(t)
-	e := testutil.StartEtcd(t)
-	rc := startCommand(t, "--region", "solo", "--redis-addr", r.Addr, "--nats-url", ns.ClientURL(), "--etcd-endpoints", e.Endpoint,
-		"--http-addr", "127.0.0.1:0", "--interval", "50ms", "--report-seed-file", testSeedFile(t, "solo"))
-	base := "http://" + rc.http
-	code, _, bad := getShares(t, base, url.Values{"rule": {"orders"}})
-	if code != http.StatusNotFound && code != http.StatusServiceUnavailable {
-		t.Fatalf("before any rule: %d %+v", code, bad)
-	}
-
-	rule := rules.Rule{ID: "orders", Key: []string{"client_key"}, Algorithm: rules.TokenBucket, Capacity: 30, RefillPerSecond: 12.5,
-		Scope: rules.Global, Regions: map[string]float64{"solo": 1}, MinShare: 0.2}
-	putRuleEtcd(t, e.Client(t), rule)
-	nc := ns.Connect(t)
-	var v RuleShares
-	seq := uint64(0)
-	testutil.WaitFor(t, 20*time.Second, "the key to be coordinated", func() bool {
-		seq++
-		publishUsage(t, nc, "solo", seq, usage.Delta{Rule: "orders", Key: "rl:{user:1}:orders", Admitted: 5})
-		var code int
-		code, v, _ = getShares(t, base, url.Values{"rule": {"orders"}, "limit": {"10"}})
-		return code == http.StatusOK && len(v.Keys) == 1
-	})
-	checkShares(t, v, rule)
-	// One region holds the whole limit.
-	if k := v.Keys[0]; v.Region != "solo" || v.Fenced || v.Incarnation == 0 || k.Key != "rl:{user:1}:orders" ||
-		k.Units != v.Units || k.Rate != 12.5 || k.Burst != 30 {
-		t.Fatalf("%+v", v)
-	}
-	if code, _, bad := getShares(t, base, url.Values{"rule": {"nope"}}); code != http.StatusNotFound || bad.Region != "solo" {
-		t.Fatalf("unknown rule: %d %+v", code, bad)
-	}
-	if code, _, _ := getShares(t, base, url.Values{"rule": {"orders"}, "limit": {"x"}}); code != http.StatusBadRequest {
-		t.Fatalf("bad limit: %d", code)
-	}
-}
-
-func putRuleEtcd(t *testing.T, ec *clientv3.Client, r rules.Rule) {
-	t.Helper()
-	st, err := etcdstore.New(ec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Put(context.Background(), r, 0); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -1,16 +1,19 @@
-package agent
+package agentd
 
 import (
 	"context"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/apportion/apportion/internal/testutil"
+	"github.com/apportion/apportion/sync/wire"
 )
 
 var readyLine = regexp.MustCompile(`ready region=(\S+) http=(\S+)\n`)
@@ -173,4 +176,19 @@ func TestRunCommandStandby(t *testing.T) {
 	}
 	first.stop(t)
 	testutil.WaitFor(t, 20*time.Second, "the standby to take over", func() bool { return leader(second) })
+}
+
+// testSeedFile writes a new report signing seed for region to a file and
+// returns its path.
+func testSeedFile(t testing.TB, region string) string {
+	t.Helper()
+	seed, _, err := wire.GenerateSeed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), region+".nk")
+	if err := os.WriteFile(p, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -1,4 +1,4 @@
-package agent
+package agentd
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/apportion/apportion/internal/serve"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules/etcdstore"
+	"github.com/apportion/apportion/sync/agent"
 	"github.com/apportion/apportion/sync/wire"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +29,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
+
+// maxCampaignBackoff caps the wait between two failed leader campaigns.
+const maxCampaignBackoff = 10 * time.Second
 
 type options struct {
 	region         string
@@ -50,7 +54,7 @@ type options struct {
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
-	def := DefaultConfig()
+	def := agent.DefaultConfig()
 	fs := flag.NewFlagSet("syncagent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.region, "region", "", "this agent's region (required), e.g. us-east")
@@ -58,8 +62,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.log.Register(fs)
 	o.nats.Register(fs, nats.DefaultURL, "NATS URL of the region's server (reports cross regions through the super-cluster)")
 	o.etcd.Register(fs, "comma-separated etcd endpoints (required): rules and the reclaim registry")
-	fs.StringVar(&o.registryPrefix, "registry-prefix", DefaultRegistryPrefix, "etcd key prefix of the reclaim registry (one document per global rule)")
-	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:9091", "HTTP listen address for /metrics, /healthz, /readyz and "+SharesPath+"?rule=ID")
+	fs.StringVar(&o.registryPrefix, "registry-prefix", agent.DefaultRegistryPrefix, "etcd key prefix of the reclaim registry (one document per global rule)")
+	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:9091", "HTTP listen address for /metrics, /healthz, /readyz and "+agent.SharesPath+"?rule=ID")
 	o.httpTimeouts.Register(fs)
 	fs.DurationVar(&o.interval, "interval", def.Interval, "sync interval")
 	fs.DurationVar(&o.lease, "lease", def.Lease, "lease: a region unheard for this long falls back to its floor and is reclaimed")
@@ -182,7 +186,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	log = log.With("component", "syncagent", "region", o.region)
-	cfg := DefaultConfig()
+	cfg := agent.DefaultConfig()
 	cfg.Region, cfg.Interval, cfg.Lease, cfg.Rho, cfg.Logger = o.region, o.interval, o.lease, o.rho, log
 	cfg.Alpha = o.alpha
 	cfg.InsecureUnsigned = true // the keys are checked next, once the rest is valid
@@ -247,7 +251,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return fmt.Errorf("http listen: %w", err)
 	}
-	var current atomic.Pointer[Agent]
+	var current atomic.Pointer[agent.Agent]
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
@@ -265,7 +269,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 		}
 	})
-	mux.Handle(SharesPath, SharesHandler(current.Load))
+	mux.Handle(agent.SharesPath, agent.SharesHandler(current.Load))
 	hs := serve.NewHTTP(mux, o.httpTimeouts, nil, log)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- serve.HTTP(hs, hl) }()
@@ -286,7 +290,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		acfg := cfg
 		acfg.Metrics = fwd.next()
-		a, err := New(acfg, store, nc, NewEtcdRegistry(ec, o.registryPrefix, acfg.ledgerConfig()), w)
+		a, err := agent.New(acfg, store, nc, agent.NewEtcdRegistry(ec, o.registryPrefix, acfg.LedgerConfig()), w)
 		if err != nil {
 			return err
 		}
@@ -374,7 +378,7 @@ func campaign(ctx context.Context, ec *clientv3.Client, key string, log *slog.Lo
 				return nil
 			case <-time.After(backoff):
 			}
-			backoff = min(2*backoff, maxBackoff)
+			backoff = min(2*backoff, maxCampaignBackoff)
 			continue
 		}
 		backoff = 200 * time.Millisecond
