@@ -1,0 +1,378 @@
+package regional
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/rules"
+	"github.com/sony/gobreaker/v2"
+)
+
+// validate checks a request and fills cost's default.
+func (e *Enforcer) validate(req *Request) error {
+	switch {
+	case req.ClientKey == "":
+		return &RequestError{Field: "client_key", Msg: "is required"}
+	case len(req.ClientKey) > MaxClientKeyBytes:
+		return &RequestError{Field: "client_key", Msg: fmt.Sprintf("is %d bytes, the maximum is %d", len(req.ClientKey), MaxClientKeyBytes)}
+	case !utf8.ValidString(req.ClientKey):
+		return &RequestError{Field: "client_key", Msg: "is not valid UTF-8"}
+	case len(req.Resource) > maxFieldBytes:
+		return &RequestError{Field: "resource", Msg: fmt.Sprintf("is %d bytes, the maximum is %d", len(req.Resource), maxFieldBytes)}
+	case !utf8.ValidString(req.Resource):
+		return &RequestError{Field: "resource", Msg: "is not valid UTF-8"}
+	case req.Cost < 0:
+		return &RequestError{Field: "cost", Msg: fmt.Sprintf("must not be negative, got %d", req.Cost)}
+	case req.Cost > e.cfg.MaxCost:
+		return &RequestError{Field: "cost", Msg: fmt.Sprintf("%d is above the maximum of %d", req.Cost, e.cfg.MaxCost)}
+	case len(req.Attributes) > maxAttributes:
+		return &RequestError{Field: "attributes", Msg: fmt.Sprintf("has %d entries, the maximum is %d", len(req.Attributes), maxAttributes)}
+	}
+	for k, v := range req.Attributes {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return &RequestError{Field: "attributes", Msg: "contains invalid UTF-8"}
+		}
+		if len(k) > maxFieldBytes || len(v) > maxFieldBytes {
+			return &RequestError{Field: "attributes." + truncate(k, 64), Msg: fmt.Sprintf("is longer than %d bytes", maxFieldBytes)}
+		}
+	}
+	if req.Cost == 0 {
+		req.Cost = 1
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// matched is one rule that applies to a request.
+type matched struct {
+	rule   *rules.Rule
+	params bucketParams
+	bucket redisstore.Bucket
+}
+
+// pending is one request on its way through run.
+type pending struct {
+	req  Request
+	take int64 // the cost asked of the store: the request's, or a local batch
+	ms   []matched
+	resp Response
+	err  error
+	done bool
+}
+
+// Check answers one request. The only errors are a *RequestError (bad
+// input), ErrNoRules, and ctx's error when the caller has gone away; store
+// failures are answered by the failure policy, and overload by shedding.
+func (e *Enforcer) Check(ctx context.Context, req Request) (Response, error) {
+	var one [1]pending
+	one[0].req = req
+	if err := e.validate(&one[0].req); err != nil {
+		return Response{}, err
+	}
+	if err := e.run(ctx, one[:]); err != nil {
+		return Response{}, err
+	}
+	return one[0].resp, one[0].err
+}
+
+// CheckBatch answers reqs in order, as Check would one by one, but sends
+// them to the store together: one pipeline, one round trip. An invalid
+// request fails the whole batch before anything is checked (a *BatchError
+// naming its index); so does the caller going away.
+func (e *Enforcer) CheckBatch(ctx context.Context, reqs []Request) ([]Response, error) {
+	ps := make([]pending, len(reqs))
+	for i := range reqs {
+		ps[i].req = reqs[i]
+		if err := e.validate(&ps[i].req); err != nil {
+			return nil, &BatchError{Index: i, Err: err}
+		}
+	}
+	if err := e.run(ctx, ps); err != nil {
+		return nil, err
+	}
+	out := make([]Response, len(ps))
+	for i := range ps {
+		if ps[i].err != nil {
+			return nil, &BatchError{Index: i, Err: ps[i].err}
+		}
+		out[i] = ps[i].resp
+	}
+	return out, nil
+}
+
+// run answers validated requests: those that match nothing, those of a rule
+// the store cannot hold, and low-priority ones while shedding, without the
+// store; all others in one store call through the breaker.
+func (e *Enforcer) run(ctx context.Context, ps []pending) error {
+	start := time.Now()
+	if e.metrics != nil {
+		e.metrics.inFlight.Add(float64(len(ps)))
+		defer e.metrics.inFlight.Sub(float64(len(ps)))
+	}
+	c := e.index.Load()
+	if c == nil {
+		return ErrNoRules
+	}
+	var oneIdx [1]int
+	idx := oneIdx[:0]
+	shed := e.shedReason()
+	for i := range ps {
+		p := &ps[i]
+		p.ms = e.match(c, &p.req)
+		p.take = p.req.Cost
+		switch {
+		case len(p.ms) == 0:
+			p.resp, p.done = Response{Allowed: true, Statuses: []Status{}}, true
+			e.observe(start, "none")
+		case invalidRule(p.ms) != nil:
+			e.storeError("invalid")
+			p.resp = e.failurePolicy(p.ms, p.req.Cost, invalidRule(p.ms))
+		case shed != "" && lowPriority(p.ms):
+			p.resp = e.shedAnswer(p.ms, shed)
+		case e.fromLease(p):
+		default:
+			idx = append(idx, i)
+		}
+	}
+	e.callStore(ctx, ps, idx, true)
+	for i := range ps {
+		p := &ps[i]
+		if p.done {
+			continue
+		}
+		e.record(p.ms, &p.resp, p.req.Cost)
+		e.observe(start, decision(p.resp))
+	}
+	return nil
+}
+
+// callStore answers ps[idx] from the store, in one call through the breaker.
+// A request that asked for a local batch (take above its cost) and was
+// refused because the bucket holds less than the batch is asked again for
+// its own cost once (retry).
+func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry bool) {
+	if len(idx) == 0 {
+		return
+	}
+	var oneCall [1]redisstore.Call
+	calls := oneCall[:0]
+	for _, i := range idx {
+		p := &ps[i]
+		buckets := make([]redisstore.Bucket, len(p.ms))
+		for j := range p.ms {
+			buckets[j] = p.ms[j].bucket
+		}
+		calls = append(calls, redisstore.Call{Cost: p.take, Buckets: buckets})
+	}
+	var oneAns [1]redisstore.Answer
+	answers := oneAns[:]
+	if len(calls) > 1 {
+		answers = make([]redisstore.Answer, len(calls))
+	}
+	budget := redisstore.Budget{Queue: e.cfg.QueueTimeout, RoundTrip: e.cfg.Timeout}
+	_, berr := e.breaker.Execute(func() (struct{}, error) {
+		e.store.Do(ctx, budget, calls, answers)
+		if ctx.Err() != nil {
+			return struct{}{}, ctx.Err()
+		}
+		err := worst(answers)
+		if kind := classify(err); isStoreFailure(kind) {
+			e.firstFailure.CompareAndSwap(0, time.Now().UnixNano())
+			e.lastTimeout.Store(kind == "timeout")
+		}
+		return struct{}{}, err
+	})
+	rejected := errors.Is(berr, gobreaker.ErrOpenState) || errors.Is(berr, gobreaker.ErrTooManyRequests)
+	if berr == nil {
+		e.firstFailure.Store(0)
+	}
+	var again []int
+	for j, i := range idx {
+		p := &ps[i]
+		err := answers[j].Err
+		if rejected {
+			err = berr
+		} else if err == nil && len(answers[j].Results) != len(p.ms) {
+			err = fmt.Errorf("%w: %d results for %d buckets", redisstore.ErrBadReply, len(answers[j].Results), len(p.ms))
+		}
+		if err != nil && ctx.Err() != nil {
+			e.leaseAbandon(p)
+			p.err, p.done = ctx.Err(), true
+			continue
+		}
+		switch kind := classify(err); kind {
+		case "":
+			if p.take > p.req.Cost {
+				if !answers[j].Allowed {
+					if retry {
+						p.take = p.req.Cost
+						again = append(again, i)
+					} else {
+						p.resp = e.fromStore(p.ms, answers[j])
+					}
+					e.leases.done(p.ms[0].bucket.Key, 0, p.ms[0].leaseLife(), true)
+					continue
+				}
+				e.leases.done(p.ms[0].bucket.Key, p.take-p.req.Cost, p.ms[0].leaseLife(), false)
+			}
+			p.resp = e.fromStore(p.ms, answers[j])
+		case "queue_timeout":
+			e.leaseAbandon(p)
+			p.resp = e.shedAnswer(p.ms, kind)
+		default:
+			e.leaseAbandon(p)
+			e.storeError(kind)
+			p.resp = e.failurePolicy(p.ms, p.req.Cost, err)
+		}
+	}
+	e.callStore(ctx, ps, again, false)
+}
+
+func decision(r Response) string {
+	switch {
+	case r.Shed:
+		return "shed"
+	case r.FailOpen && r.Allowed:
+		return "fail_allowed"
+	case r.FailOpen:
+		return "fail_rejected"
+	case r.Allowed:
+		return "allowed"
+	default:
+		return "rejected"
+	}
+}
+
+func (e *Enforcer) observe(start time.Time, outcome string) {
+	if e.metrics != nil {
+		e.metrics.latency.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
+	}
+}
+
+// match finds the rules for req and builds their buckets.
+func (e *Enforcer) match(c *compiled, req *Request) []matched {
+	rs := c.index.Match(req.Resource, req.Attributes)
+	out := make([]matched, 0, len(rs))
+	var splitParts []string
+	for _, r := range rs {
+		p, ok := c.params[r.ID]
+		if !ok {
+			continue
+		}
+		parts, ok := r.KeyValues(req.ClientKey, req.Resource, req.Attributes)
+		if !ok || len(parts) == 0 {
+			continue
+		}
+		out = append(out, matched{rule: r, params: p, bucket: p.bucket(redisstore.Key(parts[0], r.ID, parts[1:]...), r)})
+		if r.Split >= 2 && len(out) == 1 {
+			splitParts = parts
+		}
+	}
+	if len(out) == 1 && splitParts != nil {
+		// A hot key spread over Split sub-buckets, each its own hash tag
+		// (its own Redis Cluster slot), one picked at random per check. A
+		// request that matches other rules too stays on the client's own
+		// tag (one script, one slot): sub-bucket "0", the plain key.
+		r := out[0].rule
+		if i := rand.IntN(r.Split); i > 0 {
+			out[0].bucket.Key = redisstore.Key(splitParts[0]+"#"+strconv.Itoa(i), r.ID, splitParts[1:]...)
+		}
+	}
+	return out
+}
+
+// fromStore builds the response from the store's answer.
+func (e *Enforcer) fromStore(ms []matched, ans redisstore.Answer) Response {
+	resp := Response{Allowed: ans.Allowed, Statuses: make([]Status, len(ms))}
+	for i, m := range ms {
+		r := ans.Results[i]
+		resp.Statuses[i] = Status{RuleID: m.rule.ID, Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining,
+			RetryAfterMs: r.RetryAfterMs, ResetAfterMs: r.ResetAfterMs, Shadow: m.rule.Shadow, WindowMs: m.params.windowMs}
+	}
+	e.bind(&resp)
+	return resp
+}
+
+// bind picks the binding rule: the rejecting enforced rule with the longest
+// retry, or when allowed the enforced rule with the fewest remaining tokens.
+// Shadow rules bind only when no enforced rule matched.
+func (e *Enforcer) bind(resp *Response) {
+	best := -1
+	better := func(i int) bool {
+		if best < 0 {
+			return true
+		}
+		a, b := resp.Statuses[i], resp.Statuses[best]
+		if a.Shadow != b.Shadow {
+			return !a.Shadow
+		}
+		if a.Allowed != b.Allowed {
+			return !a.Allowed
+		}
+		if !a.Allowed {
+			return a.RetryAfterMs > b.RetryAfterMs
+		}
+		return a.Remaining < b.Remaining
+	}
+	for i := range resp.Statuses {
+		if better(i) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return
+	}
+	s := resp.Statuses[best]
+	resp.RuleID, resp.Limit, resp.Remaining, resp.ResetAfterMs, resp.windowMs = s.RuleID, s.Limit, s.Remaining, s.ResetAfterMs, s.WindowMs
+	if !resp.Allowed {
+		resp.RetryAfterMs = s.RetryAfterMs
+	}
+}
+
+// record counts the decision per rule, logs shadow rejections and reports
+// the usage of global rules.
+func (e *Enforcer) record(ms []matched, resp *Response, cost int64) {
+	for i, st := range resp.Statuses {
+		if e.cfg.Usage != nil && ms[i].rule.Scope == rules.Global && !resp.Shed {
+			switch {
+			case st.Allowed && resp.Allowed:
+				e.cfg.Usage(st.RuleID, ms[i].bucket.Key, cost, 0)
+			case !st.Allowed && !st.Shadow:
+				e.cfg.Usage(st.RuleID, ms[i].bucket.Key, 0, cost)
+			}
+		}
+		d := "allowed"
+		switch {
+		case st.Shadow && !st.Allowed:
+			d = "shadow_rejected"
+			e.sampled.Log(slog.LevelInfo, "shadow:"+st.RuleID, "shadow rule would have rejected",
+				"rule", st.RuleID, "key", ms[i].bucket.Key)
+		case !st.Allowed:
+			d = "rejected"
+		case !resp.Allowed:
+			d = "not_consumed" // this rule allowed but another rejected
+		}
+		switch {
+		case resp.Shed:
+			d = "shed"
+		case resp.FailOpen:
+			d = "fail_" + d
+		}
+		if e.metrics != nil {
+			e.metrics.checks.WithLabelValues(st.RuleID, d).Inc()
+		}
+	}
+}

@@ -1,0 +1,88 @@
+package regional
+
+import (
+	"time"
+
+	"github.com/apportion/apportion/allocation"
+	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/rules"
+)
+
+// compiled is an immutable rule set with per-rule derived bucket parameters.
+type compiled struct {
+	index  *rules.Index
+	params map[string]bucketParams // by rule id; absent: rule not enforced in this region
+}
+
+type bucketParams struct {
+	global    *redisstore.Global // coordinated global token bucket; nil otherwise
+	algorithm rules.Algorithm
+	capacity  int64 // thousandths
+	rate      int64 // thousandths per second
+	limit     int64
+	window    time.Duration
+	windowMs  int64
+	// invalid is why the store cannot hold this rule's bucket; its checks
+	// are answered by its failure_mode without the store.
+	invalid error
+}
+
+// params derives the bucket parameters a rule has in this region.
+func (e *Enforcer) params(r rules.Rule) (bucketParams, bool) {
+	frac := 1.0
+	if r.Scope == rules.Global {
+		f, ok := r.StaticShare(e.cfg.Region)
+		if !ok {
+			return bucketParams{}, false
+		}
+		frac = f
+	}
+	p := bucketParams{algorithm: r.Algorithm}
+	if r.Scope == rules.Global && r.Algorithm == rules.TokenBucket && !e.cfg.StaticGlobal {
+		// The store enforces floor(global x units / Units): the agent's share,
+		// or this region's floor while no agent lease is valid.
+		floor, ok := globalFloor(r, e.cfg.Region)
+		if !ok {
+			return bucketParams{}, false
+		}
+		p.capacity = r.Capacity * 1000
+		p.rate = int64(r.RefillPerSecond * 1000)
+		p.windowMs = p.capacity * 1000 / max(p.rate, 1)
+		p.global = &redisstore.Global{Rule: r.ID, Units: allocation.DefaultUnits, Floor: floor}
+		return p, true
+	}
+	if r.Split >= 2 {
+		frac /= float64(r.Split) // each sub-bucket holds 1/split of the limit
+	}
+	switch r.Algorithm {
+	case rules.TokenBucket, rules.LeakyBucket:
+		p.capacity = int64(float64(r.Capacity) * 1000 * frac)
+		p.rate = int64(r.RefillPerSecond * 1000 * frac)
+		if p.rate > 0 {
+			p.windowMs = p.capacity * 1000 / p.rate
+		}
+	default:
+		p.limit = int64(float64(r.Limit) * frac)
+		p.window = time.Duration(r.Window)
+		p.windowMs = p.window.Milliseconds()
+	}
+	return p, true
+}
+
+// globalFloor is the region's floor units of a global rule: the static
+// split the sync agent's ledger starts from (allocation.Floors).
+func globalFloor(r rules.Rule, region string) (int64, bool) {
+	names, floor, _ := allocation.Floors(allocation.DefaultUnits, r.MinShare, r.Regions)
+	for i, n := range names {
+		if n == region {
+			return floor[i], true
+		}
+	}
+	return 0, false
+}
+
+// bucket is the store bucket of this rule for one key.
+func (p bucketParams) bucket(key string, r *rules.Rule) redisstore.Bucket {
+	return redisstore.Bucket{Key: key, Algorithm: p.algorithm, Capacity: p.capacity, Rate: p.rate,
+		Limit: p.limit, Window: p.window, Shadow: r.Shadow, Global: p.global}
+}
