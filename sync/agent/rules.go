@@ -1,0 +1,137 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/apportion/apportion/rules"
+	"github.com/apportion/apportion/sync/ledger"
+)
+
+// runRules runs the rule source, restarting it with backoff when it fails.
+func (a *Agent) runRules(ctx context.Context) {
+	defer a.wg.Done()
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := a.src.Run(ctx, func(rs []rules.Rule) {
+			select { // keep only the latest set
+			case <-a.rulesCh:
+			default:
+			}
+			a.rulesCh <- rs
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		a.logs.Log(slog.LevelError, "rules", "rule source stopped; retrying", logKeyErr, err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// coordinated reports whether r is a global token bucket this region shares.
+func (a *Agent) coordinated(r rules.Rule) bool {
+	if r.Scope != rules.Global || r.Algorithm != rules.TokenBucket || r.Capacity <= 0 || !(r.RefillPerSecond > 0) {
+		return false
+	}
+	_, ok := r.StaticShare(a.cfg.Region)
+	return ok
+}
+
+func (a *Agent) specOf(r rules.Rule) Spec {
+	return Spec{Units: a.cfg.Units, MinShare: r.MinShare, Regions: ledger.Regions(r.Regions)}
+}
+
+func (a *Agent) setRules(rs []rules.Rule) {
+	want := map[string]rules.Rule{}
+	for _, r := range rs {
+		if a.coordinated(r) {
+			want[r.ID] = r
+		}
+	}
+	for id := range a.rules {
+		if _, ok := want[id]; !ok {
+			a.log.Info("rule no longer coordinated here; dropping its ledger", logKeyRule, id)
+			delete(a.rules, id)
+		}
+	}
+	for id, r := range want {
+		st := a.rules[id]
+		if st == nil {
+			st = &ruleState{id: id, written: map[string]int64{}, fresh: map[string]freshness{}}
+			a.rules[id] = st
+		} else if st.led != nil && !a.specOf(r).equal(st.spec) {
+			a.logs.Log(slog.LevelWarn, "spec/"+id, "rule's regions, weights or min_share changed; coordination keeps the spec it started with (use a new rule id to change it)", logKeyRule, id)
+		}
+		st.rule = r
+	}
+	a.everRules = true
+	a.ready.Store(a.everRules && a.runID != "")
+	a.publishSnapshot()
+}
+
+// maybeStart asks the registry for a new incarnation of st's rule.
+func (a *Agent) maybeStart(ctx context.Context, st *ruleState) {
+	if st.led != nil || st.starting || a.runID == "" || time.Now().Before(st.retryAt) {
+		return
+	}
+	st.starting = true
+	id, spec := st.id, a.specOf(st.rule)
+	a.goOwned(func() {
+		cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
+		start, used, err := a.reg.Start(cctx, id, spec, a.cfg.Region)
+		cancel()
+		a.post(ctx, func(ctx context.Context) { a.started(ctx, st, start, used, err) })
+	})
+}
+
+func (a *Agent) failStart(st *ruleState, err error) {
+	st.backoff = min(max(2*st.backoff, 200*time.Millisecond), maxBackoff)
+	st.retryAt = time.Now().Add(st.backoff)
+	a.logs.Log(slog.LevelError, "start/"+st.id, "cannot start an incarnation; retrying", logKeyRule, st.id, logKeyErr, err, "retry_in", st.backoff)
+}
+
+func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, spec Spec, err error) {
+	st.starting = false
+	if a.rules[st.id] != st {
+		return // the rule went away meanwhile
+	}
+	if err != nil {
+		a.failStart(st, err)
+		return
+	}
+	start.RunID = a.runID
+	lcfg := spec.ledgerConfig(a.lcfg)
+	lcfg.Quantum = ledger.QuantumOf(lcfg.Units, float64(st.rule.Capacity))
+	led, err := ledger.New(lcfg, a.cfg.Region, spec.Regions, start, a.now())
+	if err != nil {
+		a.failStart(st, err)
+		return
+	}
+	floors, _ := ledger.Split(spec.ledgerConfig(a.lcfg), spec.Regions)
+	for i, r := range spec.Regions {
+		if r.Name == a.cfg.Region {
+			st.floor = floors[i]
+		}
+	}
+	st.led, st.spec, st.backoff, st.fedRev = led, spec, 0, 0
+	clear(st.written)
+	a.log.Info("ledger started", logKeyRule, st.id, logKeyInc, start.Inc)
+	a.publishSnapshot()
+}
+
+// fence drops a fenced ledger and starts a new incarnation.
+func (a *Agent) fence(ctx context.Context, st *ruleState) {
+	if st.led == nil {
+		return
+	}
+	a.log.Warn("ledger fenced; starting a new incarnation", logKeyRule, st.id, logKeyInc, st.led.Incarnation().Inc)
+	st.led = nil
+	a.fencedSeen = true
+	a.maybeStart(ctx, st)
+}

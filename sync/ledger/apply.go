@@ -1,0 +1,110 @@
+package ledger
+
+import (
+	"time"
+)
+
+// ShareApplied tells the ledger that the store now holds a version >= v for
+// the key (or the marker, MarkerKey). Gifts lowered by writes up to v become
+// durable: their counters are published in the returned report.
+func (l *Ledger) ShareApplied(now time.Duration, name string, v Version) Output {
+	if l.fenced || v.Inc != l.inc {
+		return Output{Fenced: l.fenced}
+	}
+	if !l.confirm(name, v) {
+		return Output{}
+	}
+	return Output{Report: l.report(now, false)}
+}
+
+// Confirmation is one store write the store confirmed: it holds Version
+// (or a later one) for Key.
+type Confirmation struct {
+	Key     string
+	Version Version
+}
+
+// SharesApplied is ShareApplied for many confirmations at once: it applies
+// them all and returns at most one report, so an agent that confirms the
+// writes of a whole interval publishes one report, not one per key.
+func (l *Ledger) SharesApplied(now time.Duration, cs []Confirmation) Output {
+	if l.fenced {
+		return Output{Fenced: true}
+	}
+	changed := false
+	for _, c := range cs {
+		if c.Version.Inc != l.inc {
+			continue
+		}
+		if l.confirm(c.Key, c.Version) {
+			changed = true
+		}
+	}
+	if !changed {
+		return Output{}
+	}
+	return Output{Report: l.report(now, false)}
+}
+
+// confirm applies one confirmation; it reports whether a gift became
+// durable (and so a report is due).
+func (l *Ledger) confirm(name string, v Version) bool {
+	if name == MarkerKey {
+		if l.creating != (Version{}) && !v.Less(l.creating) {
+			l.markerOK, l.everOK, l.reset, l.creating = true, true, false, Version{}
+			for _, k := range l.keys {
+				k.reassert = Version{}
+			}
+		}
+		return false
+	}
+	k := l.keys[name]
+	if k == nil {
+		return false
+	}
+	if k.confirmed.Less(v) {
+		k.confirmed = v
+	}
+	changed := false
+	n := 0
+	for _, s := range k.pend {
+		if v.Less(s.ver) {
+			k.pend[n] = s
+			n++
+			continue
+		}
+		for i := range k.pairs {
+			if s.inc[i] == l.peers[i].inc && s.give[i] > k.pairs[i].conf {
+				k.pairs[i].conf = s.give[i]
+				changed = true
+			}
+		}
+	}
+	k.pend = k.pend[:n]
+	if changed {
+		k.dirty = true
+	}
+	return changed
+}
+
+// StoreReset tells the ledger that the local store lost its data and now runs
+// as runID. Until the ledger has re-asserted every key and re-created the
+// marker, the store enforces floors (no marker).
+func (l *Ledger) StoreReset(now time.Duration, runID string) Output {
+	if l.fenced {
+		return Output{Fenced: true}
+	}
+	l.runID, l.markerOK, l.reset, l.creating = runID, false, true, Version{}
+	var out Output
+	for _, n := range l.Keys() {
+		k := l.keys[n]
+		if !k.written {
+			continue
+		}
+		k.force = true
+		if w, ok := l.write(k, now); ok {
+			out.Writes = append(out.Writes, w)
+		}
+	}
+	return out
+}

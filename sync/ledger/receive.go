@@ -1,0 +1,150 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+func validCounters(cs []Counter, known func(string) bool) bool {
+	for j, c := range cs {
+		if !known(c.Region) || c.Inc == 0 || c.Units < 0 || j > 0 && cs[j-1].Region >= c.Region {
+			return false
+		}
+	}
+	return true
+}
+
+// Receive merges a peer's report. A report that is malformed, names unknown
+// regions, comes from a stale or frozen incarnation, or carries a counter that
+// went backwards is rejected whole: it returns an error and changes nothing.
+// The returned Output carries the raises the report allows (and may fence).
+func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
+	if l.fenced {
+		return Output{Fenced: true}, ErrFenced
+	}
+	if err := l.check(r); err != nil {
+		l.stats.Rejected++
+		if errors.Is(err, ErrFrozenIncarnation) && l.frozenBy(r) {
+			// We ignore the sender, but it tells us it froze us: both
+			// incarnations are over for each other; ours ends here.
+			return l.fence(), err
+		}
+		return Output{}, err
+	}
+	var out Output
+	i := l.index(r.From)
+	p := &l.peers[i]
+	if r.Inc > p.inc {
+		out.Contributions = l.freeze(i, r.Inc-1, now)
+	}
+	newer := r.Seq > p.lastSeq
+	p.seen, p.mayFreeze, p.heard = true, true, now
+	if newer {
+		p.lastSeq, p.base = r.Seq, r.Base
+	}
+	me := l.names[l.self]
+	for _, a := range r.Acks {
+		if a.Region != me || a.Inc != l.inc {
+			continue
+		}
+		if a.Frozen {
+			l.told = true
+		} else if t, ok := l.sent[a.Seq]; ok && t > p.ackedSend {
+			p.ackedSend = t
+		}
+	}
+	if l.told {
+		return l.fence(), nil
+	}
+	for _, kr := range r.Keys {
+		k := l.key(kr.Key)
+		pr := &k.pairs[i]
+		if r.Seq > pr.peerSeq {
+			pr.peerSeq, pr.peerPos, pr.peerDemand = r.Seq, kr.Position, kr.Demand
+		}
+		for _, c := range kr.Gave {
+			if c.Region == me && c.Inc == l.inc && c.Units > pr.recv {
+				pr.recv = c.Units
+				k.active, k.dirty = true, true
+			}
+		}
+		for _, c := range kr.Applied {
+			if c.Region == me && c.Inc == l.inc && c.Units > pr.peerApplied {
+				pr.peerApplied = c.Units
+			}
+		}
+		if !k.active && (kr.Demand > 0 || kr.Position != r.Base) {
+			k.active, k.dirty = true, true
+			k.lastUse = now
+		}
+		if w, ok := l.write(k, now); ok {
+			out.Writes = append(out.Writes, w)
+		}
+	}
+	return out, nil
+}
+
+func (l *Ledger) frozenBy(r Report) bool {
+	for _, a := range r.Acks {
+		if a.Region == l.names[l.self] && a.Inc == l.inc && a.Frozen {
+			return true
+		}
+	}
+	return false
+}
+
+func (l *Ledger) check(r Report) error {
+	i := l.index(r.From)
+	if i < 0 || i == l.self {
+		return fmt.Errorf("%w: from %q", ErrUnknownRegion, r.From)
+	}
+	if r.Inc == 0 || r.Seq == 0 || r.Base < 0 {
+		return fmt.Errorf("%w: zero incarnation or sequence, or negative base", ErrMalformed)
+	}
+	p := &l.peers[i]
+	if r.Inc <= p.frozenInc {
+		return fmt.Errorf("%w: %s/%d", ErrFrozenIncarnation, r.From, r.Inc)
+	}
+	if r.Inc < p.inc {
+		return fmt.Errorf("%w: %s/%d < %d", ErrStaleIncarnation, r.From, r.Inc, p.inc)
+	}
+	known := func(n string) bool { return l.index(n) >= 0 }
+	for j, a := range r.Acks {
+		if !known(a.Region) {
+			return fmt.Errorf("%w: ack for %q", ErrUnknownRegion, a.Region)
+		}
+		if j > 0 && (r.Acks[j-1].Region > a.Region || r.Acks[j-1].Region == a.Region && r.Acks[j-1].Inc >= a.Inc) {
+			return fmt.Errorf("%w: acks not sorted", ErrMalformed)
+		}
+	}
+	same := r.Inc == p.inc && p.seen
+	me := l.names[l.self]
+	for j, kr := range r.Keys {
+		if j > 0 && r.Keys[j-1].Key >= kr.Key {
+			return fmt.Errorf("%w: keys not sorted", ErrMalformed)
+		}
+		if kr.Demand < 0 || kr.Position < 0 {
+			return fmt.Errorf("%w: negative demand or position", ErrMalformed)
+		}
+		if !validCounters(kr.Gave, known) || !validCounters(kr.Applied, known) {
+			return fmt.Errorf("%w: counters", ErrMalformed)
+		}
+		k := l.keys[kr.Key]
+		if !same || k == nil || r.Seq <= p.lastSeq {
+			continue
+		}
+		pr := &k.pairs[i]
+		for _, c := range kr.Gave {
+			if c.Region == me && c.Inc == l.inc && c.Units < pr.recv {
+				return fmt.Errorf("%w: gave %d < %d", ErrBackwards, c.Units, pr.recv)
+			}
+		}
+		for _, c := range kr.Applied {
+			if c.Region == me && c.Inc == l.inc && c.Units < pr.peerApplied {
+				return fmt.Errorf("%w: applied %d < %d", ErrBackwards, c.Units, pr.peerApplied)
+			}
+		}
+	}
+	return l.plausible(r) // plausible.go
+}

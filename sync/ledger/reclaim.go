@@ -1,0 +1,175 @@
+package ledger
+
+import (
+	"math"
+	"time"
+)
+
+func (l *Ledger) fence() Output {
+	l.fenced = true
+	return Output{Fenced: true}
+}
+
+func (l *Ledger) leaseDeadline() time.Duration {
+	if len(l.names) == 1 {
+		return math.MaxInt64
+	}
+	d := l.started
+	for i := range l.peers {
+		if i != l.self && l.peers[i].ackedSend > d {
+			d = l.peers[i].ackedSend
+		}
+	}
+	return d + l.cfg.Lease
+}
+
+// holdsMore reports whether this incarnation holds more than its floor on
+// any key (or for keys without state).
+func (l *Ledger) holdsMore() bool {
+	f := l.floor[l.self]
+	if l.base > f {
+		return true
+	}
+	for _, k := range l.keys {
+		if l.position(k) > f {
+			return true
+		}
+	}
+	return false
+}
+
+// joined reports whether a peer has acknowledged one of our reports within
+// the lease: only then does the ledger take reclaim payments, since holding
+// more than the floor without a lease would make it fence at once.
+func (l *Ledger) joined(now time.Duration) bool {
+	if len(l.names) == 1 {
+		return true
+	}
+	acked := false
+	for i := range l.peers {
+		acked = acked || i != l.self && l.peers[i].ackedSend > 0
+	}
+	return acked && now < l.leaseDeadline()
+}
+
+// payOwed applies the part of the registry's payment not applied yet.
+func (l *Ledger) payOwed(now time.Duration) {
+	if l.owed.Seq <= l.paid.Seq || !l.joined(now) {
+		return
+	}
+	l.base += l.owed.Base - l.paid.Base
+	keys := map[string]int64{}
+	for _, ku := range l.paid.Keys {
+		keys[ku.Key] = 0 // listed before: reset unless listed again
+	}
+	for _, ku := range l.owed.Keys {
+		keys[ku.Key] = ku.Units
+	}
+	for n, v := range keys {
+		k := l.key(n)
+		if k.extra != v {
+			k.extra = v
+			k.active, k.dirty = true, true
+			k.lastUse = now
+		}
+	}
+	if l.owed.Base != l.paid.Base {
+		for _, k := range l.keys {
+			k.dirty = true // every position moved
+		}
+	}
+	l.paid = l.owed
+}
+
+// freeze stops pairing with incarnations up to inc of peer i: it moves the
+// pair terms of inc into the frozen terms and returns the contributions.
+func (l *Ledger) freeze(i int, inc uint64, now time.Duration) []Contribution {
+	p := &l.peers[i]
+	if inc <= p.frozenInc {
+		return nil
+	}
+	var out []Contribution
+	for x := max(p.frozenInc+1, p.inc); x <= inc; x++ {
+		c := Contribution{Of: Incarnation{p.name, x}, From: Incarnation{l.names[l.self], l.inc}}
+		if x == p.inc {
+			for _, n := range l.Keys() {
+				k := l.keys[n]
+				pr := &k.pairs[i]
+				// Only confirmed gifts count: an unconfirmed one is cancelled
+				// (a raise back), since its lowering may not be in the store yet.
+				if q := pr.conf - pr.recv; q != 0 {
+					c.Q = append(c.Q, KeyUnits{n, q})
+					k.frozen -= q
+					k.dirty = true
+				}
+				*pr = pair{}
+			}
+		}
+		p.pending[x] = c
+		out = append(out, c)
+	}
+	p.frozenInc, p.inc, p.seen, p.mayFreeze, p.heard, p.lastSeq, p.ackedSend = inc, inc+1, false, p.wanted[inc+1], now, 0, 0
+	for x := range p.wanted {
+		if x <= inc {
+			delete(p.wanted, x)
+		}
+	}
+	return out
+}
+
+// ReclaimRecorded feeds the registry's record of an incarnation. An
+// incomplete record that needs this incarnation's contribution makes the
+// incarnation freezable; a complete one freezes it (and fences it, if it is
+// this one). A record of this incarnation carries what reclaims paid it,
+// applied (now or later) while a peer acknowledges us.
+func (l *Ledger) ReclaimRecorded(now time.Duration, rec Record) Output {
+	if l.fenced {
+		return Output{Fenced: true}
+	}
+	me := Incarnation{l.names[l.self], l.inc}
+	if rec.Of.Region == me.Region {
+		if rec.Of != me {
+			return Output{}
+		}
+		if rec.Complete {
+			return l.fence()
+		}
+		if rec.Closer {
+			l.closeAck = true
+		}
+		if p := rec.Paid; p != nil && p.Seq > l.owed.Seq {
+			l.owed = Payment{Seq: p.Seq, Base: p.Base, Keys: append([]KeyUnits(nil), p.Keys...)}
+			l.payOwed(now)
+		}
+		return Output{}
+	}
+	i := l.index(rec.Of.Region)
+	if i < 0 {
+		l.stats.Rejected++
+		return Output{}
+	}
+	p := &l.peers[i]
+	for _, c := range rec.Contributions {
+		if c.From == me {
+			delete(p.pending, rec.Of.Inc)
+		}
+	}
+	if !rec.Complete {
+		for _, q := range rec.Required {
+			if q == me && rec.Of.Inc >= p.inc {
+				// The incarnation exists and others find it silent: freeze it
+				// once it is silent for ReclaimAfter here too. A newer one than
+				// ours proves ours existed; each is frozen only on its own silence.
+				p.mayFreeze = true
+				p.wanted[rec.Of.Inc] = true
+			}
+		}
+		return Output{}
+	}
+	var out Output
+	if rec.Of.Inc > p.frozenInc {
+		out.Contributions = l.freeze(i, rec.Of.Inc, now)
+	}
+	delete(p.pending, rec.Of.Inc)
+	return out
+}

@@ -1,0 +1,97 @@
+package ledger
+
+import (
+	"math"
+	"time"
+)
+
+// write returns the store write a key needs, if any.
+func (l *Ledger) write(k *key, now time.Duration) (Write, bool) {
+	units := l.position(k)
+	release := !k.active
+	if !k.written && !k.active && !k.force {
+		return Write{}, false
+	}
+	if k.written && !k.force && !k.gifted && units == k.wUnits && release == k.wRelease {
+		if k.confirmed.Less(k.wVer) && now-k.wAt >= l.cfg.RetryWrite {
+			k.wAt = now
+			return Write{Key: k.name, Version: k.wVer, Units: k.wUnits, Release: k.wRelease}, true
+		}
+		return Write{}, false
+	}
+	l.wseq++
+	v := Version{l.inc, l.wseq}
+	s := snap{ver: v, give: make([]int64, len(l.names)), inc: make([]uint64, len(l.names))}
+	for i := range k.pairs {
+		s.give[i], s.inc[i] = k.pairs[i].give, l.peers[i].inc
+	}
+	k.pend = append(k.pend, s)
+	k.gifted = false
+	if k.force {
+		k.reassert, k.force = v, false
+	}
+	k.written, k.wUnits, k.wRelease, k.wVer, k.wAt = true, units, release, v, now
+	return Write{Key: k.name, Version: v, Units: units, Release: release}, true
+}
+
+// storeLease is how long, on the store's clock, the marker may stay valid if
+// written now: (1-rho)((D-now)/(1+rho) - StoreTimeout), D the lease deadline.
+func (l *Ledger) storeLease(now time.Duration) time.Duration {
+	d := l.leaseDeadline()
+	if d == math.MaxInt64 {
+		return l.cfg.Lease
+	}
+	rho := l.cfg.Rho
+	v := (1 - rho) * (float64(d-now)/(1+rho) - float64(l.cfg.StoreTimeout))
+	if v <= 0 {
+		return 0
+	}
+	return time.Duration(v)
+}
+
+// markerDefault is the marker's default units: the base, once every key
+// whose position is below the base has a confirmed record of its own
+// (a reclaim payment can raise the base by more than it raises some keys);
+// until then the default written last. Lower first, for the marker too.
+func (l *Ledger) markerDefault() int64 {
+	u := l.base
+	if u > l.markerUnits {
+		for _, k := range l.keys {
+			if l.position(k) < u && !(k.written && !k.wRelease && k.confirmed.Inc == l.inc && !k.confirmed.Less(k.wVer)) {
+				u = l.markerUnits
+				break
+			}
+		}
+	}
+	l.markerUnits = u
+	return u
+}
+
+func (l *Ledger) marker(now time.Duration) (Write, bool) {
+	lease := l.storeLease(now)
+	if lease <= 0 && (l.everOK || l.holdsMore()) {
+		return Write{}, false
+	}
+	// A first marker past the lease deadline, of an incarnation that holds
+	// only its floor, gets a zero lease: it grants nothing, but it floors
+	// the records of the region's earlier incarnations, so reports may
+	// start and a peer's acknowledgement can give this one a lease.
+	lease = max(lease, 0)
+	if l.markerOK {
+		l.wseq++
+		return Write{Key: MarkerKey, Version: Version{l.inc, l.wseq}, Units: l.markerDefault(), Lease: lease}, true
+	}
+	if l.reset {
+		for _, k := range l.keys {
+			if k.reassert != (Version{}) && k.confirmed.Less(k.reassert) {
+				return Write{}, false
+			}
+		}
+	}
+	if l.creating != (Version{}) && now-l.createAt < l.cfg.RetryWrite {
+		return Write{}, false
+	}
+	l.wseq++
+	l.creating, l.createAt = Version{l.inc, l.wseq}, now
+	return Write{Key: MarkerKey, Version: l.creating, Units: l.markerDefault(), Create: true, RunID: l.runID, Lease: lease}, true
+}

@@ -1,0 +1,269 @@
+package ledger
+
+import (
+	"sort"
+	"time"
+
+	"github.com/apportion/apportion/allocation"
+)
+
+func (l *Ledger) live(i int, now time.Duration) bool {
+	p := &l.peers[i]
+	return i != l.self && p.seen && now-p.heard <= l.cfg.Lease
+}
+
+// giftable reports whether gifts may go to peer i: a later incarnation (a
+// restarted or fenced region) only once it has acknowledged one of our
+// reports. Hearing it is not enough: behind a one-way or flapping link it
+// could never apply a gift, and the units would sit in flight until its
+// reclaim returned them (measured live: survivors of a cut region lost a
+// third of their share that way, one new incarnation after another).
+func (l *Ledger) giftable(i int) bool {
+	p := &l.peers[i]
+	return p.inc <= 1 || p.ackedSend > 0
+}
+
+// Tick runs one sync interval.
+func (l *Ledger) Tick(now time.Duration) Output {
+	if l.fenced {
+		return Output{Fenced: true}
+	}
+	if l.told {
+		return l.fence()
+	}
+	if now >= l.leaseDeadline() {
+		// The store lease has lapsed: the store enforces the floor. An
+		// incarnation that holds more must end (peers may reclaim it); one
+		// that holds only its floor has nothing to give up and carries on,
+		// so a region alone does not start a new life every lease. Its next
+		// marker is a Create, once a peer acknowledges it again.
+		if l.holdsMore() {
+			return l.fence()
+		}
+		l.markerOK = false
+	}
+	var out Output
+	l.payOwed(now)
+	if l.everOK && l.inc > 1 && !l.closeAck && (!l.closeSent || (l.ticks+1)%(4*l.cfg.FullEvery) == 0) {
+		out.Close, l.closeSent = Incarnation{l.names[l.self], l.inc}, true
+	}
+	// Freeze silent incarnations, if a peer acknowledges us: a region with
+	// no live peer could not take a reclaim payment anyway (see joined), and
+	// reclaiming the other side of a partition would only make it start a
+	// new life. A newer incarnation seen in a report freezes at once (Receive).
+	joined := l.joined(now)
+	for i := range l.peers {
+		p := &l.peers[i]
+		if i != l.self && joined && p.mayFreeze && now-p.heard >= l.cfg.ReclaimAfter() {
+			out.Contributions = append(out.Contributions, l.freeze(i, p.inc, now)...)
+		}
+	}
+	// Demand.
+	dt := (now - l.lastTick).Seconds()
+	if l.ticks == 0 || dt <= 0 {
+		dt = l.cfg.Interval.Seconds()
+	}
+	l.lastTick = now
+	l.ticks++
+	for _, k := range l.keys {
+		if k.rate > 0 {
+			inst := float64(k.used) / dt * float64(l.cfg.Units) / k.rate
+			old := int64(k.demand)
+			a := l.cfg.Alpha
+			if l.cfg.DemandTokens > 0 {
+				a = min(a, dt*k.rate/l.cfg.DemandTokens)
+			}
+			k.demand = a*inst + (1-a)*k.demand
+			if k.demand < 0.5 {
+				k.demand = 0
+			}
+			if int64(k.demand) != old {
+				k.dirty = true
+			}
+		}
+		k.used = 0
+	}
+	names := l.Keys()
+	for _, n := range names {
+		k := l.keys[n]
+		if k.active {
+			l.give(k, now)
+			l.maybeIdle(k, now)
+		}
+		if w, ok := l.write(k, now); ok {
+			out.Writes = append(out.Writes, w)
+		}
+	}
+	if w, ok := l.marker(now); ok {
+		out.Writes = append(out.Writes, w)
+	}
+	full := l.ticks%l.cfg.FullEvery == 0
+	out.Report = l.report(now, full)
+	// Resend contributions the registry has not shown us yet.
+	if l.ticks%l.cfg.FullEvery == 0 {
+		for i := range l.peers {
+			for _, c := range l.peers[i].pending {
+				out.Contributions = append(out.Contributions, c)
+			}
+		}
+		sort.Slice(out.Contributions, func(a, b int) bool {
+			x, y := out.Contributions[a].Of, out.Contributions[b].Of
+			return x.Region < y.Region || x.Region == y.Region && x.Inc < y.Inc
+		})
+	}
+	return out
+}
+
+// give hands this region's excess over its target to the live regions below
+// theirs, in proportion to their deficits.
+func (l *Ledger) give(k *key, now time.Duration) {
+	var idx []int
+	var wants []Want
+	var proj []int64
+	var pool int64
+	for i := range l.names {
+		var pos, dem int64
+		switch {
+		case i == l.self:
+			pos, dem = l.position(k), int64(k.demand)
+		case l.live(i, now):
+			pr := &k.pairs[i]
+			pos = l.peers[i].base
+			if pr.peerSeq > 0 {
+				pos, dem = pr.peerPos, pr.peerDemand
+			}
+			pos += pr.give - pr.peerApplied
+		default:
+			continue
+		}
+		idx = append(idx, i)
+		proj = append(proj, pos)
+		pool += pos - l.floor[i]
+		wants = append(wants, Want{Weight: l.weights[i], Demand: max(0, dem-l.floor[i])})
+	}
+	if len(idx) < 2 || pool <= 0 {
+		return
+	}
+	tg := l.cfg.Allocate(pool, wants)
+	if len(tg) != len(idx) {
+		return
+	}
+	if q := l.cfg.Quantum; q > 1 {
+		// Whole tokens, by demand. (A bonus for the region holding a token
+		// made the regions' views disagree on the holder and gifts swing
+		// back and forth under faults: TestRandomized's small-limit seeds.)
+		fl, dem := make([]int64, len(idx)), make([]int64, len(idx))
+		for j, i := range idx {
+			fl[j], dem[j] = l.floor[i], wants[j].Demand
+		}
+		tg = allocation.WholeTokens(tg, fl, q, dem)
+	}
+	var excess, sumD int64
+	def := make([]int64, len(idx))
+	for j, i := range idx {
+		if i == l.self {
+			excess = proj[j] - l.floor[i] - tg[j]
+		} else if d := tg[j] - (proj[j] - l.floor[i]); d > 0 {
+			def[j] = d
+			sumD += d
+		}
+	}
+	if excess <= l.cfg.Hysteresis || sumD == 0 {
+		return
+	}
+	// Never below our floor: excess <= position - floor since targets are >= 0.
+	for j, i := range idx {
+		if def[j] == 0 || !l.giftable(i) {
+			continue
+		}
+		g := min(def[j], int64(float64(excess)*float64(def[j])/float64(sumD)))
+		if g > 0 {
+			k.pairs[i].give += g
+			k.dirty, k.gifted = true, true
+		}
+	}
+}
+
+// maybeIdle releases a key from coordination once every region is back at its
+// initial part, nothing is in flight and the key has had no usage for IdleAfter.
+func (l *Ledger) maybeIdle(k *key, now time.Duration) {
+	if now-k.lastUse < l.cfg.IdleAfter || k.demand > 0 || k.extra != 0 || k.frozen != 0 || l.position(k) != l.base {
+		return
+	}
+	for i := range k.pairs {
+		if i == l.self {
+			continue
+		}
+		pr := &k.pairs[i]
+		if pr.give != pr.conf || pr.conf != pr.peerApplied || pr.peerDemand > 0 ||
+			(pr.peerSeq > 0 && pr.peerPos != l.peers[i].base) {
+			return
+		}
+	}
+	k.active, k.dirty, k.idleAt = false, true, now
+}
+
+func (l *Ledger) report(now time.Duration, full bool) *Report {
+	if !l.everOK {
+		return nil
+	}
+	l.rseq++
+	l.sent[l.rseq] = now
+	for s, t := range l.sent {
+		if now-t > l.cfg.Lease {
+			delete(l.sent, s)
+		}
+	}
+	r := &Report{From: l.names[l.self], Inc: l.inc, Seq: l.rseq, Base: l.base}
+	for i := range l.peers {
+		p := &l.peers[i]
+		if i == l.self {
+			continue
+		}
+		if p.frozenInc > 0 {
+			r.Acks = append(r.Acks, Ack{Region: p.name, Inc: p.frozenInc, Frozen: true})
+		}
+		if p.seen {
+			r.Acks = append(r.Acks, Ack{Region: p.name, Inc: p.inc, Seq: p.lastSeq})
+		}
+	}
+	sort.Slice(r.Acks, func(a, b int) bool {
+		x, y := r.Acks[a], r.Acks[b]
+		return x.Region < y.Region || x.Region == y.Region && x.Inc < y.Inc
+	})
+	var names []string
+	if full {
+		names = l.Keys()
+	} else {
+		// Only the changed keys: a map scan, not a sort of every key.
+		for n, k := range l.keys {
+			if k.dirty {
+				names = append(names, n)
+			}
+		}
+		sort.Strings(names)
+	}
+	for _, n := range names {
+		k := l.keys[n]
+		if !(k.dirty || full && (k.active || now-k.idleAt < 3*time.Duration(l.cfg.FullEvery)*l.cfg.Interval)) {
+			continue
+		}
+		k.dirty = false
+		kr := KeyReport{Key: n, Demand: int64(k.demand), Position: l.position(k)}
+		for i := range k.pairs {
+			if i == l.self {
+				continue
+			}
+			if c := k.pairs[i].conf; c > 0 {
+				kr.Gave = append(kr.Gave, Counter{l.names[i], l.peers[i].inc, c})
+			}
+			if a := k.pairs[i].recv; a > 0 {
+				kr.Applied = append(kr.Applied, Counter{l.names[i], l.peers[i].inc, a})
+			}
+		}
+		sort.Slice(kr.Gave, func(a, b int) bool { return kr.Gave[a].Region < kr.Gave[b].Region })
+		sort.Slice(kr.Applied, func(a, b int) bool { return kr.Applied[a].Region < kr.Applied[b].Region })
+		r.Keys = append(r.Keys, kr)
+	}
+	return r
+}
