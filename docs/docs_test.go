@@ -190,8 +190,9 @@ var layers = []struct {
 	rank     int
 	prefixes []string
 }{
-	// internal/ is plumbing for all (internal/stack, the composition root
-	// of the local stack and of live runs, excepted). regional/ is below
+	// internal/ is plumbing for all. The composition roots (the local stack
+	// and live runs, cmd/internal/stack and cmd/internal/live) sit in cmd/
+	// with the mains. regional/ is below
 	// sync/: the enforcer knows nothing of the agent; the usage deltas it
 	// emits are its own package, which the agent imports.
 	{0, []string{"internal/"}},
@@ -203,7 +204,7 @@ var layers = []struct {
 	{6, []string{"sync/ledger", "sync/wire"}},
 	{7, []string{"sync/agent"}},
 	{8, []string{"sync/agentd"}},
-	{9, []string{"internal/stack", "simulations"}},
+	{9, []string{"simulations"}},
 	{10, []string{"cmd/"}},
 }
 

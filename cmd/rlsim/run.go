@@ -14,7 +14,7 @@ import (
 	"github.com/apportion/apportion/internal/tty"
 	"github.com/apportion/apportion/internal/version"
 	"github.com/apportion/apportion/simulations"
-	"github.com/apportion/apportion/simulations/live"
+	"github.com/apportion/apportion/cmd/internal/live"
 	"github.com/apportion/apportion/simulations/report"
 	"github.com/apportion/apportion/simulations/scenario"
 	"github.com/apportion/apportion/simulations/sim"

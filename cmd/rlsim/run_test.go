@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/apportion/apportion/simulations/live"
+	"github.com/apportion/apportion/cmd/internal/live"
 	"github.com/creack/pty"
 )
 

@@ -1,6 +1,6 @@
 // Command rlstack runs a complete local multi-region apportion stack in one
 // process tree and prints its addresses; Ctrl-C stops everything and leaves
-// nothing behind. See internal/stack.
+// nothing behind. See cmd/internal/stack.
 //
 //	rlstack [--regions N] [--load] [--view=false] [--verbose] [--embedded-redis]
 //	rlstack --version
@@ -24,7 +24,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/flagenv"
-	"github.com/apportion/apportion/internal/stack"
+	"github.com/apportion/apportion/cmd/internal/stack"
 	"github.com/apportion/apportion/internal/tty"
 	"github.com/apportion/apportion/internal/version"
 )

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apportion/apportion/internal/stack"
+	"github.com/apportion/apportion/cmd/internal/stack"
 	"github.com/apportion/apportion/internal/testutil"
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
 	"github.com/apportion/apportion/rules/admin"

@@ -2,7 +2,7 @@
 // processes, an embedded single-member etcd, and embedded NATS servers, alone
 // or joined by gateways into a super-cluster the way a multi-region
 // deployment is. It is the one place that knows how to start them: the local
-// stack (internal/stack) runs on it, and the tests use it through
+// stack (cmd/internal/stack) runs on it, and the tests use it through
 // internal/testutil, which ties each server's lifetime to a testing.TB.
 //
 // Invariants: every server listens on 127.0.0.1 only, on a port that was

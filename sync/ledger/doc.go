@@ -222,7 +222,7 @@
 // sides fencing at once; TestRegionAloneForHours; TestPartitionDuringShift;
 // TestRandomized over 2..7 regions with loss, duplication, delays, restarts,
 // store resets and partitions: restart delays + RetryWrite + T_heal + ten
-// intervals of demand estimate) and live (simulations/live,
+// intervals of demand estimate) and live (cmd/internal/live,
 // TestLiveTwoRegionPartition).
 //
 // A two-region pair cannot tell a partition from the loss of the other

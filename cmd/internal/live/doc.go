@@ -1,5 +1,5 @@
 // Package live plays a scenario against the real binaries on this machine:
-// internal/stack's regions (an embedded NATS server per region joined by
+// cmd/internal/stack's regions (an embedded NATS server per region joined by
 // gateways through delay proxies that inject the scenario's one-way delay
 // matrix, a redis-server, the real enforcer and the real sync agent with the
 // scenario's interval and lease, one etcd), one global token-bucket rule with
@@ -8,7 +8,7 @@
 // enforcer. The very requests the simulator generates for the same scenario
 // and seed are sent, so the enforcers' own decisions are scored with the
 // simulator's metrics next to its prediction (the ideal and the ledger).
-// A partition event of one region cuts its gateways (internal/stack's
+// A partition event of one region cuts its gateways (cmd/internal/stack's
 // Stack.Partition) for the event's interval; the registry stays reachable.
 //
 // Invariant: every figure of the live column comes from the enforcers'

@@ -12,7 +12,7 @@ import (
 	"github.com/apportion/apportion/simulations/scenario"
 )
 
-const scenarios = "../scenarios/"
+const scenarios = "../../../simulations/scenarios/"
 
 // UtilizationTolerance is how far live utilization may be from the
 // simulator's ledger, in fractions of the ideal (see simulations/README.md,

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/apportion/apportion/internal/stack"
+	"github.com/apportion/apportion/cmd/internal/stack"
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/simulations/scenario"
