@@ -20,14 +20,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"sort"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
+	"github.com/apportion/apportion/internal/command"
 	"github.com/apportion/apportion/internal/flagenv"
 	"github.com/apportion/apportion/internal/version"
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
@@ -38,12 +36,7 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "rlload:", err)
-		os.Exit(1)
-	}
+	command.Main("rlload", func(ctx context.Context, args []string, stdout, _ io.Writer) error { return run(ctx, args, stdout) }, nil)
 }
 
 // Result summarises one load run.

@@ -10,11 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/apportion/apportion/cmd/internal/live"
 	"github.com/apportion/apportion/internal/flagenv"
 	"github.com/apportion/apportion/internal/tty"
 	"github.com/apportion/apportion/internal/version"
 	"github.com/apportion/apportion/simulations"
-	"github.com/apportion/apportion/cmd/internal/live"
 	"github.com/apportion/apportion/simulations/report"
 	"github.com/apportion/apportion/simulations/scenario"
 	"github.com/apportion/apportion/simulations/sim"

@@ -18,26 +18,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
-	"github.com/apportion/apportion/internal/flagenv"
 	"github.com/apportion/apportion/cmd/internal/stack"
+	"github.com/apportion/apportion/internal/command"
+	"github.com/apportion/apportion/internal/flagenv"
 	"github.com/apportion/apportion/internal/tty"
 	"github.com/apportion/apportion/internal/version"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "rlstack:", err)
-		os.Exit(1)
-	}
-}
+func main() { command.Main("rlstack", run, nil) }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if version.Requested(args) {

@@ -9,38 +9,16 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"syscall"
 
-	"github.com/apportion/apportion/internal/version"
+	"github.com/apportion/apportion/internal/command"
 	"github.com/apportion/apportion/sync/agentd"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "syncagent:", err)
-		os.Exit(1)
-	}
-}
+func main() { command.Main("syncagent", run, nil) }
 
 // run answers --version and -h itself (exit 0) and otherwise runs the agent
 // until ctx is done.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if version.Requested(args) {
-		return version.Print(stdout, "syncagent")
-	}
-	err := agentd.RunCommand(ctx, args, stdout, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stderr, version.FlagHelp)
-		return nil
-	}
-	return err
+	return command.Daemon("syncagent", agentd.RunCommand)(ctx, args, stdout, stderr)
 }
