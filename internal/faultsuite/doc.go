@@ -25,7 +25,15 @@
 // the timeout, a bandwidth limit, a slicer (replies cut into small pieces),
 // connection resets (reset_peer), a half-open connection that swallows data
 // (the timeout toxic with no close: a blackhole), and the proxy disabled
-// (connections refused). Each case logs its figures (load held, checks
+// (connections refused).
+//
+// A second proxy stands in front of etcd, which ratelimitd watches for its
+// rules (Redis direct): while the proxy resets or refuses connections,
+// checks keep their rules and are answered from Redis, a rule written to
+// etcd meanwhile is not seen, and once the fault ends it is enforced within
+// a stated bound.
+//
+// Each case logs its figures (load held, checks
 // failed, latency during the fault, time to recover); docs/operations.md
 // quotes them from a run.
 package faultsuite

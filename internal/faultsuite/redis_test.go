@@ -90,12 +90,7 @@ func (g *rig) metrics() string {
 func startRig(t *testing.T) *rig {
 	t.Helper()
 	r := testutil.StartRedis(t)
-	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-	proxy := toxiproxy.NewProxy(srv, "redis", "127.0.0.1:0", r.Addr)
-	if err := proxy.Start(); err != nil {
-		t.Fatalf("toxiproxy: %v", err)
-	}
-	t.Cleanup(proxy.Stop)
+	proxy := newProxy(t, "redis", r.Addr)
 
 	rulesFile := filepath.Join(t.TempDir(), "rules.json")
 	bucket := fmt.Sprintf(`"algorithm":"token_bucket","capacity":%d,"refill_per_second":%d`, capacity, refill)
@@ -104,15 +99,22 @@ func startRig(t *testing.T) *rig {
 		`{"id":"closed","match":{"resource":"GET /closed"},`+bucket+`,"failure_mode":"closed"}]`), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	g := runEnforcer(t, "--redis-addr", proxy.Listen, "--rules", rulesFile)
+	g.proxy = proxy
+	return g
+}
+
+// runEnforcer runs ratelimitd in-process (region us-east, free ports, the
+// suite's store timeout) with args added, until the test ends.
+func runEnforcer(t *testing.T, args ...string) *rig {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout testutil.SyncBuffer
 	stderr := &testutil.SyncBuffer{}
 	done := make(chan error, 1)
-	go func() {
-		done <- enforcerd.Run(ctx, []string{"--region", "us-east", "--redis-addr", proxy.Listen, "--rules", rulesFile,
-			"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "warn",
-			"--timeout", storeTimeout.String(), "--shutdown-timeout", "2s"}, &stdout, stderr)
-	}()
+	args = append([]string{"--region", "us-east", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "warn",
+		"--timeout", storeTimeout.String(), "--shutdown-timeout", "2s"}, args...)
+	go func() { done <- enforcerd.Run(ctx, args, &stdout, stderr) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -121,12 +123,26 @@ func startRig(t *testing.T) *rig {
 	})
 	ready := regexp.MustCompile(`ready grpc=(\S+) http=(\S+)`)
 	testutil.WaitFor(t, 20*time.Second, "ratelimitd ready", func() bool { return ready.MatchString(stdout.String()) })
-	cc, err := grpc.NewClient(ready.FindStringSubmatch(stdout.String())[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	m := ready.FindStringSubmatch(stdout.String())
+	cc, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cc.Close() })
-	return &rig{proxy: proxy, client: ratelimitv1.NewRateLimiterClient(cc), http: ready.FindStringSubmatch(stdout.String())[2], stderr: stderr}
+	return &rig{client: ratelimitv1.NewRateLimiterClient(cc), http: m[2], stderr: stderr}
+}
+
+// newProxy starts a toxiproxy proxy from a free loopback port to upstream,
+// stopped when the test ends.
+func newProxy(t *testing.T, name, upstream string) *toxiproxy.Proxy {
+	t.Helper()
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	proxy := toxiproxy.NewProxy(srv, name, "127.0.0.1:0", upstream)
+	if err := proxy.Start(); err != nil {
+		t.Fatalf("toxiproxy: %v", err)
+	}
+	t.Cleanup(proxy.Stop)
+	return proxy
 }
 
 // load runs workers that alternate checks of the open and the closed rule
