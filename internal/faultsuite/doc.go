@@ -33,6 +33,13 @@
 // etcd meanwhile is not seen, and once the fault ends it is enforced within
 // a stated bound.
 //
+// A third stands between ratelimitd and NATS, which carries its usage
+// reports to the region's sync agent (global rules, --static-global):
+// while the proxy delays, swallows, resets or refuses, every check is still
+// answered from Redis with its usual latency (NATS is not on the check
+// path), and once the fault ends reports arrive again within a stated
+// bound. The gateway links between regions are not behind a proxy here.
+//
 // Each case logs its figures (load held, checks
 // failed, latency during the fault, time to recover); docs/operations.md
 // quotes them from a run.
