@@ -280,7 +280,7 @@ func TestRedisFaults(t *testing.T) {
 				}
 			}
 			during := g.load(c.name+"-during", faultFor, nil)
-			failed, openPolicy, closedPolicy, closedAdmitted, fromRedis, rejected := 0, 0, 0, 0, 0, 0
+			failed, openPolicy, closedPolicy, closedAdmitted, fromRedis, rejected, openShed := 0, 0, 0, 0, 0, 0, 0
 			var lat []time.Duration
 			for _, s := range during {
 				lat = append(lat, s.latency())
@@ -298,6 +298,9 @@ func TestRedisFaults(t *testing.T) {
 					// enforcer's own queue (overload, not a store
 					// failure): counted apart.
 					rejected++
+					if s.rule == "open" {
+						openShed++
+					}
 				case s.failOpen && s.rule == "open":
 					openPolicy++
 				case s.failOpen && s.rule == "closed":
@@ -359,11 +362,11 @@ func TestRedisFaults(t *testing.T) {
 				t.Errorf("recovered %v after the fault ended, above the bound %v", took, recoverBound)
 			}
 			dur := end.Sub(start)
-			line := fmt.Sprintf("| %s | %.0f/s | %d | %d / %d | %d / %d | %v / %v / %v | %v |", c.name,
-				float64(len(during))/dur.Seconds(), failed, openPolicy, closedPolicy, fromRedis, rejected,
+			line := fmt.Sprintf("| %s | %.0f/s | %d | %d / %d | %d / %d (%d open) | %v / %v / %v | %v |", c.name,
+				float64(len(during))/dur.Seconds(), failed, openPolicy, closedPolicy, fromRedis, rejected, openShed,
 				p50.Round(time.Millisecond), p99.Round(time.Millisecond), worst.Round(time.Millisecond), took.Round(time.Millisecond))
-			t.Logf("fault %s: %d checks in %v; failed %d; failure policy open %d closed %d (closed admitted %d); from Redis: admitted %d, rejected or shed %d; latency p50 %v p99 %v max %v; recovered in %v",
-				c.name, len(during), dur.Round(time.Millisecond), failed, openPolicy, closedPolicy, closedAdmitted, fromRedis, rejected,
+			t.Logf("fault %s: %d checks in %v; failed %d; failure policy open %d closed %d (closed admitted %d); from Redis: admitted %d, rejected or shed %d (open rule %d); latency p50 %v p99 %v max %v; recovered in %v",
+				c.name, len(during), dur.Round(time.Millisecond), failed, openPolicy, closedPolicy, closedAdmitted, fromRedis, rejected, openShed,
 				p50, p99, worst, took)
 			report = append(report, line)
 
