@@ -77,8 +77,10 @@ func New(cfg Config, store Store) (*Enforcer, error) {
 		},
 		// Only the store failing counts: a caller that went away, a check
 		// shed by our own queue, or a request the store refuses as invalid
-		// is neither a failure nor a success.
-		IsExcluded: func(err error) bool { return !isStoreFailure(classify(err)) },
+		// is neither a failure nor a success. A call without error is a
+		// success: excluding it too would keep a half-open breaker from
+		// ever closing again.
+		IsExcluded: func(err error) bool { return err != nil && !isStoreFailure(classify(err)) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			log.Warn("store circuit breaker changed state", "from", from.String(), "to", to.String())
 			if e.metrics != nil {

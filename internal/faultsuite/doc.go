@@ -1,0 +1,46 @@
+// Package faultsuite holds the fault suite: real faults injected between a
+// real enforcer and a real Redis while load runs, with the outcome of each
+// fault measured and asserted. It has no code of its own, only tests.
+//
+// The suite starts a redis-server on a free port, puts a toxiproxy proxy
+// (Shopify's fault proxy, embedded as a Go library, no binary to install)
+// in front of it, and runs the ratelimitd daemon in-process
+// (enforcerd.Run) with --redis-addr pointing at the proxy. Two rules share
+// the load: a token bucket with failure_mode open and the same bucket with
+// failure_mode closed. Every case goes through four phases, with load
+// running throughout:
+//
+//  1. healthy: every answer comes from Redis (fail_open false), and the
+//     open rule admits no more than its bucket allows (capacity plus
+//     refill over the phase's duration) on a fresh key;
+//  2. fault: a toxic is added (or the proxy disabled); no check fails (no
+//     RPC error, every open-rule answer allowed: from Redis or fail-open),
+//     every closed-rule answer from the failure policy is rejected, and
+//     latency stays near the store timeout (p99 and max are bounded);
+//  3. recovery: the toxic is removed; the time until both rules are
+//     answered from Redis again is measured and bounded;
+//  4. healthy again, with the bucket bound checked on a fresh key.
+//
+// The faults: latency above the store timeout, latency with jitter around
+// the timeout, a bandwidth limit, a slicer (replies cut into small pieces),
+// connection resets (reset_peer), a half-open connection that swallows data
+// (the timeout toxic with no close: a blackhole), and the proxy disabled
+// (connections refused).
+//
+// A second proxy stands in front of etcd, which ratelimitd watches for its
+// rules (Redis direct): while the proxy resets or refuses connections,
+// checks keep their rules and are answered from Redis, a rule written to
+// etcd meanwhile is not seen, and once the fault ends it is enforced within
+// a stated bound.
+//
+// A third stands between ratelimitd and NATS, which carries its usage
+// reports to the region's sync agent (global rules, --static-global):
+// while the proxy delays, swallows, resets or refuses, every check is still
+// answered from Redis with its usual latency (NATS is not on the check
+// path), and once the fault ends reports arrive again within a stated
+// bound. The gateway links between regions are not behind a proxy here.
+//
+// Each case logs its figures (load held, checks
+// failed, latency during the fault, time to recover); docs/operations.md
+// quotes them from a run.
+package faultsuite
