@@ -374,3 +374,25 @@ func TestFloorsSplitByName(t *testing.T) {
 		t.Fatalf("an infinite weight sum: %v, want all to the first part", got)
 	}
 }
+
+func TestWaterFillUnits(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		pool   int64
+		w      []float64
+		demand []int64
+		want   []int64
+	}{
+		{"no demand: static split", 100, []float64{1, 3}, []int64{0, 0}, []int64{25, 75}},
+		{"one capped, the rest to the other", 100, []float64{1, 1}, []int64{10, 500}, []int64{10, 90}},
+		{"all met, spare by weight", 100, []float64{1, 1}, []int64{10, 20}, []int64{45, 55}},
+		{"demand above pool: by weight", 90, []float64{1, 2}, []int64{500, 500}, []int64{30, 60}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := WaterFillUnits(tc.pool, tc.w, tc.demand)
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("WaterFillUnits(%d, %v, %v) = %v, want %v", tc.pool, tc.w, tc.demand, got, tc.want)
+			}
+		})
+	}
+}

@@ -78,3 +78,62 @@ func Floors(units int64, minShare float64, weights map[string]float64) (names []
 	f := int64(math.Floor(minShare * float64(units)))
 	return names, SplitByWeight(f, w), SplitByWeight(units-f, w)
 }
+
+// WaterFillUnits is max-min fair water-filling in integer units: pool is
+// split by weight w among the regions with demand, each capped at its
+// demand, the cap's leftover split again among the rest, until no one is
+// capped; what is left once every demand is met goes to all by weight. With
+// no demand at all it returns the static split by weight. The result sums to
+// exactly pool. It is the share ledger's default allocator, in units; the
+// float strategies (MaxMinFair, Proportional, Static) reach it through
+// SplitUnits.
+func WaterFillUnits(pool int64, w []float64, demand []int64) []int64 {
+	n := len(w)
+	out := make([]int64, n)
+	if n == 0 || pool <= 0 {
+		return out
+	}
+	left := pool
+	open := make([]bool, n)
+	for i := range w {
+		open[i] = demand[i] > 0
+	}
+	for {
+		var ws []float64
+		var idx []int
+		for i := range w {
+			if open[i] {
+				ws = append(ws, w[i])
+				idx = append(idx, i)
+			}
+		}
+		if len(idx) == 0 || left == 0 {
+			break
+		}
+		parts := SplitByWeight(left, ws)
+		capped := false
+		for k, i := range idx {
+			need := demand[i] - out[i]
+			if parts[k] >= need {
+				out[i] += need
+				left -= need
+				open[i] = false
+				capped = true
+			}
+		}
+		if !capped {
+			for k, i := range idx {
+				out[i] += parts[k]
+				left -= parts[k]
+			}
+			break
+		}
+	}
+	if left > 0 {
+		parts := SplitByWeight(left, w)
+		for i := range out {
+			out[i] += parts[i]
+		}
+	}
+	return out
+}

@@ -177,64 +177,13 @@ func AllocatorOf(f allocation.Func) Allocator {
 	}
 }
 
-// splitByWeight is allocation.SplitByWeight: the ledger and the enforcer
-// split by the same function.
-func splitByWeight(total int64, w []float64) []int64 { return allocation.SplitByWeight(total, w) }
-
-// WaterFill is the default Allocator: max-min fair water-filling of the demands,
-// with the spare handed out by weight. With no demand at all it returns the
-// static split by weight, so an idle key's shares flow back to their initial parts.
+// WaterFill is the default Allocator: allocation.WaterFillUnits of the
+// wants' weights and demands.
 func WaterFill(pool int64, wants []Want) []int64 {
-	n := len(wants)
-	out := make([]int64, n)
-	if n == 0 || pool <= 0 {
-		return out
-	}
-	w := make([]float64, n)
+	w := make([]float64, len(wants))
+	d := make([]int64, len(wants))
 	for i, x := range wants {
-		w[i] = x.Weight
+		w[i], d[i] = x.Weight, x.Demand
 	}
-	left := pool
-	open := make([]bool, n)
-	for i := range wants {
-		open[i] = wants[i].Demand > 0
-	}
-	for {
-		var ws []float64
-		var idx []int
-		for i := range wants {
-			if open[i] {
-				ws = append(ws, w[i])
-				idx = append(idx, i)
-			}
-		}
-		if len(idx) == 0 || left == 0 {
-			break
-		}
-		parts := splitByWeight(left, ws)
-		capped := false
-		for k, i := range idx {
-			need := wants[i].Demand - out[i]
-			if parts[k] >= need {
-				out[i] += need
-				left -= need
-				open[i] = false
-				capped = true
-			}
-		}
-		if !capped {
-			for k, i := range idx {
-				out[i] += parts[k]
-				left -= parts[k]
-			}
-			break
-		}
-	}
-	if left > 0 {
-		parts := splitByWeight(left, w)
-		for i := range out {
-			out[i] += parts[i]
-		}
-	}
-	return out
+	return allocation.WaterFillUnits(pool, w, d)
 }

@@ -5,6 +5,8 @@ import (
 	"math"
 	"sort"
 	"time"
+
+	"github.com/apportion/apportion/allocation"
 )
 
 // Start describes the incarnation a Ledger runs as. The agent obtains it from
@@ -198,7 +200,7 @@ func Split(cfg Config, regions []RegionSpec) (floor, initial []int64) {
 		w[i] = r.Weight
 	}
 	f := int64(math.Floor(cfg.MinShare * float64(cfg.Units)))
-	return splitByWeight(f, w), splitByWeight(cfg.Units-f, w) // as allocation.Floors
+	return allocation.SplitByWeight(f, w), allocation.SplitByWeight(cfg.Units-f, w) // as allocation.Floors
 }
 
 func (l *Ledger) index(name string) int {

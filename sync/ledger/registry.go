@@ -3,6 +3,8 @@ package ledger
 import (
 	"fmt"
 	"sort"
+
+	"github.com/apportion/apportion/allocation"
 )
 
 // Registry is the reclaim registry: the state the agents keep in etcd (one
@@ -352,7 +354,7 @@ func (r *Registry) completeCohort(s []Incarnation) {
 	}
 	sort.Slice(lead.Keys, func(a, b int) bool { return lead.Keys[a].Key < lead.Keys[b].Key })
 	if len(rcp) > 0 {
-		sh0 := splitByWeight(max(0, base), w)
+		sh0 := allocation.SplitByWeight(max(0, base), w)
 		for j, id := range rcp {
 			a := r.paid[id]
 			if a == nil {
@@ -363,7 +365,7 @@ func (r *Registry) completeCohort(s []Incarnation) {
 			a.seq++
 		}
 		for _, ku := range lead.Keys {
-			sh := splitByWeight(max(0, base+ku.Units), w)
+			sh := allocation.SplitByWeight(max(0, base+ku.Units), w)
 			for j, id := range rcp {
 				if d := sh[j] - sh0[j]; d != 0 {
 					r.paid[id].keys[ku.Key] += d
