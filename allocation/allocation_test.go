@@ -396,3 +396,14 @@ func TestWaterFillUnits(t *testing.T) {
 		})
 	}
 }
+
+func TestThousandths(t *testing.T) {
+	for _, tc := range []struct {
+		in   float64
+		want int64
+	}{{0.57, 570}, {0.001, 1}, {0.0004, 1}, {12.5, 12500}, {100, 100000}, {1.0005, 1001}} {
+		if got := Thousandths(tc.in); got != tc.want {
+			t.Errorf("Thousandths(%v) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}

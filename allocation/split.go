@@ -137,3 +137,14 @@ func WaterFillUnits(pool int64, w []float64, demand []int64) []int64 {
 	}
 	return out
 }
+
+// Thousandths converts a rule's per-second rate (or any token amount) to the
+// store's unit, thousandths of a token, rounded to the nearest (so 0.57
+// becomes 570, not the 569 that float truncation gives) and at least 1 (rules
+// refuse rates below 0.001). It is the one rule -> store conversion: the
+// enforcer's global buckets and the sync agent's share records must state
+// the same rate, or the store settles and clamps the bucket at every change
+// between them.
+func Thousandths(v float64) int64 {
+	return max(1, int64(math.Round(v*1000)))
+}

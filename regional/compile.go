@@ -46,8 +46,8 @@ func (e *Enforcer) params(r rules.Rule) (bucketParams, bool) {
 			return bucketParams{}, false
 		}
 		p.capacity = r.Capacity * 1000
-		p.rate = int64(r.RefillPerSecond * 1000)
-		p.windowMs = p.capacity * 1000 / max(p.rate, 1)
+		p.rate = allocation.Thousandths(r.RefillPerSecond)
+		p.windowMs = p.capacity * 1000 / p.rate
 		p.global = &redisstore.Global{Rule: r.ID, Units: allocation.DefaultUnits, Floor: floor}
 		return p, true
 	}
@@ -57,7 +57,7 @@ func (e *Enforcer) params(r rules.Rule) (bucketParams, bool) {
 	switch r.Algorithm {
 	case rules.TokenBucket, rules.LeakyBucket:
 		p.capacity = int64(float64(r.Capacity) * 1000 * frac)
-		p.rate = int64(r.RefillPerSecond * 1000 * frac)
+		p.rate = int64(float64(allocation.Thousandths(r.RefillPerSecond)) * frac)
 		if p.rate > 0 {
 			p.windowMs = p.capacity * 1000 / p.rate
 		}

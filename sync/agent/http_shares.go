@@ -6,12 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"slices"
 	"strconv"
 	"time"
 
+	"github.com/apportion/apportion/allocation"
 	"github.com/apportion/apportion/sync/ledger"
 )
 
@@ -168,7 +168,7 @@ func (a *Agent) ShareView(ctx context.Context, rule string, limit int) (RuleShar
 	})
 	// The store's arithmetic (see applyWrites and redisstore): rate and
 	// capacity in thousandths, share floor(x*u/U).
-	rateM := max(1, int64(math.Round(p.rate*1000)))
+	rateM := allocation.Thousandths(p.rate)
 	capM := p.capacity * 1000
 	for _, k := range top[:min(limit, len(top))] {
 		out.Keys = append(out.Keys, RuleShareKey{Key: k.Key, Units: k.Units,

@@ -3,10 +3,10 @@ package agent
 import (
 	"context"
 	"log/slog"
-	"math"
 	"sync"
 	"time"
 
+	"github.com/apportion/apportion/allocation"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/sync/ledger"
 )
@@ -30,7 +30,7 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*ruleState][]ledger.
 		}
 		j := job{st: st}
 		capacity := st.rule.Capacity * 1000
-		rate := max(1, int64(math.Round(st.rule.RefillPerSecond*1000)))
+		rate := allocation.Thousandths(st.rule.RefillPerSecond)
 		// TTL: time to refill the whole bucket from empty, plus a second.
 		ttl := time.Duration(float64(capacity)/float64(rate)*float64(time.Second)) + time.Second
 		for _, w := range ws {
