@@ -28,12 +28,18 @@ type Redis struct {
 	Addr, Password string
 	TLS            bool
 	CA, Cert, Key  string
+	// SentinelAddrs (comma-separated) and MasterName select a primary
+	// found through Redis Sentinel instead of Addr.
+	SentinelAddrs, MasterName string
 }
 
 // Register defines --redis-addr, --redis-password, --redis-tls, --redis-ca,
-// --redis-cert and --redis-key on fs.
+// --redis-cert, --redis-key, --redis-sentinel-addrs and --redis-master-name
+// on fs.
 func (r *Redis) Register(fs *flag.FlagSet) {
 	fs.StringVar(&r.Addr, "redis-addr", "127.0.0.1:6379", "the region's Redis; several comma-separated addresses mean Redis Cluster")
+	fs.StringVar(&r.SentinelAddrs, "redis-sentinel-addrs", "", "comma-separated HOST:PORT of Redis Sentinels to ask for the primary of --redis-master-name (replaces --redis-addr)")
+	fs.StringVar(&r.MasterName, "redis-master-name", "", "the name Sentinel monitors the region's primary under (with --redis-sentinel-addrs)")
 	fs.StringVar(&r.Password, "redis-password", "", "Redis password (prefer APPORTION_REDIS_PASSWORD)")
 	fs.BoolVar(&r.TLS, "redis-tls", false, "connect to Redis over TLS (implied by --redis-ca / --redis-cert)")
 	fs.StringVar(&r.CA, "redis-ca", "", "PEM file of the CA that signed Redis's certificate (default: the system roots)")
@@ -41,12 +47,44 @@ func (r *Redis) Register(fs *flag.FlagSet) {
 	fs.StringVar(&r.Key, "redis-key", "", "client key for Redis")
 }
 
+// Validate checks the combinations of the Redis flags: Sentinel needs both
+// its addresses and the master name.
+func (r *Redis) Validate() error {
+	switch {
+	case r.MasterName != "" && strings.TrimSpace(r.SentinelAddrs) == "":
+		return errors.New("--redis-master-name needs --redis-sentinel-addrs")
+	case strings.TrimSpace(r.SentinelAddrs) != "" && r.MasterName == "":
+		return errors.New("--redis-sentinel-addrs needs --redis-master-name")
+	}
+	for _, a := range strings.Split(r.SentinelAddrs, ",") {
+		if a = strings.TrimSpace(a); r.SentinelAddrs != "" && !strings.Contains(a, ":") {
+			return fmt.Errorf("--redis-sentinel-addrs: want HOST:PORT, got %q", a)
+		}
+	}
+	return nil
+}
+
 // Options returns go-redis options: 1 s dial, read and write timeouts and no
 // client retries (a retried script call whose reply was lost would run
-// twice). One address is a standalone server, several a Cluster.
+// twice). One address is a standalone server, several a Cluster; with
+// --redis-sentinel-addrs the addresses are Sentinels and go-redis's
+// NewUniversalClient builds a failover client that follows the primary of
+// --redis-master-name (same timeouts, TLS and password, for the Sentinels
+// too except the password: Sentinels are asked without one).
 func (r *Redis) Options() (*redis.UniversalOptions, error) {
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	addrs := strings.Split(r.Addr, ",")
+	if r.MasterName != "" {
+		addrs = nil
+		for _, a := range strings.Split(r.SentinelAddrs, ",") {
+			addrs = append(addrs, strings.TrimSpace(a))
+		}
+	}
 	o := &redis.UniversalOptions{
-		Addrs:        strings.Split(r.Addr, ","),
+		Addrs:        addrs,
+		MasterName:   r.MasterName,
 		Password:     r.Password,
 		DialTimeout:  time.Second,
 		ReadTimeout:  time.Second,

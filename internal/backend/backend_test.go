@@ -34,3 +34,42 @@ func TestEtcdValidate(t *testing.T) {
 		t.Fatalf("EndpointList() = %q", got)
 	}
 }
+
+func TestRedisSentinelOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		r    Redis
+		want string // "" for valid
+	}{
+		{"plain", Redis{Addr: "a:6379"}, ""},
+		{"sentinel", Redis{Addr: "a:6379", SentinelAddrs: "s1:26379, s2:26379", MasterName: "m"}, ""},
+		{"master name alone", Redis{Addr: "a:6379", MasterName: "m"}, "--redis-master-name needs --redis-sentinel-addrs"},
+		{"sentinels alone", Redis{Addr: "a:6379", SentinelAddrs: "s1:26379"}, "--redis-sentinel-addrs needs --redis-master-name"},
+		{"sentinel without port", Redis{SentinelAddrs: "s1:26379,s2", MasterName: "m"}, `--redis-sentinel-addrs: want HOST:PORT, got "s2"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := tc.r.Options()
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("Options() error = %v, want %q", err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.MaxRetries != -1 || o.ReadTimeout != time.Second {
+				t.Errorf("timeouts/retries not kept: %+v", o)
+			}
+			if tc.r.MasterName == "" {
+				if o.MasterName != "" || len(o.Addrs) != 1 || o.Addrs[0] != "a:6379" {
+					t.Errorf("plain: MasterName %q Addrs %q", o.MasterName, o.Addrs)
+				}
+				return
+			}
+			if o.MasterName != "m" || len(o.Addrs) != 2 || o.Addrs[0] != "s1:26379" || o.Addrs[1] != "s2:26379" {
+				t.Errorf("sentinel: MasterName %q Addrs %q, want m and the two sentinels", o.MasterName, o.Addrs)
+			}
+		})
+	}
+}
