@@ -67,6 +67,9 @@ type rig struct {
 	client ratelimitv1.RateLimiterClient
 	http   string // ratelimitd's HTTP address, for /metrics
 	stderr *testutil.SyncBuffer
+	// rules are the resources ("GET /<rule>") load sends checks for, in
+	// turn; nil means open and closed.
+	rules []string
 }
 
 // metrics returns ratelimitd's apportion_ metrics about the store and the
@@ -145,8 +148,8 @@ func newProxy(t *testing.T, name, upstream string) *toxiproxy.Proxy {
 	return proxy
 }
 
-// load runs workers that alternate checks of the open and the closed rule
-// for key until stop returns true (it is given every sample as it
+// load runs workers that alternate checks of g.rules (default the open and
+// the closed rule) for key until stop returns true (it is given every sample as it
 // arrives, under a lock) or limit passes, and returns the samples in the
 // order they were answered.
 func (g *rig) load(key string, limit time.Duration, stop func(sample) bool) []sample {
@@ -157,12 +160,16 @@ func (g *rig) load(key string, limit time.Duration, stop func(sample) bool) []sa
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
+	rules := g.rules
+	if rules == nil {
+		rules = []string{"open", "closed"}
+	}
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := w; ctx.Err() == nil; i++ {
-				rule := []string{"open", "closed"}[i%2]
+				rule := rules[i%len(rules)]
 				s := sample{rule: rule, sent: time.Now()}
 				cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
 				resp, err := g.client.CheckLimit(cctx, &ratelimitv1.CheckLimitRequest{ClientKey: key, Resource: "GET /" + rule})
