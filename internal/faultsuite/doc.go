@@ -40,6 +40,13 @@
 // path), and once the fault ends reports arrive again within a stated
 // bound. The gateway links between regions are not behind a proxy here.
 //
+// A Redis primary with a replica under one Sentinel (ratelimitd with
+// --redis-sentinel-addrs) is killed while load runs: the failure policy
+// answers until the replica is promoted, both rules are answered from it
+// within a stated bound, and the tokens re-granted because writes the old
+// primary acknowledged were lost (a lagging replica never got them) are
+// measured and bounded by one bucket.
+//
 // Each case logs its figures (load held, checks
 // failed, latency during the fault, time to recover); docs/operations.md
 // quotes them from a run.
