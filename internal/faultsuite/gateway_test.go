@@ -54,6 +54,10 @@ const (
 	// together admit at least gwRecoverShare of the limit ends within this.
 	gwRecoverBound = gwLease + 5*time.Second
 	gwRecoverShare = 0.85
+	// gwFloor is what the regions together admit per second once the
+	// lease has expired without the peer heard: each falls back to its
+	// floor (min_share 0.1 of the limit, split between them).
+	gwFloor = gwLimit / 10
 )
 
 // gwDecision is one check of the load: when it was sent (since the load
@@ -111,8 +115,8 @@ func TestGatewayFaults(t *testing.T) {
 			return p.Listen, nil
 		},
 		Configure: []func(*server.Options){func(o *server.Options) {
-			o.PingInterval = 200 * time.Millisecond
-			o.MaxPingsOut = 2
+			o.PingInterval = 400 * time.Millisecond
+			o.MaxPingsOut = 3
 		}},
 	})
 	if err != nil {
@@ -270,12 +274,15 @@ func TestGatewayFaults(t *testing.T) {
 		{name: "jitter", toxics: []string{
 			toxic("jit-up", "latency", "upstream", `"latency":200,"jitter":200`),
 			toxic("jit-down", "latency", "downstream", `"latency":200,"jitter":200`)}},
-		{name: "reset_peer", toxics: []string{toxic("reset", "reset_peer", "upstream", `"timeout":0`)}},
-		{name: "half-open", toxics: []string{
+		{name: "reset_peer", hard: true, toxics: []string{toxic("reset", "reset_peer", "upstream", `"timeout":0`)}},
+		{name: "half-open", hard: true, toxics: []string{
 			toxic("hole-up", "timeout", "upstream", `"timeout":0`),
 			toxic("hole-down", "timeout", "downstream", `"timeout":0`)}},
-		{name: "cut"}, // the proxies disabled: connections closed and refused
+		{name: "cut", hard: true}, // the proxies disabled: connections closed and refused
 	}
+	// hard here: the fault takes the link down for longer than the lease.
+	// The others only slow it (a round trip of at most 800 ms, well within
+	// the lease), and the global rule must stay served throughout.
 	// Let the load settle before the first fault.
 	testutil.WaitFor(t, 10*time.Second, "a second of load", func() bool { return time.Since(start) > time.Second })
 	type mark struct {
@@ -304,6 +311,12 @@ func TestGatewayFaults(t *testing.T) {
 		}
 		m.to = time.Since(start)
 		m.admitDurng, _ = admitted(m.to - time.Second)
+		if c.hard && m.admitDurng > 2*gwFloor {
+			t.Errorf("%s: admitted %d in the fault's last second, a lease after the link went down; want the floors (%d, at most %d)", c.name, m.admitDurng, gwFloor, 2*gwFloor)
+		}
+		if !c.hard && float64(m.admitDurng) < gwRecoverShare*gwLimit {
+			t.Errorf("%s: admitted %d in the fault's last second; a slow link must keep the global rule served (at least %.0f)", c.name, m.admitDurng, gwRecoverShare*gwLimit)
+		}
 		// Recovered: some 1 s window starting after the fault ended, whose
 		// checks have all been answered (sent 300 ms ago or more), admitted
 		// at least gwRecoverShare of the limit.
@@ -331,25 +344,7 @@ func TestGatewayFaults(t *testing.T) {
 	// sent just before a window may be decided inside it, so the checks
 	// sent in one extra 20 ms are allowed.
 	bound := gwLimit + gwLimit + 2*gwRate*20/1000
-	worst, worstAt := 0, time.Duration(0)
-	lo, hi, n := 0, 0, 0
-	for w := time.Duration(0); w+time.Second <= end; w += 10 * time.Millisecond {
-		for hi < len(ds2) && ds2[hi].at < w+time.Second {
-			if ds2[hi].allowed {
-				n++
-			}
-			hi++
-		}
-		for lo < hi && ds2[lo].at < w {
-			if ds2[lo].allowed {
-				n--
-			}
-			lo++
-		}
-		if n > worst {
-			worst, worstAt = n, w
-		}
-	}
+	worst, worstAt := gwWorstWindow(ds2, 0, end)
 	mu.Lock()
 	nfailed := failed
 	mu.Unlock()
@@ -362,8 +357,11 @@ func TestGatewayFaults(t *testing.T) {
 	t.Logf("gateway faults: %d checks in %v (%.0f/s offered over 2 regions), %d admitted, %d failed; worst 1 s window admitted %d at %v (bound %d = burst %d + rate %d x 1 s + clock slack)",
 		len(ds2), end.Round(time.Millisecond), float64(len(ds2))/end.Seconds(), total, nfailed, worst, worstAt.Round(10*time.Millisecond), bound, gwLimit, gwLimit)
 	for _, m := range marks {
-		t.Logf("gateway fault %-10s %v..%v: admitted %d in its last second; %.0f%% of the limit again %v after it ended (bound %v)",
-			m.name, m.from.Round(time.Millisecond), m.to.Round(time.Millisecond), m.admitDurng, gwRecoverShare*100, m.recovered.Round(10*time.Millisecond), gwRecoverBound)
+		// The worst window from the fault's start to a second after the
+		// recovery: the shares given back after a heal must not overshoot.
+		w, _ := gwWorstWindow(ds2, m.from, m.to+m.recovered+time.Second)
+		t.Logf("gateway fault %-10s %v..%v: admitted %d in its last second; %.0f%% of the limit again %v after it ended (bound %v); worst 1 s window from its start to 1 s after recovery %d",
+			m.name, m.from.Round(time.Millisecond), m.to.Round(time.Millisecond), m.admitDurng, gwRecoverShare*100, m.recovered.Round(10*time.Millisecond), gwRecoverBound, w)
 	}
 	if nfailed > 0 {
 		t.Errorf("%d checks failed or answered by the failure policy", nfailed)
@@ -371,6 +369,30 @@ func TestGatewayFaults(t *testing.T) {
 	if worst > bound {
 		t.Errorf("the regions admitted %d in the 1 s window from %v, above burst + rate x 1 s = %d", worst, worstAt, bound)
 	}
+}
+
+// gwWorstWindow returns the most checks admitted in a 1 s window (by send
+// time, in 10 ms steps) starting in [from, to-1s], and that window's
+// start; ds is sorted by send time.
+func gwWorstWindow(ds []gwDecision, from, to time.Duration) (int, time.Duration) {
+	worst, worstAt := 0, from
+	lo, hi, n := 0, 0, 0 // n: admitted among ds[lo:hi]
+	for w := from; w+time.Second <= to; w += 10 * time.Millisecond {
+		for ; hi < len(ds) && ds[hi].at < w+time.Second; hi++ {
+			if ds[hi].allowed {
+				n++
+			}
+		}
+		for ; lo < hi && ds[lo].at < w; lo++ {
+			if ds[lo].allowed {
+				n--
+			}
+		}
+		if n > worst {
+			worst, worstAt = n, w
+		}
+	}
+	return worst, worstAt
 }
 
 var agentReady = regexp.MustCompile(`ready region=(\S+) http=(\S+)`)
