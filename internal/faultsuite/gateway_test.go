@@ -37,12 +37,12 @@ const (
   capacity: 100
   refill_per_second: 100
   scope: global
-  regions: { us-east: 1, eu-west: 1 }
+  regions: { %s }
   min_share: 0.1
 `
-	// gwRate is the offered load per region, requests per second: together
-	// the regions offer 2.4 times the global limit.
-	gwRate = 120
+	// gwRate is the offered load, requests per second, spread evenly over
+	// the regions: 2.4 times the global limit.
+	gwRate = 240
 	// gwLease and gwInterval are the sync agents' --lease and --interval.
 	gwLease    = 2 * time.Second
 	gwInterval = 100 * time.Millisecond
@@ -60,6 +60,16 @@ const (
 	gwFloor = gwLimit / 10
 )
 
+// gwCase is one gateway fault: toxics added to (or, with none, the
+// disabling of) the proxies of every link, or only of the links to and from
+// isolate. For a fault on every link, hard means the links are down for
+// longer than the lease (both regions must fall to their floors) and not
+// hard that they are only slow (the global rule must stay served).
+type gwCase struct {
+	faultCase
+	isolate string
+}
+
 // gwDecision is one check of the load: when it was sent (since the load
 // started), in which region, and the answer.
 type gwDecision struct {
@@ -75,20 +85,59 @@ type gwDecision struct {
 // delay (300 ms each way), jitter, reset, swallow (half-open) and refuse (a
 // cut longer than the agents' lease). Throughout, no check fails or is
 // answered by the failure policy, and the regions together never admit more
-// than burst + rate x 1 s in any 1 s window; after each fault ends, they
-// admit at least gwRecoverShare of the limit again within gwRecoverBound.
+// than burst + rate x 1 s in any 1 s window. While the links are only slow
+// (latency, jitter) the global rule stays served; once they have been down
+// for longer than the lease (reset, half-open, cut) both regions are at
+// their floors. After each fault ends, they admit at least gwRecoverShare
+// of the limit again within gwRecoverBound.
 func TestGatewayFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault suite: starts etcd, two redis-servers, NATS, ratelimitd and syncagent")
 	}
+	runGatewayFaults(t, []string{"us-east", "eu-west"}, []gwCase{
+		{faultCase: faultCase{name: "latency", toxics: []string{
+			toxic("lat-up", "latency", "upstream", `"latency":300`),
+			toxic("lat-down", "latency", "downstream", `"latency":300`)}}},
+		{faultCase: faultCase{name: "jitter", toxics: []string{
+			toxic("jit-up", "latency", "upstream", `"latency":200,"jitter":200`),
+			toxic("jit-down", "latency", "downstream", `"latency":200,"jitter":200`)}}},
+		{faultCase: faultCase{name: "reset_peer", hard: true, toxics: []string{toxic("reset", "reset_peer", "upstream", `"timeout":0`)}}},
+		{faultCase: faultCase{name: "half-open", hard: true, toxics: []string{
+			toxic("hole-up", "timeout", "upstream", `"timeout":0`),
+			toxic("hole-down", "timeout", "downstream", `"timeout":0`)}}},
+		{faultCase: faultCase{name: "cut", hard: true}}, // the proxies disabled: connections closed and refused
+	})
+}
+
+// TestGatewayPartitionThreeRegions cuts one region of three off from the
+// other two (its four gateway links refused, the other two untouched) for
+// longer than the survivors take to reclaim its share, with load in all
+// three: the three together never admit more than burst + rate x 1 s, no
+// check fails, and after the heal the global rule is served again within
+// gwRecoverBound.
+func TestGatewayPartitionThreeRegions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault suite: starts etcd, three redis-servers, NATS, ratelimitd and syncagent")
+	}
+	runGatewayFaults(t, []string{"us-east", "eu-west", "ap-south"}, []gwCase{
+		{faultCase: faultCase{name: "ap-south-cut", hard: true}, isolate: "ap-south"},
+	})
+}
+
+// runGatewayFaults starts the regions, runs the load and the cases one after
+// the other, and checks them (see TestGatewayFaults).
+func runGatewayFaults(t *testing.T, regions []string, cases []gwCase) {
 	testutil.RedisServerPath(t)
 	zerolog.SetGlobalLevel(zerolog.Disabled)
 	t.Cleanup(func() { zerolog.SetGlobalLevel(zerolog.TraceLevel) })
-	regions := []string{"us-east", "eu-west"}
 	ctx := context.Background()
 
 	etcd := testutil.StartEtcd(t)
-	rs, err := rules.ParseRules([]byte(gwRule))
+	weights := make([]string, len(regions))
+	for i, r := range regions {
+		weights[i] = r + ": 1"
+	}
+	rs, err := rules.ParseRules(fmt.Appendf(nil, gwRule, strings.Join(weights, ", ")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,11 +203,11 @@ func TestGatewayFaults(t *testing.T) {
 			"--http-addr", "127.0.0.1:0", "--interval", gwInterval.String(), "--lease", gwLease.String(),
 			"--report-seed-file", filepath.Join(keys, r+".nk"), "--report-peer-keys", "@"+filepath.Join(keys, "peers"))
 	}
-	// Both agents hold a marker: each region enforces its base share.
+	// Every agent holds a marker: each region enforces its base share.
 	testutil.WaitFor(t, 30*time.Second, "the agents' markers", func() bool {
 		for _, c := range clients {
 			resp, err := c.CheckLimit(ctx, &ratelimitv1.CheckLimitRequest{ClientKey: "probe", Resource: "GET /g"})
-			if err != nil || resp.Limit < gwLimit*4/10 {
+			if err != nil || resp.Limit < gwLimit*8/10/int64(len(regions)) {
 				return false
 			}
 		}
@@ -179,7 +228,7 @@ func TestGatewayFaults(t *testing.T) {
 	loopDone := make(chan struct{})
 	go func() {
 		defer close(loopDone)
-		tick := time.NewTicker(time.Second / (gwRate * 2))
+		tick := time.NewTicker(time.Second / gwRate)
 		defer tick.Stop()
 		for n := 0; ; n++ {
 			select {
@@ -187,7 +236,7 @@ func TestGatewayFaults(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			region := n % 2
+			region := n % len(regions)
 			at := time.Since(start)
 			wg.Add(1)
 			go func() {
@@ -240,15 +289,30 @@ func TestGatewayFaults(t *testing.T) {
 		return n, sent
 	}
 
-	all := func(f func(p *toxiproxy.Proxy)) {
+	perRegion := func(from time.Duration) []int {
+		mu.Lock()
+		defer mu.Unlock()
+		out := make([]int, len(regions))
+		for _, d := range ds {
+			if d.allowed && d.at >= from && d.at < from+time.Second {
+				out[d.region]++
+			}
+		}
+		return out
+	}
+
+	all := func(isolate string, f func(p *toxiproxy.Proxy)) {
 		pmu.Lock()
 		defer pmu.Unlock()
-		for _, p := range proxies {
-			f(p)
+		for pair, p := range proxies {
+			from, to, _ := strings.Cut(pair, "->")
+			if isolate == "" || from == isolate || to == isolate {
+				f(p)
+			}
 		}
 	}
-	addToxics := func(tx []string) {
-		all(func(p *toxiproxy.Proxy) {
+	addToxics := func(isolate string, tx []string) {
+		all(isolate, func(p *toxiproxy.Proxy) {
 			for _, x := range tx {
 				if _, err := p.Toxics.AddToxicJson(strings.NewReader(x)); err != nil {
 					t.Fatalf("add toxic %s: %v", x, err)
@@ -256,8 +320,8 @@ func TestGatewayFaults(t *testing.T) {
 			}
 		})
 	}
-	removeToxics := func(tx []string) {
-		all(func(p *toxiproxy.Proxy) {
+	removeToxics := func(isolate string, tx []string) {
+		all(isolate, func(p *toxiproxy.Proxy) {
 			for _, x := range tx {
 				name := x[len(`{"name":"`):strings.Index(x, `","type"`)]
 				if err := p.Toxics.RemoveToxic(ctx, name); err != nil {
@@ -267,43 +331,32 @@ func TestGatewayFaults(t *testing.T) {
 		})
 	}
 
-	cases := []faultCase{
-		{name: "latency", toxics: []string{
-			toxic("lat-up", "latency", "upstream", `"latency":300`),
-			toxic("lat-down", "latency", "downstream", `"latency":300`)}},
-		{name: "jitter", toxics: []string{
-			toxic("jit-up", "latency", "upstream", `"latency":200,"jitter":200`),
-			toxic("jit-down", "latency", "downstream", `"latency":200,"jitter":200`)}},
-		{name: "reset_peer", hard: true, toxics: []string{toxic("reset", "reset_peer", "upstream", `"timeout":0`)}},
-		{name: "half-open", hard: true, toxics: []string{
-			toxic("hole-up", "timeout", "upstream", `"timeout":0`),
-			toxic("hole-down", "timeout", "downstream", `"timeout":0`)}},
-		{name: "cut", hard: true}, // the proxies disabled: connections closed and refused
-	}
-	// hard here: the fault takes the link down for longer than the lease.
-	// The others only slow it (a round trip of at most 800 ms, well within
-	// the lease), and the global rule must stay served throughout.
 	// Let the load settle before the first fault.
 	testutil.WaitFor(t, 10*time.Second, "a second of load", func() bool { return time.Since(start) > time.Second })
 	type mark struct {
 		name       string
 		from, to   time.Duration
 		recovered  time.Duration
-		admitDurng int // admitted in the fault's last full second
+		admitDurng int   // admitted in the fault's last full second
+		perRegion  []int // the same, by region
+		what       string
 	}
 	var marks []mark
 	for _, c := range cases {
-		m := mark{name: c.name, from: time.Since(start)}
-		if len(c.toxics) == 0 {
-			all(func(p *toxiproxy.Proxy) { p.Stop() })
+		m := mark{name: c.name, from: time.Since(start), what: "the limit"}
+		if c.isolate != "" {
+			m.what = c.isolate + "'s base share"
 		}
-		addToxics(c.toxics)
+		if len(c.toxics) == 0 {
+			all(c.isolate, func(p *toxiproxy.Proxy) { p.Stop() })
+		}
+		addToxics(c.isolate, c.toxics)
 		testutil.WaitFor(t, gwFaultFor+5*time.Second, "the fault's duration", func() bool {
 			return time.Since(start) >= m.from+gwFaultFor
 		})
-		removeToxics(c.toxics)
+		removeToxics(c.isolate, c.toxics)
 		if len(c.toxics) == 0 {
-			all(func(p *toxiproxy.Proxy) {
+			all(c.isolate, func(p *toxiproxy.Proxy) {
 				if err := p.Start(); err != nil {
 					t.Fatalf("restart proxy: %v", err)
 				}
@@ -311,19 +364,34 @@ func TestGatewayFaults(t *testing.T) {
 		}
 		m.to = time.Since(start)
 		m.admitDurng, _ = admitted(m.to - time.Second)
-		if c.hard && m.admitDurng > 2*gwFloor {
+		m.perRegion = perRegion(m.to - time.Second)
+		if c.isolate == "" && c.hard && m.admitDurng > 2*gwFloor {
 			t.Errorf("%s: admitted %d in the fault's last second, a lease after the link went down; want the floors (%d, at most %d)", c.name, m.admitDurng, gwFloor, 2*gwFloor)
 		}
-		if !c.hard && float64(m.admitDurng) < gwRecoverShare*gwLimit {
+		iso, target := -1, gwRecoverShare*gwLimit // what must recover: every region, or the isolated one
+		for i, r := range regions {
+			if r == c.isolate {
+				iso, target = i, gwRecoverShare*gwLimit/float64(len(regions))
+				if most := 2 * gwFloor / len(regions); m.perRegion[i] > most {
+					t.Errorf("%s: %s admitted %d in the cut's last second, a lease after it was cut off; want its floor (at most %d)", c.name, r, m.perRegion[i], most)
+				}
+			}
+		}
+		if c.isolate == "" && !c.hard && float64(m.admitDurng) < gwRecoverShare*gwLimit {
 			t.Errorf("%s: admitted %d in the fault's last second; a slow link must keep the global rule served (at least %.0f)", c.name, m.admitDurng, gwRecoverShare*gwLimit)
 		}
 		// Recovered: some 1 s window starting after the fault ended, whose
 		// checks have all been answered (sent 300 ms ago or more), admitted
-		// at least gwRecoverShare of the limit.
+		// at least gwRecoverShare of the limit (of the isolated region's
+		// base share, when one region was cut off).
 		w := m.to
 		testutil.WaitFor(t, gwRecoverBound+time.Second, fmt.Sprintf("the global rule served again after %s (%.0f%% of %d/s in 1 s)", c.name, gwRecoverShare*100, gwLimit), func() bool {
 			for ; w+time.Second+300*time.Millisecond <= time.Since(start); w += 10 * time.Millisecond {
-				if n, _ := admitted(w); float64(n) >= gwRecoverShare*gwLimit {
+				n, _ := admitted(w)
+				if iso >= 0 {
+					n = perRegion(w)[iso]
+				}
+				if float64(n) >= target {
 					return true
 				}
 			}
@@ -343,7 +411,7 @@ func TestGatewayFaults(t *testing.T) {
 	// stack's test, the slack covers only the test's own clock: a check
 	// sent just before a window may be decided inside it, so the checks
 	// sent in one extra 20 ms are allowed.
-	bound := gwLimit + gwLimit + 2*gwRate*20/1000
+	bound := gwLimit + gwLimit + gwRate*20/1000
 	worst, worstAt := gwWorstWindow(ds2, 0, end)
 	mu.Lock()
 	nfailed := failed
@@ -354,14 +422,14 @@ func TestGatewayFaults(t *testing.T) {
 			total++
 		}
 	}
-	t.Logf("gateway faults: %d checks in %v (%.0f/s offered over 2 regions), %d admitted, %d failed; worst 1 s window admitted %d at %v (bound %d = burst %d + rate %d x 1 s + clock slack)",
-		len(ds2), end.Round(time.Millisecond), float64(len(ds2))/end.Seconds(), total, nfailed, worst, worstAt.Round(10*time.Millisecond), bound, gwLimit, gwLimit)
+	t.Logf("gateway faults: %d checks in %v (%.0f/s offered over %d regions), %d admitted, %d failed; worst 1 s window admitted %d at %v (bound %d = burst %d + rate %d x 1 s + clock slack)",
+		len(ds2), end.Round(time.Millisecond), float64(len(ds2))/end.Seconds(), len(regions), total, nfailed, worst, worstAt.Round(10*time.Millisecond), bound, gwLimit, gwLimit)
 	for _, m := range marks {
 		// The worst window from the fault's start to a second after the
 		// recovery: the shares given back after a heal must not overshoot.
 		w, _ := gwWorstWindow(ds2, m.from, m.to+m.recovered+time.Second)
-		t.Logf("gateway fault %-10s %v..%v: admitted %d in its last second; %.0f%% of the limit again %v after it ended (bound %v); worst 1 s window from its start to 1 s after recovery %d",
-			m.name, m.from.Round(time.Millisecond), m.to.Round(time.Millisecond), m.admitDurng, gwRecoverShare*100, m.recovered.Round(10*time.Millisecond), gwRecoverBound, w)
+		t.Logf("gateway fault %-10s %v..%v: admitted %d in its last second (by region %v); %.0f%% of %s again %v after it ended (bound %v); worst 1 s window from its start to 1 s after recovery %d",
+			m.name, m.from.Round(time.Millisecond), m.to.Round(time.Millisecond), m.admitDurng, m.perRegion, gwRecoverShare*100, m.what, m.recovered.Round(10*time.Millisecond), gwRecoverBound, w)
 	}
 	if nfailed > 0 {
 		t.Errorf("%d checks failed or answered by the failure policy", nfailed)
