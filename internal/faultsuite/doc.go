@@ -38,7 +38,17 @@
 // while the proxy delays, swallows, resets or refuses, every check is still
 // answered from Redis with its usual latency (NATS is not on the check
 // path), and once the fault ends reports arrive again within a stated
-// bound. The gateway links between regions are not behind a proxy here.
+// bound.
+//
+// The NATS gateway links between regions go through a toxiproxy proxy per
+// direction (launch.SuperClusterOptions.Dial), with two and three regions,
+// each with its own Redis, enforcer and sync agent, signed reports and load
+// on one key of a global rule: under latency and jitter the rule stays
+// served; under resets, a half-open link or a cut longer than the lease the
+// regions fall to their floors (three regions: the survivors reclaim the
+// cut one's share); in every 1 s window the regions together admit at most
+// the global bound (burst + rate x 1 s, plus the test clock's slack), and
+// after each fault the rule is served again within lease + 5 s.
 //
 // A Redis primary with a replica under one Sentinel (ratelimitd with
 // --redis-sentinel-addrs) is killed while load runs: the failure policy
