@@ -1,0 +1,312 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// decide tells a waiting caller whether to give up, and else when to look
+// again (0: never). A call queued past b.Queue fails with ErrQueueTimeout
+// (never sent). A sent call fails with ErrTimeout when Redis has answered
+// nothing, to anyone, for b.RoundTrip since it was sent: Redis is down or
+// stalled. While Redis keeps answering other pipelines the call is behind
+// this process's own backlog in Redis: that is overload, not a store
+// failure, and the call may wait until b.Queue + b.RoundTrip has passed
+// since Do began, then fails with ErrQueueTimeout.
+func (s *Store) decide(c *call, b Budget, start time.Time) (time.Duration, error) {
+	el := time.Since(start)
+	if c.state.Load() == callQueued {
+		// Queued behind workers that wait on a silent Redis: the store
+		// has failed, whatever the queue budget says.
+		if b.RoundTrip > 0 {
+			if silent, since := s.workerSilence(); since != 0 && silent >= s.allowance(b.RoundTrip) {
+				if c.state.CompareAndSwap(callQueued, callAbandoned) {
+					s.queued.Add(-1)
+					return 0, fmt.Errorf("%w: queued behind pipelines Redis has not answered for %v", ErrTimeout, silent.Round(time.Millisecond))
+				}
+			}
+		}
+		if el < b.Queue {
+			return s.decideNext(c, b, start), nil
+		}
+		if c.state.CompareAndSwap(callQueued, callAbandoned) {
+			s.queued.Add(-1)
+			return 0, ErrQueueTimeout
+		}
+	}
+	if b.RoundTrip <= 0 {
+		return 0, nil
+	}
+	sent := c.sent.Load()
+	if sent == 0 { // taken, about to be sent
+		return b.RoundTrip, nil
+	}
+	inRedis := time.Since(time.Unix(0, sent))
+	if inRedis < b.RoundTrip {
+		return b.RoundTrip - inRedis, nil
+	}
+	lag := s.lag.current()
+	if silent := time.Since(time.Unix(0, max(sent, s.answered()))); silent >= s.allowance(b.RoundTrip) {
+		return 0, fmt.Errorf("%w: no answer from Redis for %v (this process's network lag %v)", ErrTimeout, silent.Round(time.Millisecond), lag.Round(time.Millisecond))
+	}
+	if el >= b.Queue+b.RoundTrip {
+		return 0, fmt.Errorf("%w: still behind this process's backlog in Redis after %v", ErrQueueTimeout, el.Round(time.Millisecond))
+	}
+	return min(b.RoundTrip, b.Queue+b.RoundTrip-el), nil
+}
+
+// workerSilence is how long Redis has answered nothing while some worker
+// waits on it (since != 0), measured from the oldest pipeline in flight.
+func (s *Store) workerSilence() (silent time.Duration, since int64) {
+	for i := range s.busy {
+		if t := s.busy[i].Load(); t != 0 && (since == 0 || t < since) {
+			since = t
+		}
+	}
+	if since == 0 {
+		return 0, 0
+	}
+	return time.Since(time.Unix(0, max(since, s.answered()))), since
+}
+
+// allowance is how long Redis may stay silent before a check blames it:
+// the round-trip budget, plus 5x this process's network lag, plus twice the
+// time Redis needs for the scripts this process has in flight (Redis runs
+// them one after another and writes the replies of one event-loop turn
+// together, so a burst of our own makes Redis silent for that long).
+func (s *Store) allowance(rt time.Duration) time.Duration {
+	return rt + lagFactor*s.lag.current() + 2*time.Duration(s.inflight.Load()*s.perScript.Load())
+}
+
+// lagFactor scales the measured lag into the silence a check forgives:
+// replies wait for the process (the lag) and Redis waits for the same busy
+// CPUs; measured on a 2-core machine at load 15, a healthy Redis was silent
+// for up to about 3.5 x the lag.
+const lagFactor = 5
+
+// decideNext is when a queued call looks again: at its queue budget, or
+// sooner to watch the round trip once it has been taken.
+func (s *Store) decideNext(c *call, b Budget, start time.Time) time.Duration {
+	next := b.Queue - time.Since(start)
+	if b.RoundTrip > 0 && b.RoundTrip < next {
+		next = b.RoundTrip
+	}
+	return max(next, time.Microsecond)
+}
+
+// worker takes a call, drains pending calls up to the batch size (in
+// script calls) and sends them in one pipeline. The batch belongs to this
+// goroutine.
+func (s *Store) worker(busy *atomic.Int64) {
+	defer s.wg.Done()
+	batch := make([]*call, 0, s.opts.batch)
+	for {
+		select {
+		case <-s.done:
+			return
+		case c := <-s.queue:
+			batch = batch[:0]
+			n := 0
+			if s.take(c) {
+				batch, n = append(batch, c), len(c.items)
+			}
+		drain:
+			for n < s.opts.batch {
+				select {
+				case c := <-s.queue:
+					if s.take(c) {
+						batch, n = append(batch, c), n+len(c.items)
+					}
+				default:
+					break drain
+				}
+			}
+			if len(batch) > 0 {
+				busy.Store(time.Now().UnixNano())
+				s.run(batch)
+				busy.Store(0)
+			}
+			clear(batch)
+		}
+	}
+}
+
+// take claims c for this worker; false when its caller has given up.
+func (s *Store) take(c *call) bool {
+	if !c.state.CompareAndSwap(callQueued, callTaken) {
+		return false
+	}
+	s.queued.Add(-1)
+	if c.ctx.Err() != nil {
+		close(c.done) // the caller is gone and reads nothing
+		return false
+	}
+	return true
+}
+
+// run executes one batch in one pipeline. Its context ends at the latest of
+// the calls' ends, each call ending at its caller's deadline or when its
+// whole budget (Queue + 2 x RoundTrip) has passed since the send, whichever
+// is first (or at Close when a call has neither): the callers decide what a
+// late answer means (see Do); this only bounds how long a dead Redis holds
+// a worker.
+func (s *Store) run(batch []*call) {
+	sent := time.Now()
+	var deadline time.Time
+	bounded := true
+	n := 0
+	for _, c := range batch {
+		c.sent.Store(sent.UnixNano())
+		n += len(c.items)
+		end, ok := c.ctx.Deadline()
+		if c.budget.RoundTrip > 0 {
+			if rt := sent.Add(max(c.budget.Queue, 0) + 2*c.budget.RoundTrip); !ok || rt.Before(end) {
+				end, ok = rt, true
+			}
+		}
+		if !ok {
+			bounded = false
+		} else if end.After(deadline) {
+			deadline = end
+		}
+	}
+	ctx, cancel := s.ctx, context.CancelFunc(func() {})
+	if bounded {
+		ctx, cancel = context.WithDeadline(s.ctx, deadline)
+	}
+	defer cancel()
+
+	s.pipelines.Add(1)
+	s.batched.Add(uint64(n))
+	ahead := s.inflight.Add(int64(n)) // scripts in Redis, this pipeline's included
+	defer s.inflight.Add(-int64(n))
+	its := make([]*item, 0, n)
+	for _, c := range batch {
+		for i := range c.items {
+			its = append(its, &c.items[i])
+		}
+	}
+	cmds := s.evalShas(ctx, s.check, len(its), func(i int) []string { return its[i].keys }, func(i int) []any { return its[i].args })
+	rt := time.Since(sent)
+	for _, cmd := range cmds {
+		if err := cmd.Err(); err == nil || isReply(err) {
+			s.lastAnswer.Store(time.Now().UnixNano())
+			break
+		}
+	}
+	if old := s.roundTrip.Load(); old == 0 {
+		s.roundTrip.Store(int64(rt))
+	} else {
+		s.roundTrip.Store(old + (int64(rt)-old)/8)
+	}
+	if per := int64(rt) / max(ahead, 1); ctx.Err() == nil && cmds[0].Err() == nil {
+		if old := s.perScript.Load(); old == 0 {
+			s.perScript.Store(per)
+		} else {
+			s.perScript.Store(old + (per-old)/8)
+		}
+	}
+	timedOut := ctx.Err() != nil
+	for k, it := range its {
+		it.val, it.err = cmds[k].Val(), cmds[k].Err()
+		if it.err != nil && (timedOut || isTimeout(it.err)) {
+			it.err = s.late(sent, rt, it.err)
+		}
+	}
+	for _, c := range batch {
+		close(c.done)
+	}
+}
+
+// late classifies a pipeline that hit its deadline: Redis silent (as in
+// decide) is ErrTimeout; Redis answering others meanwhile means this process's
+// own backlog, ErrQueueTimeout.
+func (s *Store) late(sent time.Time, rt time.Duration, err error) error {
+	budget := time.Duration(0)
+	if d, ok := s.roundTripBudget.Load().(time.Duration); ok {
+		budget = d
+	}
+	silent := time.Since(time.Unix(0, max(sent.UnixNano(), s.answered())))
+	if budget > 0 && silent < s.allowance(budget) {
+		return fmt.Errorf("%w: behind this process's backlog in Redis after %v: %w", ErrQueueTimeout, rt.Round(time.Millisecond), err)
+	}
+	return fmt.Errorf("%w after %v: %w", ErrTimeout, rt.Round(time.Millisecond), err)
+}
+
+// answered is the unix ns when Redis was last heard answering.
+func (s *Store) answered() int64 {
+	v := s.lastAnswer.Load()
+	if a := s.opts.activity; a != nil {
+		v = max(v, a.last.Load())
+	}
+	return v
+}
+
+// isReply reports an error reply from Redis (as opposed to no reply).
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
+// isTimeout reports a network timeout or an expired deadline.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// evalShas runs sc n times in one pipeline, call i with keys(i) and args(i),
+// and returns the n commands with their replies or errors. Calls that find
+// the script missing (NOSCRIPT: a restarted or flushed server) are sent
+// again, in a second pipeline, once the script is loaded; if loading fails,
+// they carry that error. This is the store's one NOSCRIPT retry.
+func (s *Store) evalShas(ctx context.Context, sc *redis.Script, n int, keys func(i int) []string, args func(i int) []any) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, n)
+	send := func(idx []int) {
+		pipe := s.client.Pipeline()
+		for _, i := range idx {
+			cmds[i] = pipe.EvalSha(ctx, sc.Hash(), keys(i), args(i)...)
+		}
+		_, _ = pipe.Exec(ctx) // errors are per command
+	}
+	all := make([]int, n)
+	for i := range all {
+		all[i] = i
+	}
+	send(all)
+	var retry []int
+	for i, c := range cmds {
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) == 0 {
+		return cmds
+	}
+	if err := s.load(ctx, sc); err != nil {
+		for _, i := range retry {
+			cmds[i].SetErr(err)
+		}
+		return cmds
+	}
+	send(retry)
+	return cmds
+}
+
+func (s *Store) load(ctx context.Context, sc *redis.Script) error {
+	if err := sc.Load(ctx, s.client).Err(); err != nil {
+		return fmt.Errorf("redisstore: load script: %w", err)
+	}
+	s.scriptLoads.Add(1)
+	return nil
+}
+
+// CheckScriptSource is the Lua source of the check script, for comparing
+// the store with redis-benchmark running the same script (see the README).
+func CheckScriptSource() string { return checkSrc }
