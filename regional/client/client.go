@@ -405,11 +405,11 @@ const (
 
 // validate checks a request against the wire API's fixed limits, with the
 // enforcer's field names and messages. The batcher calls it before a
-// request joins a batch: the enforcer answers a batch in order and refuses
-// the whole batch at its first invalid request, after it has counted the
-// requests before it, so asking again without the bad one would count those
-// twice. A request the enforcer still refuses (a cost above its
-// --max-cost) is asked again that way: keep costs within it.
+// request joins a batch: the enforcer refuses a whole batch at its first
+// invalid request (it validates every request before it checks any, so
+// nothing is counted), and a batch coalesces unrelated callers, so a bad
+// request is refused here, alone. One the enforcer still refuses (a cost
+// above its --max-cost) makes the batcher ask the others again without it.
 func validate(r Request) *RequestError {
 	switch {
 	case r.ClientKey == "":

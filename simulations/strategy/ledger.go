@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/allocation"
+	"github.com/apportion/apportion/internal/bincode"
 	"github.com/apportion/apportion/simulations/sim"
 	"github.com/apportion/apportion/sync/ledger"
 )
@@ -478,15 +479,8 @@ func ReportSize(rep *ledger.Report) int {
 	return n
 }
 
-func uv(x uint64) int {
-	n := 1
-	for x >= 0x80 {
-		x >>= 7
-		n++
-	}
-	return n
-}
+func uv(x uint64) int { return bincode.UvarintLen(x) }
 
 func sv(x int64) int { return uv(uint64(x<<1) ^ uint64(x>>63)) }
 
-func str(s string) int { return uv(uint64(len(s))) + len(s) }
+func str(s string) int { return bincode.StringLen(s) }
