@@ -304,6 +304,50 @@ func TestWholeTokens(t *testing.T) {
 	}
 }
 
+func TestWholeTokensHeld(t *testing.T) {
+	const U = 1_000_000
+	zero := []int64{0, 0, 0}
+	for _, tc := range []struct {
+		name            string
+		targets, floors []int64
+		want, held, out []int64
+		plain           []int64 // WholeTokens without held, where it differs
+	}{
+		{"the holder keeps its token against up to keep times its demand",
+			[]int64{300000, 350000, 350000}, zero,
+			[]int64{300000, 350000, 350000}, []int64{U, 0, 0}, []int64{U, 0, 0}, []int64{0, U, 0}},
+		{"a region that wants more than keep times the holder's demand gets it",
+			[]int64{100000, 450000, 450000}, zero,
+			[]int64{100000, 450000, 400000}, []int64{U, 0, 0}, []int64{0, U, 0}, nil},
+		{"a holder that wants nothing gives it to a region that wants one",
+			[]int64{300000, 700000, 0}, zero,
+			[]int64{0, 50000, 0}, []int64{U, 0, 0}, []int64{0, U, 0}, nil},
+		// Seen in TestRandomized: the holder's view of the pool is short
+		// (a gift between two others in flight), its continuous target falls
+		// below a token; without held it gave its token to a region that
+		// already held three.
+		{"a holder with no demand keeps its token rather than feed one that holds several",
+			[]int64{200000, 200000, 500000}, []int64{33333, 33333, 33334},
+			[]int64{0, 0, 196175}, []int64{267943, 33333, 698724}, []int64{216667, 0, 683333}, []int64{0, 0, 900000}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := int64(U)
+			if tc.floors[0] > 0 {
+				q = U / 4
+			}
+			got := WholeTokensHeld(tc.targets, tc.floors, q, tc.want, tc.held, 3)
+			if !slices.Equal(got, tc.out) {
+				t.Fatalf("got %v, want %v", got, tc.out)
+			}
+			if tc.plain != nil {
+				if plain := WholeTokens(tc.targets, tc.floors, q, tc.want); !slices.Equal(plain, tc.plain) {
+					t.Fatalf("WholeTokens: got %v, want %v", plain, tc.plain)
+				}
+			}
+		})
+	}
+}
+
 func TestWholeTokensProperties(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for it := 0; it < 5000; it++ {
@@ -319,6 +363,13 @@ func TestWholeTokensProperties(t *testing.T) {
 			sum += tg[i]
 		}
 		got := WholeTokens(tg, fl, q, w)
+		if it%2 == 1 { // the hysteresis keeps the same properties
+			held := make([]int64, n)
+			for i := range held {
+				held[i] = fl[i] + rng.Int64N(2*q+1)
+			}
+			got = WholeTokensHeld(tg, fl, q, w, held, 1+3*rng.Float64())
+		}
 		var s int64
 		whole := 0
 		for i, x := range got {

@@ -154,10 +154,34 @@ func usableShares(shares []float64, n int) []float64 {
 // The result sums to exactly the sum of targets, and every entry is >= 0.
 // A quantum <= 1 returns targets unchanged.
 func WholeTokens(targets, floors []int64, quantum int64, want []int64) []int64 {
+	return WholeTokensHeld(targets, floors, quantum, want, nil, 1)
+}
+
+// WholeTokensHeld is WholeTokens with hysteresis. held are the regions'
+// current positions (floors included); a region that holds at least one
+// whole token now (held >= quantum) competes for a token with its want
+// multiplied by keep (>= 1), and keeps one token even if it wants none, as
+// long as no region that wants one needs it. A token then moves only to a
+// region that wants keep times more than its holder: moving one costs what
+// the holder had banked (its bucket is clamped to the lower capacity) and
+// the receiver starts empty, so with a few requests per token a move on
+// noise in the demand estimates loses more than it gains. And a holder
+// whose own view of the pool is short (gifts between two other regions in
+// flight) does not hand its token to a region that already holds whole
+// ones. held nil is WholeTokens.
+func WholeTokensHeld(targets, floors []int64, quantum int64, want, held []int64, keep float64) []int64 {
 	n := len(targets)
 	out := slices.Clone(targets)
 	if quantum <= 1 || n == 0 || len(floors) != n || len(want) != n {
 		return out
+	}
+	holds := func(i int) bool { return len(held) == n && held[i] >= quantum }
+	rank := make([]float64, n)
+	for i := range rank {
+		rank[i] = float64(want[i])
+		if keep > 1 && holds(i) {
+			rank[i] *= keep
+		}
 	}
 	pos := make([]int64, n)
 	var pot, spare int64
@@ -174,14 +198,14 @@ func WholeTokens(targets, floors []int64, quantum int64, want []int64) []int64 {
 		}
 	}
 	slices.SortStableFunc(small, func(a, b int) int {
-		if c := cmp.Compare(want[b], want[a]); c != 0 {
+		if c := cmp.Compare(rank[b], rank[a]); c != 0 {
 			return c
 		}
 		return cmp.Compare(pos[b], pos[a])
 	})
 	for _, i := range small {
 		need := quantum - floors[i]
-		if want[i] <= 0 || need > pot+spare {
+		if want[i] <= 0 && !holds(i) || need > pot+spare {
 			continue
 		}
 		out[i] = need

@@ -81,8 +81,23 @@ type Config struct {
 	// (allocation.WholeTokens): a region whose capacity is below one token
 	// cannot admit anything.
 	Quantum int64
+	// KeepToken is the hysteresis of whole tokens (with Quantum): a region
+	// that holds a whole token keeps it unless another region's demand is
+	// KeepToken times its own (allocation.WholeTokensHeld). A move clamps the
+	// giver's banked tokens away and the receiver starts empty, so moving one
+	// of a few tokens on noise in the estimates costs more than it gains.
+	// Default 3; 0 or 1 disables.
+	KeepToken float64
 	// Allocate computes targets (default WaterFill).
 	Allocate Allocator
+}
+
+// wholeTokens rounds targets (above the floors, in units) to whole tokens
+// by demand, with KeepToken's preference for the regions holding one now
+// (held: their positions, floors included). give and the tests' convergence
+// check both use it.
+func (c Config) wholeTokens(targets, floors, demand, held []int64) []int64 {
+	return allocation.WholeTokensHeld(targets, floors, c.Quantum, demand, held, c.KeepToken)
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -101,6 +116,7 @@ func DefaultConfig() Config {
 		IdleAfter:    10 * time.Second,
 		Hysteresis:   100,
 		DemandTokens: 40,
+		KeepToken:    3,
 		Allocate:     WaterFill,
 	}
 }
@@ -132,6 +148,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Hysteresis must not be negative", ErrConfig)
 	case !(c.DemandTokens >= 0) || math.IsInf(c.DemandTokens, 0):
 		return fmt.Errorf("%w: DemandTokens must be finite and not negative", ErrConfig)
+	case !(c.KeepToken >= 0) || math.IsInf(c.KeepToken, 0):
+		return fmt.Errorf("%w: KeepToken must be finite and not negative", ErrConfig)
 	case c.Quantum < 0 || c.Quantum > c.Units:
 		return fmt.Errorf("%w: Quantum must be in [0, Units]", ErrConfig)
 	case c.Allocate == nil:

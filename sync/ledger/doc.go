@@ -43,15 +43,19 @@
 //     than one already applied from the same incarnation in an older report,
 //     or implausible (values its sender could not hold: plausible.go) is
 //     rejected whole (an error, Stats.Rejected) and changes nothing.
-//   - Every Tick: fold usage into an EWMA demand (units, per key; for small
-//     limits the EWMA averages over at least DemandTokens requests' worth of
-//     the limit, so a few requests a second do not swing it), compute
+//   - Every Tick: fold usage (admitted and rejected) into an EWMA demand
+//     (units, per key, divided by the EWMA's total weight so far so that a
+//     new key starts at its mean; for small limits the EWMA averages over at
+//     least DemandTokens requests' worth of the limit, so a few requests a
+//     second do not swing it, and silence caps it: demand.go), compute
 //     targets with the injected Allocator over the live regions (heard within
 //     Lease, not frozen) from their last reported positions plus our own gifts
 //     in flight, round them to whole tokens when Quantum is set (a region
-//     below one token of capacity admits nothing), and give our excess over
-//     target to the regions below theirs in proportion to their deficits. Targets are >= 0, so nobody gives below its
-//     floor. Nobody gives to a region it does not consider live, nor to a
+//     below one token of capacity admits nothing; a region holding a token
+//     keeps it unless another wants KeepToken times more, since a move
+//     throws the holder's banked tokens away), and give our excess over
+//     target to the regions below theirs in proportion to their deficits.
+//     Targets are >= 0, so nobody gives below its floor. Nobody gives to a region it does not consider live, nor to a
 //     later incarnation of a region (restarted, or fenced and back) before
 //     that incarnation has acknowledged one of our reports: behind a one-way
 //     or flapping link it could not apply the gift, and the units would sit

@@ -55,7 +55,10 @@ type key struct {
 	name    string
 	rate    float64
 	used    int64
-	demand  float64
+	demand  float64       // estimate (units): ewma / weight
+	ewma    float64       // EWMA of the interval samples, from 0
+	weight  float64       // total EWMA weight of the samples so far (-> 1)
+	busyAt  time.Duration // the last tick whose interval had usage
 	lastUse time.Duration
 	extra   int64 // paid by reclaims, beyond the base part (Payment.Keys)
 	frozen  int64 // -Q of every frozen pair

@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/apportion/apportion/allocation"
 )
 
 // This file is the adversarial harness: real Ledgers, a modelled Redis per
@@ -730,7 +728,7 @@ func (s *sim) converged(tol int64) (bool, string) {
 			for i := range wants {
 				dem[i] = wants[i].Demand
 			}
-			tg = allocation.WholeTokens(tg, s.floor, q, dem)
+			tg = s.cfg.wholeTokens(tg, s.floor, dem, pos)
 		}
 		for i := range s.regions {
 			if d := pos[i] - s.floor[i] - tg[i]; d > tol || d < -tol {

@@ -3,8 +3,6 @@ package ledger
 import (
 	"sort"
 	"time"
-
-	"github.com/apportion/apportion/allocation"
 )
 
 func (l *Ledger) live(i int, now time.Duration) bool {
@@ -67,19 +65,7 @@ func (l *Ledger) Tick(now time.Duration) Output {
 	l.ticks++
 	for _, k := range l.keys {
 		if k.rate > 0 {
-			inst := float64(k.used) / dt * float64(l.cfg.Units) / k.rate
-			old := int64(k.demand)
-			a := l.cfg.Alpha
-			if l.cfg.DemandTokens > 0 {
-				a = min(a, dt*k.rate/l.cfg.DemandTokens)
-			}
-			k.demand = a*inst + (1-a)*k.demand
-			if k.demand < 0.5 {
-				k.demand = 0
-			}
-			if int64(k.demand) != old {
-				k.dirty = true
-			}
+			l.observe(k, dt, now) // demand.go
 		}
 		k.used = 0
 	}
@@ -148,15 +134,12 @@ func (l *Ledger) give(k *key, now time.Duration) {
 	if len(tg) != len(idx) {
 		return
 	}
-	if q := l.cfg.Quantum; q > 1 {
-		// Whole tokens, by demand. (A bonus for the region holding a token
-		// made the regions' views disagree on the holder and gifts swing
-		// back and forth under faults: TestRandomized's small-limit seeds.)
+	if l.cfg.Quantum > 1 {
 		fl, dem := make([]int64, len(idx)), make([]int64, len(idx))
 		for j, i := range idx {
 			fl[j], dem[j] = l.floor[i], wants[j].Demand
 		}
-		tg = allocation.WholeTokens(tg, fl, q, dem)
+		tg = l.cfg.wholeTokens(tg, fl, dem, proj)
 	}
 	var excess, sumD int64
 	def := make([]int64, len(idx))

@@ -1,0 +1,92 @@
+package ledger
+
+import (
+	"testing"
+	"time"
+)
+
+// demandLedger returns a ledger of region "a" of four, for a limit of 1/s
+// with a burst of 1 (quantum: a whole token is the whole limit) if tokens.
+// It runs alone: with the whole limit as floors (MinShare 1) it holds only
+// its floor and keeps ticking without a peer's acknowledgement.
+func demandLedger(t *testing.T, tokens bool) *Ledger {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.MinShare = 1
+	if tokens {
+		cfg.Quantum = cfg.Units
+	}
+	regions := []RegionSpec{{"a", 1}, {"b", 1}, {"c", 1}, {"d", 1}}
+	l, err := New(cfg, "a", regions, Start{Inc: 1, RunID: "r"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// TestDemandStartsAtTheMean: a key's first estimate is the mean of its
+// samples, not an EWMA rising from 0 over DemandTokens requests' worth.
+func TestDemandStartsAtTheMean(t *testing.T) {
+	l := demandLedger(t, true)
+	const iv = 250 * time.Millisecond
+	l.Usage(iv, "k", 1, 0, 1) // one rejected request in the first 250 ms: 4/s
+	l.Tick(iv)
+	if got, want := l.Position("k").Demand, 4*l.cfg.Units; got != want {
+		t.Fatalf("first estimate %d, want %d (the first interval's rate)", got, want)
+	}
+	// Then one request a second: the estimate tends to it.
+	for i := 2; i <= 800; i++ {
+		now := time.Duration(i) * iv
+		if i%4 == 0 {
+			l.Usage(now, "k", 1, 1, 0)
+		}
+		l.Tick(now)
+	}
+	if l.Fenced() {
+		t.Fatal("fenced")
+	}
+	if got := l.Position("k").Demand; got < l.cfg.Units*9/10 || got > l.cfg.Units*11/10 {
+		t.Fatalf("estimate %d after 200 s at 1/s, want about %d", got, l.cfg.Units)
+	}
+}
+
+// TestDemandSilence: for a small limit, a region whose clients have left
+// loses its estimate within seconds (SilenceTokens), and all of it after
+// DemandTokens requests' worth of quiet; without whole tokens the EWMA decays
+// as before.
+func TestDemandSilence(t *testing.T) {
+	const iv = 250 * time.Millisecond
+	for _, tokens := range []bool{true, false} {
+		l := demandLedger(t, tokens)
+		i := 1
+		for ; i <= 400; i++ { // 100 s at 1 request per second
+			if i%4 == 0 {
+				l.Usage(time.Duration(i)*iv, "k", 1, 1, 0)
+			}
+			l.Tick(time.Duration(i) * iv)
+		}
+		busy := l.Position("k").Demand
+		at := func(quiet time.Duration) int64 {
+			for ; time.Duration(i-400)*iv <= quiet; i++ {
+				l.Tick(time.Duration(i) * iv)
+			}
+			return l.Position("k").Demand
+		}
+		ten, forty := at(10*time.Second), at(41*time.Second)
+		if l.Fenced() {
+			t.Fatal("fenced")
+		}
+		if !tokens {
+			if ten < busy*7/10 || forty == 0 {
+				t.Fatalf("no quantum: %d after 10 s and %d after 41 s of quiet, from %d: want the EWMA's slow decay", ten, forty, busy)
+			}
+			continue
+		}
+		if bound := l.cfg.Units * SilenceTokens / 10; ten > bound || ten == 0 {
+			t.Fatalf("%d after 10 s of quiet, from %d: want in (0, %d]", ten, busy, bound)
+		}
+		if forty != 0 {
+			t.Fatalf("%d after 41 s of quiet (DemandTokens %v at 1/s): want 0", forty, l.cfg.DemandTokens)
+		}
+	}
+}
