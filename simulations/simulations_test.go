@@ -64,7 +64,7 @@ func TestShippedScenarios(t *testing.T) {
 			}
 			t.Logf("\n%s", report.Table(res))
 			for _, s := range res.Strategies {
-				if s.Name == "static" && name == "limit-1-per-second" && s.Admitted == 0 {
+				if s.Name == "static" && strings.HasPrefix(name, "limit-1-per-second") && s.Admitted == 0 {
 					continue // a quarter token per region admits nothing: the point of the scenario
 				}
 				if s.Admitted <= 0 || s.Requests != res.Strategies[0].Requests {
@@ -103,8 +103,11 @@ func TestShippedScenarios(t *testing.T) {
 				if led.Utilization < 0.75 {
 					t.Errorf("ledger utilization %.4f < 0.75: not recovered after the heal", led.Utilization)
 				}
-			case "limit-1-per-second", "limit-10-per-second":
-				min := map[string]float64{"limit-1-per-second": 0.35, "limit-10-per-second": 0.9}[name]
+			case "limit-1-per-second", "limit-1-per-second-moving", "limit-10-per-second":
+				// Even demand at 1/s: a token that stays in one region
+				// reaches at most 46% (simulations/README.md); moving
+				// demand: the token follows it.
+				min := map[string]float64{"limit-1-per-second": 0.4, "limit-1-per-second-moving": 0.85, "limit-10-per-second": 0.9}[name]
 				if st := byName(res, "static"); led.Utilization < min || led.Utilization < st.Utilization-0.01 {
 					t.Errorf("ledger utilization %.4f, want >= %v and about the static split's %.4f", led.Utilization, min, st.Utilization)
 				}

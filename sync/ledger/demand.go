@@ -20,37 +20,44 @@ const SilenceTokens = 5
 // requests per second the estimate averages over about DemandTokens
 // requests' worth of the limit instead of jumping with each one).
 //
-// The EWMA starts from 0, and the estimate divides it by the total weight
-// of the samples so far (1 - the product of (1 - a)): a key that has just
-// become active gets the mean of its samples instead of an estimate that
-// starts at 0 and takes DemandTokens/rate seconds to rise (at 10/s, 4 s in
-// which every region's share followed estimates that had not caught up).
+// The EWMA starts from 0. Where DemandTokens slows it below Alpha (limits
+// below DemandTokens*Alpha/Interval per second, 80/s by default), the
+// estimate divides it by the total weight of the samples so far (1 - the
+// product of (1 - a)): a key that has just become active gets the mean of
+// its samples instead of an estimate that starts at 0 and takes
+// DemandTokens/rate seconds to rise (at 10/s, 4 s in which every region's
+// share followed estimates that had not caught up; at 1/s, a client that
+// moved to another region waited 40 s for its token). At Alpha (0.5) the
+// EWMA reaches 94% of a new key's rate in four intervals; it is left as is.
 //
-// For a small limit (Quantum set), where the averaging window is long (40 s
-// at 1/s), silence ends the estimate sooner: after quiet seconds without
-// usage the estimate is at most SilenceTokens/quiet requests per second, and
-// 0 once the region has been quiet for the whole window (DemandTokens/rate).
-// A region whose clients have left then gives its whole token up within
-// seconds, not after the EWMA has decayed (a minute at 1/s), while a region
-// whose requests only come a few seconds apart keeps its estimate. The cap
-// does not change the EWMA: when requests resume, the estimate is the
-// EWMA's again.
+// Where the EWMA is slow, silence also ends the estimate sooner: after quiet
+// seconds without usage the estimate is at most SilenceTokens/quiet requests
+// per second, and 0 once the region has been quiet for the whole window
+// (DemandTokens/rate). A region whose clients have left then gives its
+// whole token up within seconds, not after the EWMA has decayed (a minute
+// at 1/s), while a region whose requests only come a few seconds apart
+// keeps its estimate. The cap does not change the EWMA: when requests
+// resume, the estimate is the EWMA's again.
 func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 	inst := float64(k.used) / dt * float64(l.cfg.Units) / k.rate
 	old := int64(k.demand)
 	a := l.cfg.Alpha
-	if l.cfg.DemandTokens > 0 {
-		a = min(a, dt*k.rate/l.cfg.DemandTokens)
+	slow := l.cfg.DemandTokens > 0 && dt*k.rate/l.cfg.DemandTokens < a
+	if slow {
+		a = dt * k.rate / l.cfg.DemandTokens
 	}
 	if k.used > 0 || k.weight == 0 {
 		k.busyAt = now
 	}
 	k.ewma = a*inst + (1-a)*k.ewma
 	k.weight = a + (1-a)*k.weight
-	k.demand = k.ewma / k.weight
-	if quiet := (now - k.busyAt).Seconds(); l.cfg.Quantum > 1 && quiet > 0 {
+	k.demand = k.ewma
+	if slow {
+		k.demand /= k.weight
+	}
+	if quiet := (now - k.busyAt).Seconds(); slow && quiet > 0 {
 		limit := SilenceTokens / quiet / k.rate * float64(l.cfg.Units)
-		if l.cfg.DemandTokens > 0 && quiet*k.rate >= l.cfg.DemandTokens {
+		if quiet*k.rate >= l.cfg.DemandTokens {
 			limit = 0
 		}
 		k.demand = min(k.demand, limit) // the EWMA stays: requests that resume find it

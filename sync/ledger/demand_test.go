@@ -52,41 +52,51 @@ func TestDemandStartsAtTheMean(t *testing.T) {
 
 // TestDemandSilence: for a small limit, a region whose clients have left
 // loses its estimate within seconds (SilenceTokens), and all of it after
-// DemandTokens requests' worth of quiet; without whole tokens the EWMA decays
-// as before.
+// DemandTokens requests' worth of quiet.
 func TestDemandSilence(t *testing.T) {
 	const iv = 250 * time.Millisecond
-	for _, tokens := range []bool{true, false} {
-		l := demandLedger(t, tokens)
-		i := 1
-		for ; i <= 400; i++ { // 100 s at 1 request per second
-			if i%4 == 0 {
-				l.Usage(time.Duration(i)*iv, "k", 1, 1, 0)
-			}
+	l := demandLedger(t, true)
+	i := 1
+	for ; i <= 400; i++ { // 100 s at 1 request per second
+		if i%4 == 0 {
+			l.Usage(time.Duration(i)*iv, "k", 1, 1, 0)
+		}
+		l.Tick(time.Duration(i) * iv)
+	}
+	busy := l.Position("k").Demand
+	at := func(quiet time.Duration) int64 {
+		for ; time.Duration(i-400)*iv <= quiet; i++ {
 			l.Tick(time.Duration(i) * iv)
 		}
-		busy := l.Position("k").Demand
-		at := func(quiet time.Duration) int64 {
-			for ; time.Duration(i-400)*iv <= quiet; i++ {
-				l.Tick(time.Duration(i) * iv)
-			}
-			return l.Position("k").Demand
-		}
-		ten, forty := at(10*time.Second), at(41*time.Second)
-		if l.Fenced() {
-			t.Fatal("fenced")
-		}
-		if !tokens {
-			if ten < busy*7/10 || forty == 0 {
-				t.Fatalf("no quantum: %d after 10 s and %d after 41 s of quiet, from %d: want the EWMA's slow decay", ten, forty, busy)
-			}
-			continue
-		}
-		if bound := l.cfg.Units * SilenceTokens / 10; ten > bound || ten == 0 {
-			t.Fatalf("%d after 10 s of quiet, from %d: want in (0, %d]", ten, busy, bound)
-		}
-		if forty != 0 {
-			t.Fatalf("%d after 41 s of quiet (DemandTokens %v at 1/s): want 0", forty, l.cfg.DemandTokens)
-		}
+		return l.Position("k").Demand
+	}
+	ten, forty := at(10*time.Second), at(41*time.Second)
+	if l.Fenced() {
+		t.Fatal("fenced")
+	}
+	// The EWMA alone would still be at exp(-10/40) = 78% of busy.
+	if bound := l.cfg.Units * SilenceTokens / 10; ten > bound || ten == 0 {
+		t.Fatalf("%d after 10 s of quiet, from %d: want in (0, %d]", ten, busy, bound)
+	}
+	if forty != 0 {
+		t.Fatalf("%d after 41 s of quiet (DemandTokens %v at 1/s): want 0", forty, l.cfg.DemandTokens)
+	}
+	// Requests resume: the estimate is the EWMA's again, not a fresh start.
+	l.Usage(time.Duration(i)*iv, "k", 1, 1, 0)
+	l.Tick(time.Duration(i) * iv)
+	if got := l.Position("k").Demand; got <= 0 || got >= busy {
+		t.Fatalf("%d after one request, from %d before the quiet: want the EWMA's", got, busy)
+	}
+}
+
+// TestDemandFastLimitUnchanged: a limit fast enough for the EWMA to run at
+// Alpha has neither the division nor the silence cap.
+func TestDemandFastLimitUnchanged(t *testing.T) {
+	l := demandLedger(t, false)
+	const iv = 250 * time.Millisecond
+	l.Usage(iv, "k", 1000, 100, 0) // 400/s of a 1000/s limit: 0.4 of it
+	l.Tick(iv)
+	if got, want := l.Position("k").Demand, l.cfg.Units*4/10/2; got != want {
+		t.Fatalf("first estimate %d, want %d (Alpha times the first sample)", got, want)
 	}
 }
