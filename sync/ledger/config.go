@@ -73,7 +73,8 @@ type Config struct {
 	// seconds), so that at a few requests per second the estimate does not
 	// jump with every single request: the EWMA weight of an interval of dt
 	// seconds is min(Alpha, dt*rate/DemandTokens). Limits above
-	// DemandTokens/Interval per second are unaffected. Default 10; 0 disables.
+	// DemandTokens*Alpha/Interval per second are unaffected (demand.go has
+	// the rest: the start of an average and silence). Default 40; 0 disables.
 	DemandTokens float64
 	// Quantum is the number of units per whole token of the limit's capacity
 	// (Units/capacity), when the agent knows it; 0 (the default) means none.

@@ -23,12 +23,15 @@ const SilenceTokens = 5
 // The EWMA starts from 0. Where DemandTokens slows it below Alpha (limits
 // below DemandTokens*Alpha/Interval per second, 80/s by default), the
 // estimate divides it by the total weight of the samples so far (1 - the
-// product of (1 - a)): a key that has just become active gets the mean of
-// its samples instead of an estimate that starts at 0 and takes
-// DemandTokens/rate seconds to rise (at 10/s, 4 s in which every region's
-// share followed estimates that had not caught up; at 1/s, a client that
-// moved to another region waited 40 s for its token). At Alpha (0.5) the
-// EWMA reaches 94% of a new key's rate in four intervals; it is left as is.
+// product of (1 - a)) once SilenceTokens of cost have been seen since the
+// average started (a key's first usage, or its estimate falling to 0): a
+// region where a key has just become busy gets the mean of its samples
+// instead of an estimate that starts at 0 and takes DemandTokens/rate
+// seconds to rise (at 10/s, 4 s in which every region's share followed
+// estimates that had not caught up; at 1/s, a client that moved to another
+// region waited 40 s for its token), while a single stray request does not
+// count as a rate of one request per interval. At Alpha (0.5) the EWMA
+// reaches 94% of a new key's rate in four intervals; it is left as is.
 //
 // Where the EWMA is slow, silence also ends the estimate sooner: after quiet
 // seconds without usage the estimate is at most SilenceTokens/quiet requests
@@ -51,8 +54,9 @@ func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 	}
 	k.ewma = a*inst + (1-a)*k.ewma
 	k.weight = a + (1-a)*k.weight
+	k.seen = min(k.seen+k.used, SilenceTokens)
 	k.demand = k.ewma
-	if slow {
+	if slow && k.seen >= SilenceTokens {
 		k.demand /= k.weight
 	}
 	if quiet := (now - k.busyAt).Seconds(); slow && quiet > 0 {
@@ -62,8 +66,8 @@ func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 		}
 		k.demand = min(k.demand, limit) // the EWMA stays: requests that resume find it
 	}
-	if k.demand < 0.5 {
-		k.ewma, k.demand = 0, 0
+	if k.demand < 0.5 { // the average starts anew
+		k.ewma, k.demand, k.weight, k.seen = 0, 0, 0, 0
 	}
 	if int64(k.demand) != old {
 		k.dirty = true

@@ -59,6 +59,7 @@ type key struct {
 	ewma    float64       // EWMA of the interval samples, from 0
 	weight  float64       // total EWMA weight of the samples so far (-> 1)
 	busyAt  time.Duration // the last tick whose interval had usage
+	seen    int64         // cost seen since the average started, up to SilenceTokens
 	lastUse time.Duration
 	extra   int64 // paid by reclaims, beyond the base part (Payment.Keys)
 	frozen  int64 // -Q of every frozen pair
