@@ -1,0 +1,202 @@
+package redisstore
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/rules"
+)
+
+// The global windows of the contract cases: 100 requests per minute in
+// 1000 units (10 units = 1 request), floor 100 units (10 requests).
+const (
+	gwLimit = 100
+	gwWin   = time.Minute
+	gwMs    = int64(gwWin / time.Millisecond)
+)
+
+// gw0 is the start of a window (t0 is not aligned to a minute).
+var gw0 = (t0/gwMs + 1) * gwMs
+
+func globalWindow(alg rules.Algorithm, rule, key string) Bucket {
+	return Bucket{Key: key, Algorithm: alg, Limit: gwLimit, Window: gwWin, Global: &Global{Rule: rule, Units: gUnits, Floor: gFloor}}
+}
+
+func windowRecord(alg rules.Algorithm, key string, inc, seq uint64, units int64) ShareRecord {
+	return ShareRecord{Key: key, Inc: inc, Seq: seq, Units: units, Algorithm: alg, Limit: gwLimit, Window: gwWin,
+		Total: gUnits, Floor: gFloor, TTL: time.Minute}
+}
+
+// take checks n single requests at nowMs and returns how many were allowed
+// and the last result.
+func take(t *testing.T, im impl, nowMs int64, b Bucket, n int) (int, Result) {
+	t.Helper()
+	var ok int
+	var last Result
+	for i := 0; i < n; i++ {
+		a, res := im.check(t, nowMs, 1, b)
+		if a {
+			ok++
+		}
+		last = res[0]
+	}
+	return ok, last
+}
+
+var globalWindowCases = []struct {
+	name string
+	run  func(t *testing.T, im impl, alg rules.Algorithm, key func(string) string, rule string)
+}{
+	{"no marker: the floor's share of the limit", func(t *testing.T, im impl, alg rules.Algorithm, key func(string) string, rule string) {
+		b := globalWindow(alg, rule, key("a"))
+		if ok, last := take(t, im, gw0, b, 12); ok != 10 || last.Limit != 10 || last.Allowed {
+			t.Fatalf("admitted %d (last %+v), want 10 of a 10 allowance", ok, last)
+		}
+	}},
+	{"marker default, then a record; a raise applies at once", func(t *testing.T, im impl, alg rules.Algorithm, key func(string) string, rule string) {
+		m := create(im, 1, 1, 300, 10*time.Minute)
+		m.RunID = im.runID(t)
+		im.marker(t, gw0, rule, m)
+		b := globalWindow(alg, rule, key("a"))
+		if ok, _ := take(t, im, gw0, b, 31); ok != 30 {
+			t.Fatalf("marker default 300 units: admitted %d, want 30", ok)
+		}
+		if v := im.shares(t, gw0+1, rule, windowRecord(alg, b.Key, 1, 2, 600)); v[0] != (Version{1, 2}) {
+			t.Fatalf("raise: store holds %v", v)
+		}
+		if ok, last := take(t, im, gw0+2, b, 31); ok != 30 || last.Limit != 60 {
+			t.Fatalf("after the raise to 600: admitted %d more (last %+v), want 30 of 60", ok, last)
+		}
+		if !im.persistent(t, gw0+2, b.Key) {
+			t.Fatal("a key with a record that is not a Release record has a TTL")
+		}
+	}},
+	{"a lowering below the use of the window is refused; within it, applied", func(t *testing.T, im impl, alg rules.Algorithm, key func(string) string, rule string) {
+		m := create(im, 1, 1, 300, 10*time.Minute)
+		m.RunID = im.runID(t)
+		im.marker(t, gw0, rule, m)
+		b := globalWindow(alg, rule, key("a"))
+		im.shares(t, gw0, rule, windowRecord(alg, b.Key, 1, 2, 600))
+		if ok, _ := take(t, im, gw0, b, 50); ok != 50 {
+			t.Fatalf("admitted %d of 50", ok)
+		}
+		// 400 units allow 40 < 50 used: the key keeps version (1, 2) and 60
+		if v := im.shares(t, gw0+1, rule, windowRecord(alg, b.Key, 1, 3, 400)); v[0] != (Version{1, 2}) {
+			t.Fatalf("lowering below the use: store holds %v, want (1, 2)", v)
+		}
+		if _, last := take(t, im, gw0+1, b, 1); last.Limit != 60 {
+			t.Fatalf("after a refused lowering the key enforces %d, want 60", last.Limit)
+		}
+		// 510 units allow 51 >= 51 used: applied; nothing more fits
+		if v := im.shares(t, gw0+2, rule, windowRecord(alg, b.Key, 1, 4, 510)); v[0] != (Version{1, 4}) {
+			t.Fatalf("lowering to the use: store holds %v, want (1, 4)", v)
+		}
+		if ok, last := take(t, im, gw0+2, b, 1); ok != 0 || last.Limit != 51 {
+			t.Fatalf("after the lowering to 510: admitted %d, limit %d, want 0, 51", ok, last.Limit)
+		}
+		// a record of no marker's incarnation counts at the floor (10 < 51): refused
+		if v := im.shares(t, gw0+3, rule, windowRecord(alg, b.Key, 2, 1, 900)); v[0] != (Version{1, 4}) {
+			t.Fatalf("record of another incarnation: store holds %v, want (1, 4)", v)
+		}
+		// once the use has left the window, the lowering to 100 applies
+		later := gw0 + gwMs // fixed: a new window; sliding: the old one still weighs 1
+		if alg == rules.SlidingWindow {
+			later = gw0 + 2*gwMs
+		}
+		if v := im.shares(t, later, rule, windowRecord(alg, b.Key, 1, 5, 100)); v[0] != (Version{1, 5}) {
+			t.Fatalf("lowering in a later window: store holds %v, want (1, 5)", v)
+		}
+		if ok, last := take(t, im, later, b, 11); ok != 10 || last.Limit != 10 {
+			t.Fatalf("after the lowering to 100: admitted %d (limit %d), want 10", ok, last.Limit)
+		}
+	}},
+	{"a lapsed lease enforces the floor; a Release record may expire", func(t *testing.T, im impl, alg rules.Algorithm, key func(string) string, rule string) {
+		m := create(im, 1, 1, 300, time.Second)
+		m.RunID = im.runID(t)
+		im.marker(t, gw0, rule, m)
+		b := globalWindow(alg, rule, key("a"))
+		rec := windowRecord(alg, b.Key, 1, 2, 600)
+		rec.Release = true
+		im.shares(t, gw0, rule, rec)
+		if im.persistent(t, gw0, b.Key) {
+			t.Fatal("a Release record is persistent")
+		}
+		if ok, _ := take(t, im, gw0, b, 5); ok != 5 {
+			t.Fatalf("admitted %d of 5", ok)
+		}
+		if ok, last := take(t, im, gw0+1000, b, 10); ok != 5 || last.Limit != 10 {
+			t.Fatalf("lease over: admitted %d more (limit %d), want 5 more up to the floor's 10", ok, last.Limit)
+		}
+	}},
+}
+
+func TestGlobalWindowContract(t *testing.T) {
+	forEachImpl(t, func(t *testing.T, im impl) { runGlobalWindowCases(t, im) })
+}
+
+func TestGlobalWindowContractMiniredis(t *testing.T) {
+	forEachMiniImpl(t, func(t *testing.T, im impl) { runGlobalWindowCases(t, im) })
+}
+
+func runGlobalWindowCases(t *testing.T, im impl) {
+	for _, alg := range []rules.Algorithm{rules.FixedWindow, rules.SlidingWindow} {
+		for i, tc := range globalWindowCases {
+			t.Run(string(alg)+"/"+tc.name, func(t *testing.T) {
+				rule := fmt.Sprintf("gw-%s-%d", alg, i)
+				key := func(s string) string { return Key(s, rule) }
+				tc.run(t, im, alg, key, rule)
+			})
+		}
+	}
+}
+
+// TestSlidingWindowLoweringFollowsTheEstimate: a sliding window's use is its
+// estimate, which falls as the previous window slides out, so a lowering
+// refused at the start of a window applies once enough has slid out.
+func TestSlidingWindowLoweringFollowsTheEstimate(t *testing.T) {
+	forEachImpl(t, func(t *testing.T, im impl) {
+		rule := "gw-slide"
+		m := create(im, 1, 1, 600, 10*time.Minute)
+		m.RunID = im.runID(t)
+		im.marker(t, gw0, rule, m)
+		b := globalWindow(rules.SlidingWindow, rule, Key("a", rule))
+		if ok, _ := take(t, im, gw0, b, 60); ok != 60 {
+			t.Fatalf("admitted %d of 60", ok)
+		}
+		// next window, 0 in: estimate 60 > 30 (300 units)
+		if v := im.shares(t, gw0+gwMs, rule, windowRecord(rules.SlidingWindow, b.Key, 1, 2, 300)); v[0] != (Version{}) {
+			t.Fatalf("store holds %v, want none", v)
+		}
+		// half-way: estimate 60*30s/60s = 30 <= 30: applied
+		if v := im.shares(t, gw0+gwMs+gwMs/2, rule, windowRecord(rules.SlidingWindow, b.Key, 1, 2, 300)); v[0] != (Version{1, 2}) {
+			t.Fatalf("store holds %v, want (1, 2)", v)
+		}
+	})
+}
+
+func TestGlobalWindowValidation(t *testing.T) {
+	m := NewModel(0)
+	bad := []ShareRecord{
+		{Key: "k", Total: 10, Algorithm: rules.FixedWindow, Limit: 0, Window: time.Second},
+		{Key: "k", Total: 10, Algorithm: rules.FixedWindow, Limit: 1, Window: 0},
+		{Key: "k", Total: 10, Algorithm: rules.SlidingWindow, Limit: 1, Window: time.Microsecond},
+		{Key: "k", Total: 10, Algorithm: rules.SlidingWindow, Limit: MaxLimit, Window: time.Hour},
+		{Key: "k", Total: 10, Algorithm: rules.SlidingLog, Limit: 1, Window: time.Second},
+	}
+	for i, r := range bad {
+		if _, err := m.WriteShares(t0, "g", []ShareRecord{r}); err == nil {
+			t.Errorf("bad[%d] accepted", i)
+		}
+	}
+	mixed := []ShareRecord{windowRecord(rules.FixedWindow, "a", 1, 1, 1), record("g", "b", 1, 1, 1)}
+	if _, err := m.WriteShares(t0, "g", mixed); err == nil {
+		t.Error("records of two algorithms in one call accepted")
+	}
+	if err := ValidateBucket(Bucket{Algorithm: rules.SlidingLog, Limit: 1, Window: time.Second, Global: &Global{Rule: "g", Units: 1}}); err == nil {
+		t.Error("a global sliding log accepted")
+	}
+	if err := ValidateBucket(globalWindow(rules.FixedWindow, "g", "k")); err != nil {
+		t.Errorf("a global fixed window refused: %v", err)
+	}
+}
