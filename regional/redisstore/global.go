@@ -234,12 +234,12 @@ func (s *Store) WriteShares(ctx context.Context, rule string, recs []ShareRecord
 	if err := validateShares(rule, recs); err != nil || len(recs) == 0 {
 		return nil, err
 	}
+	if recs[0].isWindow() {
+		return versionsOf(s.WriteWindowShares(ctx, rule, recs))
+	}
 	now, err := s.nowArg()
 	if err != nil {
 		return nil, err
-	}
-	if recs[0].isWindow() {
-		return s.writeWindowShares(ctx, rule, recs, now)
 	}
 	mk := MarkerKey(rule)
 	argsOf := func(r ShareRecord) []any {

@@ -177,6 +177,24 @@ func diffGlobal(t *testing.T, alg rules.Algorithm) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if win && r.IntN(2) == 0 { // the same again, with the refusals' answers
+				ga, err := e.store.WriteWindowShares(ctx, g.id, recs)
+				if err != nil {
+					t.Fatalf("step %d: %v", st, err)
+				}
+				wa, err := m.WriteWindowShares(now, g.id, recs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(ga, wa) {
+					t.Fatalf("step %d now %d records %+v: redis %+v, model %+v", st, now, recs, ga, wa)
+				}
+				for j, a := range wa {
+					if a.Need > 0 && shareOf(recs[j].Limit, a.Need, g.u) < 1 || a.Need > 0 && a.Until <= 0 {
+						t.Fatalf("step %d: refusal answer %+v for %+v", st, a, recs[j])
+					}
+				}
+			}
 			if !slices.Equal(got, want) {
 				t.Fatalf("step %d now %d records %+v: redis %v, model %v", st, now, recs, got, want)
 			}

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/apportion/apportion/rules"
@@ -80,8 +81,32 @@ func sameAlgorithm(recs []ShareRecord) error {
 	return nil
 }
 
-// writeWindowShares is WriteShares for the records of a global window rule.
-func (s *Store) writeWindowShares(ctx context.Context, rule string, recs []ShareRecord, now any) ([]Version, error) {
+// WindowApplied is the store's answer to one record of a global window.
+type WindowApplied struct {
+	Version Version // the version the key holds afterwards
+	// A refused record (a lowering below what the key has used of its
+	// window): Need is the fewest units the key can take now, Until the time
+	// until its window ends (when its use resets, fixed, or starts to slide
+	// out, sliding). Both zero when the record applied or was stale.
+	Need  int64
+	Until time.Duration
+}
+
+// WriteWindowShares is WriteShares for the records of a global window rule
+// (Algorithm fixed_window or sliding_window), answering per record what the
+// store holds and, for a record refused as below the key's use, how far it
+// could lower the key now.
+func (s *Store) WriteWindowShares(ctx context.Context, rule string, recs []ShareRecord) ([]WindowApplied, error) {
+	if err := validateShares(rule, recs); err != nil || len(recs) == 0 {
+		return nil, err
+	}
+	if !recs[0].isWindow() {
+		return nil, fmt.Errorf("%w: records[0].Algorithm %q is not a window", ErrInvalidShare, recs[0].Algorithm)
+	}
+	now, err := s.nowArg()
+	if err != nil {
+		return nil, err
+	}
 	mk := MarkerKey(rule)
 	argsOf := func(r ShareRecord) []any {
 		rel := 0
@@ -93,15 +118,44 @@ func (s *Store) writeWindowShares(ctx context.Context, rule string, recs []Share
 	}
 	cmds := s.evalShas(ctx, s.winShares, len(recs), func(i int) []string { return []string{recs[i].Key, mk} },
 		func(i int) []any { return argsOf(recs[i]) })
-	out := make([]Version, len(recs))
+	out := make([]WindowApplied, len(recs))
 	for i, c := range cmds {
 		v, err := c.Result()
 		if err != nil {
 			return nil, fmt.Errorf("redisstore: write share of %q: %w", recs[i].Key, err)
 		}
-		if out[i], err = parseVersion(v); err != nil {
+		if out[i], err = parseWindowApplied(v); err != nil {
 			return nil, err
 		}
+	}
+	return out, nil
+}
+
+func parseWindowApplied(v any) (WindowApplied, error) {
+	a, ok := v.([]any)
+	if !ok || len(a) != 2 && len(a) != 4 {
+		return WindowApplied{}, fmt.Errorf("%w: %T", ErrBadReply, v)
+	}
+	ver, err := parseVersion(a[:2])
+	if err != nil || len(a) == 2 {
+		return WindowApplied{Version: ver}, err
+	}
+	need, ok1 := a[2].(int64)
+	until, ok2 := a[3].(int64)
+	if !ok1 || !ok2 || need < 0 || until < 0 {
+		return WindowApplied{}, fmt.Errorf("%w: %v", ErrBadReply, a)
+	}
+	return WindowApplied{Version: ver, Need: need, Until: time.Duration(until) * time.Millisecond}, nil
+}
+
+// versionsOf is the versions of a window rule's answers (WriteShares).
+func versionsOf(as []WindowApplied, err error) ([]Version, error) {
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Version, len(as))
+	for i, a := range as {
+		out[i] = a.Version
 	}
 	return out, nil
 }
@@ -145,7 +199,9 @@ end
 // units, release (0/1), algorithm code (3 fixed, 2 sliding), global limit,
 // window ms, total units, floor units, ttl ms (Release records), now ms or
 // "" for TIME, slack ms.
-// Reply: {inc, seq}, the record version the key holds afterwards.
+// Reply: {inc, seq}, the record version the key holds afterwards; for a
+// refused record also the fewest units the key can take now and the ms
+// until its window ends: {inc, seq, need, until}.
 //
 // The record is refused (the key keeps its version; {0, 0} if it has no
 // record) when the key's use of the current window exceeds the allowance of
@@ -188,7 +244,16 @@ else
   vals = {w, c, pc}
   used = c * W + pc * (W - off)
 end
-if used > A * W then return held end
+if used > A * W then
+  -- refused: also the fewest units whose allowance covers the use (the
+  -- least whole requests above used/W), and the ms until the window ends
+  local nreq = cdiv(used, W)
+  local need = math.floor(nreq / L * UN)
+  if need > UN then need = UN end
+  while need < UN and shareOf(L, need, UN) < nreq do need = need + 1 end
+  while need > 0 and shareOf(L, need - 1, UN) >= nreq do need = need - 1 end
+  return {held[1], held[2], need, W - off}
+end
 local rec = {inc, seq, units * 2 + rel}
 if rel == 1 then
   local want = (n - 1) * W - off + slack
@@ -240,10 +305,17 @@ func (m *Model) setWin(nowMs int64, key string, alg int64, vals, rec []int64, tt
 	}
 }
 
-// writeWindowShares is Model.WriteShares for a global window rule's records.
-func (m *Model) writeWindowShares(nowMs int64, rule string, recs []ShareRecord) []Version {
+// WriteWindowShares applies a global window rule's records at nowMs exactly
+// as Store.WriteWindowShares does.
+func (m *Model) WriteWindowShares(nowMs int64, rule string, recs []ShareRecord) ([]WindowApplied, error) {
+	if err := validateShares(rule, recs); err != nil || len(recs) == 0 {
+		return nil, err
+	}
+	if !recs[0].isWindow() {
+		return nil, fmt.Errorf("%w: records[0].Algorithm %q is not a window", ErrInvalidShare, recs[0].Algorithm)
+	}
 	mk, okm := m.markers[MarkerKey(rule)]
-	out := make([]Version, len(recs))
+	out := make([]WindowApplied, len(recs))
 	for i, r := range recs {
 		inc, seq := int64(r.Inc), int64(r.Seq)
 		alg := algCode(r.Algorithm)
@@ -253,7 +325,7 @@ func (m *Model) writeWindowShares(nowMs int64, rule string, recs []ShareRecord) 
 			ss := k.h["s"]
 			held = Version{uint64(si), uint64(ss)}
 			if inc < si || inc == si && seq < ss {
-				out[i] = held
+				out[i].Version = held
 				continue
 			}
 		}
@@ -289,7 +361,7 @@ func (m *Model) writeWindowShares(nowMs int64, rule string, recs []ShareRecord) 
 			vals, used = []int64{w, c, pc}, c*W+pc*(W-off)
 		}
 		if used > allow*W {
-			out[i] = held
+			out[i] = WindowApplied{Version: held, Need: needUnits(r.Limit, r.Total, ceilDiv(used, W)), Until: time.Duration(W-off) * time.Millisecond}
 			continue
 		}
 		var rel, ttl int64 = 0, -1
@@ -299,7 +371,20 @@ func (m *Model) writeWindowShares(nowMs int64, rule string, recs []ShareRecord) 
 			ttl = max(n*W-off+m.slackMs, r.TTL.Milliseconds(), 1000)
 		}
 		m.setWin(nowMs, r.Key, alg, vals, []int64{inc, seq, r.Units*2 + rel}, ttl)
-		out[i] = r.versionOf()
+		out[i].Version = r.versionOf()
 	}
-	return out
+	return out, nil
+}
+
+// needUnits is the fewest units u in [0, total] with shareOf(limit, u,
+// total) >= n, found as the script does (an estimate, then exact steps).
+func needUnits(limit, total, n int64) int64 {
+	u := min(int64(math.Floor(float64(n)/float64(limit)*float64(total))), total)
+	for u < total && shareOf(limit, u, total) < n {
+		u++
+	}
+	for u > 0 && shareOf(limit, u-1, total) >= n {
+		u--
+	}
+	return u
 }

@@ -200,3 +200,37 @@ func TestGlobalWindowValidation(t *testing.T) {
 		t.Errorf("a global fixed window refused: %v", err)
 	}
 }
+
+// TestWindowRefusalAnswer: a refused record answers the fewest units the
+// key can take (50 used of 100 per window in 1000 units: 500) and the time
+// until the window ends, on redis-server as in the model.
+func TestWindowRefusalAnswer(t *testing.T) {
+	e := newEnv(t, false)
+	ctx := ctxT(t)
+	m := NewModel(0)
+	for _, alg := range []rules.Algorithm{rules.FixedWindow, rules.SlidingWindow} {
+		rule := "gw-answer-" + string(alg)
+		b := globalWindow(alg, rule, Key("a", rule))
+		for _, im := range []impl{modelImpl{m}, redisImpl{e}} {
+			mk := create(im, 1, 1, 600, 10*time.Minute)
+			mk.RunID = im.runID(t)
+			im.marker(t, gw0, rule, mk)
+			take(t, im, gw0, b, 50)
+		}
+		e.clock.ms.Store(gw0 + 1)
+		got, err := e.store.WriteWindowShares(ctx, rule, []ShareRecord{windowRecord(alg, b.Key, 1, 2, 400)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []WindowApplied{{Need: 500, Until: gwWin - time.Millisecond}}
+		if got[0] != want[0] {
+			t.Fatalf("%s: redis answers %+v, want %+v", alg, got[0], want[0])
+		}
+		if mg, _ := m.WriteWindowShares(gw0+1, rule, []ShareRecord{windowRecord(alg, b.Key, 1, 2, 400)}); mg[0] != want[0] {
+			t.Fatalf("%s: model answers %+v, want %+v", alg, mg[0], want[0])
+		}
+		if _, err := e.store.WriteWindowShares(ctx, rule, []ShareRecord{record(rule, b.Key, 1, 3, 1)}); err == nil {
+			t.Fatal("WriteWindowShares took a token-bucket record")
+		}
+	}
+}

@@ -531,7 +531,7 @@ func (m *Model) WriteShares(nowMs int64, rule string, recs []ShareRecord) ([]Ver
 		return nil, err
 	}
 	if recs[0].isWindow() {
-		return m.writeWindowShares(nowMs, rule, recs), nil
+		return versionsOf(m.WriteWindowShares(nowMs, rule, recs))
 	}
 	mk, okm := m.markers[MarkerKey(rule)]
 	out := make([]Version, len(recs))
