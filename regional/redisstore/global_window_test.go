@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -232,5 +233,101 @@ func TestWindowRefusalAnswer(t *testing.T) {
 		if _, err := e.store.WriteWindowShares(ctx, rule, []ShareRecord{record(rule, b.Key, 1, 3, 1)}); err == nil {
 			t.Fatal("WriteWindowShares took a token-bucket record")
 		}
+	}
+}
+
+// TestGlobalWindowSumNeverAboveLimit: three regions' stores (Models) hold
+// one global window key of 100 per minute in 1000 units; random admissions,
+// clock moves and gifts that follow the ledger's order (the giver lowers
+// first; on a refusal it gives only what the answer allows; the receiver
+// raises once the lowering applied). After every step the regions' uses of
+// their current windows sum to at most the limit, and the gifts move units.
+func TestGlobalWindowSumNeverAboveLimit(t *testing.T) {
+	for _, alg := range []rules.Algorithm{rules.FixedWindow, rules.SlidingWindow} {
+		t.Run(string(alg), func(t *testing.T) {
+			seed := uint64(time.Now().UnixNano())
+			if s := testingSeed(); s != 0 {
+				seed = s
+			}
+			t.Logf("seed %d (rerun with REDISSTORE_SEED=%d)", seed, seed)
+			r := rand.New(rand.NewPCG(seed, 0x3d))
+			const rule = "gw-sum"
+			key := Key("u", rule)
+			ms := []*Model{NewModel(0), NewModel(0), NewModel(0)}
+			pos := []int64{333, 333, 334}
+			seq := []uint64{1, 1, 1}
+			now := gw0
+			for i, m := range ms {
+				if _, err := m.WriteMarker(now, rule, Marker{Inc: 1, Seq: 1, Units: pos[i], Lease: MaxLease, Create: true, RunID: m.RunID()}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write := func(i int, units int64) WindowApplied {
+				seq[i]++
+				a, err := ms[i].WriteWindowShares(now, rule, []ShareRecord{windowRecord(alg, key, 1, seq[i], units)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return a[0]
+			}
+			var admitted, moved, refused int
+			for step := 0; step < 20_000; step++ {
+				switch x := r.IntN(10); {
+				case x < 6:
+					i := r.IntN(3)
+					if ok, _, _ := ms[i].Check(now, 1+r.Int64N(3), []Bucket{globalWindow(alg, rule, key)}); ok {
+						admitted++
+					}
+				case x < 8:
+					i, j := r.IntN(3), r.IntN(3)
+					g := r.Int64N(pos[i] + 1)
+					if i == j || g == 0 {
+						continue
+					}
+					a := write(i, pos[i]-g)
+					if a.Version.Seq != seq[i] { // refused: give what is above the need
+						refused++
+						if g = pos[i] - a.Need; g <= 0 {
+							continue
+						}
+						if a = write(i, pos[i]-g); a.Version.Seq != seq[i] {
+							t.Fatalf("step %d: lowering to the answered need %d refused: %+v", step, a.Need, a)
+						}
+					}
+					pos[i] -= g
+					if a := write(j, pos[j]+g); a.Version.Seq != seq[j] {
+						t.Fatalf("step %d: raise refused: %+v", step, a)
+					}
+					pos[j] += g
+					moved++
+				default:
+					now += r.Int64N(gwMs / 20)
+				}
+				var use int64 // times W
+				for _, m := range ms {
+					k := m.get(now, key)
+					if k == nil {
+						continue
+					}
+					wi := floorDiv(now, gwMs)
+					off := now - wi*gwMs
+					switch w := k.h["w"]; {
+					case alg == rules.FixedWindow && w == wi:
+						use += k.h["n"] * gwMs
+					case alg == rules.SlidingWindow && w == wi:
+						use += k.h["c"]*gwMs + k.h["p"]*(gwMs-off)
+					case alg == rules.SlidingWindow && w == wi-1:
+						use += k.h["c"] * (gwMs - off)
+					}
+				}
+				if use > gwLimit*gwMs {
+					t.Fatalf("step %d: the regions' uses sum to %.2f, above %d (units %v)", step, float64(use)/float64(gwMs), gwLimit, pos)
+				}
+			}
+			t.Logf("%d admissions, %d gifts (%d lowerings refused and cut to the need), units %v", admitted, moved, refused, pos)
+			if moved == 0 || refused == 0 || admitted == 0 {
+				t.Fatal("degenerate run")
+			}
+		})
 	}
 }
