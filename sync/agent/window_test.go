@@ -39,9 +39,10 @@ func redisStack(t *testing.T) (*stack, map[string]*redisstore.Store, map[string]
 // a to b to c. The test is the only enforcer: it checks requests in the
 // demand's region, one every 5 ms, and publishes their usage. Safety: the
 // regions together never admit more than 100 in a window (counted per
-// window, read from each answer's reset time). Liveness: each region with
-// demand is served beyond its static third, out of what the others have
-// not used, and the day's quota ends up used.
+// window, read from each answer's reset time). Liveness: a region with
+// demand is served out of what the others have not used, far beyond its
+// floor (a 60 while b and c are idle, then b 30 of the 40 left), and the
+// day's quota ends up used (at least 90).
 func TestDailyQuotaWithRedis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
