@@ -15,7 +15,7 @@ type compiled struct {
 }
 
 type bucketParams struct {
-	global    *redisstore.Global // coordinated global token bucket; nil otherwise
+	global    *redisstore.Global // coordinated global token bucket or window; nil otherwise
 	algorithm rules.Algorithm
 	capacity  int64 // thousandths
 	rate      int64 // thousandths per second
@@ -38,16 +38,22 @@ func (e *Enforcer) params(r rules.Rule) (bucketParams, bool) {
 		frac = f
 	}
 	p := bucketParams{algorithm: r.Algorithm}
-	if r.Scope == rules.Global && r.Algorithm == rules.TokenBucket && !e.cfg.StaticGlobal {
+	if r.Coordinated() && !e.cfg.StaticGlobal {
 		// The store enforces floor(global x units / Units): the agent's share,
 		// or this region's floor while no agent lease is valid.
 		floor, ok := globalFloor(r, e.cfg.Region)
 		if !ok {
 			return bucketParams{}, false
 		}
-		p.capacity = r.Capacity * 1000
-		p.rate = allocation.Thousandths(r.RefillPerSecond)
-		p.windowMs = p.capacity * 1000 / p.rate
+		if r.Algorithm == rules.TokenBucket {
+			p.capacity = r.Capacity * 1000
+			p.rate = allocation.Thousandths(r.RefillPerSecond)
+			p.windowMs = p.capacity * 1000 / p.rate
+		} else { // a global window: its global limit per window
+			p.limit = r.Limit
+			p.window = time.Duration(r.Window)
+			p.windowMs = p.window.Milliseconds()
+		}
 		p.global = &redisstore.Global{Rule: r.ID, Units: allocation.DefaultUnits, Floor: floor}
 		return p, true
 	}

@@ -30,13 +30,17 @@
 //     needs regions (weights finite and above 0) and min_share in [0, 1].
 //     Global applies to every algorithm: a region's static share of the rate
 //     and capacity, or of the limit, is its weight over the sum of weights.
+//     token_bucket, fixed_window and sliding_window are coordinated
+//     (Coordinated: the sync agents move shares by demand, starting from
+//     the static ones); leaky_bucket and sliding_log keep the static share.
 //   - failure_mode open (default), closed or local; priority high (default)
 //     or low.
 //   - Numbers are refused, naming the field, where the store cannot hold
 //     them: capacity at most 2^38 thousandths of a token, refill_per_second
 //     at least 0.001 (a thousandth per second), limit at most 2^40 and limit
-//     x window (ms) at most 2^52, and for a global rule every region's static
-//     share at least one unit (a thousandth of a token, or one request).
+//     x window (ms) at most 2^52, and for a global leaky_bucket or sliding_log
+//     every region's static share at least one unit (a thousandth of a
+//     token, or one request).
 //   - local_batch (tokens a token_bucket's enforcer takes from the store at
 //     a time; 0 or 1: off) is at most capacity. split (sub-buckets of a hot
 //     key; 0 or 1: off) is 2..64, for a regional token_bucket without

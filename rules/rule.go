@@ -181,6 +181,13 @@ func (r *Rule) AppendKeyValues(dst []string, clientKey, resource string, attrs m
 	return dst, true
 }
 
+// Coordinated reports whether the sync agents coordinate the rule's shares
+// (the share ledger): a global token_bucket, fixed_window or sliding_window.
+// Other global rules (leaky_bucket, sliding_log) enforce their static share.
+func (r Rule) Coordinated() bool {
+	return r.Scope == Global && (r.Algorithm == TokenBucket || r.Algorithm == FixedWindow || r.Algorithm == SlidingWindow)
+}
+
 // StaticShare returns the fraction of the rule's limit that region enforces
 // when no dynamic share is set: for a global rule its weight divided by the
 // sum of the weights (ok false, 0 when the region is not listed: it has no

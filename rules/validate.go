@@ -308,9 +308,11 @@ func (r *Rule) validateWindow(fe func(string, string, ...any) error) error {
 // rounds to nothing in the store's units (a region that could never admit
 // anything, and a bucket the store would refuse): each region's share of the
 // capacity and refill (in thousandths) or of the limit must be at least 1.
-// A global token bucket is exempt: the store holds its global capacity and
-// rate and applies the region's share itself (an enforcer run with static
-// global shares checks its own share when it loads the rule).
+// A global token bucket, fixed window and sliding window are exempt: they
+// are coordinated (Coordinated), the store holds their global capacity and
+// rate or limit and applies the region's share itself, and a region whose
+// share is below one unit is given more by demand (an enforcer run with
+// static global shares checks its own share when it loads the rule).
 func (r *Rule) validateShares(fe func(string, string, ...any) error) error {
 	for _, name := range slices.Sorted(maps.Keys(r.Regions)) {
 		f, ok := r.StaticShare(name)
@@ -325,7 +327,7 @@ func (r *Rule) validateShares(fe func(string, string, ...any) error) error {
 			if int64(r.RefillPerSecond*1000*f) < 1 {
 				return fe("refill_per_second", "region %s's static share (%.3g of %v) is below one thousandth of a token per second; raise refill_per_second or the region's weight", name, f, r.RefillPerSecond)
 			}
-		case SlidingWindow, FixedWindow, SlidingLog:
+		case SlidingLog:
 			if int64(float64(r.Limit)*f) < 1 {
 				return fe("limit", "region %s's static share (%.3g of %d) rounds to 0 requests per window; raise limit or the region's weight", name, f, r.Limit)
 			}

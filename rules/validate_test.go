@@ -106,11 +106,22 @@ func TestValidate(t *testing.T) {
 			r.RefillPerSecond = 0.002
 			r.Regions = map[string]float64{"us-east": 1, "eu-west": 1000}
 		}, field: "refill_per_second", msg: "region us-east"},
-		{name: "global share of limit rounds to 0", base: windowRule, edit: func(r *Rule) {
+		{name: "global share of a sliding log's limit rounds to 0", base: windowRule, edit: func(r *Rule) {
+			r.Algorithm = SlidingLog
 			r.Limit = 2
 			r.Scope = Global
 			r.Regions = map[string]float64{"us-east": 1, "eu-west": 1, "ap-south": 1}
 		}, field: "limit", msg: "region ap-south"},
+		{name: "global sliding window share is the store's", base: windowRule, edit: func(r *Rule) {
+			r.Limit = 2
+			r.Scope = Global
+			r.Regions = map[string]float64{"us-east": 1, "eu-west": 1, "ap-south": 1}
+		}},
+		{name: "global daily fixed window ok", base: windowRule, edit: func(r *Rule) {
+			r.Algorithm, r.Limit, r.Window = FixedWindow, 100, Duration(24*time.Hour)
+			r.Scope = Global
+			r.Regions = map[string]float64{"us-east": 1, "eu-west": 1, "ap-south": 1}
+		}},
 		{name: "priority low ok", base: tokenRule, edit: func(r *Rule) { r.Priority = PriorityLow }},
 		{name: "priority unknown", base: tokenRule, edit: func(r *Rule) { r.Priority = "urgent" }, field: "priority", msg: "urgent"},
 		{name: "failure mode unknown", base: tokenRule, edit: func(r *Rule) { r.FailureMode = "maybe" }, field: "failure_mode", msg: "maybe"},

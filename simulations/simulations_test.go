@@ -103,6 +103,18 @@ func TestShippedScenarios(t *testing.T) {
 				if led.Utilization < 0.75 {
 					t.Errorf("ledger utilization %.4f < 0.75: not recovered after the heal", led.Utilization)
 				}
+			case "daily-quota":
+				// The quota holds in every window; the ledger serves the
+				// demand out of what the other regions leave unused.
+				if led.WindowMax > int64(res.Burst) || byName(res, "ideal").WindowMax != int64(res.Burst) {
+					t.Errorf("most admitted in one window: ledger %d, ideal %d, quota %g", led.WindowMax, byName(res, "ideal").WindowMax, res.Burst)
+				}
+				if byName(res, "independent").WindowMax <= int64(res.Burst) {
+					t.Errorf("independent regions should exceed the quota")
+				}
+				if st := byName(res, "static"); led.Utilization < 0.9 || led.Utilization <= st.Utilization {
+					t.Errorf("ledger utilization %.4f, want >= 0.9 and above the static split's %.4f", led.Utilization, st.Utilization)
+				}
 			case "limit-1-per-second", "limit-1-per-second-moving", "limit-10-per-second":
 				// Even demand at 1/s: a token that stays in one region
 				// reaches at most 46% (simulations/README.md); moving

@@ -175,7 +175,7 @@ func (c *cli) showLimits(ctx context.Context, r rules.Rule, rev int64, lq *liveQ
 	}
 	v := limitsView{ID: r.ID, Revision: rev, Scope: r.Scope, Rate: rate, Burst: burst, MinShare: r.MinShare, Regions: []regionLimit{}}
 	regions := slices.Sorted(maps.Keys(r.Regions))
-	coordinated := r.Scope == rules.Global && r.Algorithm == rules.TokenBucket
+	coordinated := r.Coordinated()
 	queried := lq != nil && len(lq.agents) > 0 && coordinated
 	var live map[string]*liveShare
 	var answers []liveShare
@@ -227,7 +227,7 @@ func (c *cli) showLimits(ctx context.Context, r rules.Rule, rev int64, lq *liveQ
 	}
 	switch {
 	case !coordinated:
-		_, err := fmt.Fprintf(c.stdout, "live shares: none (sync agents coordinate global token_bucket rules only)\n")
+		_, err := fmt.Fprintf(c.stdout, "live shares: none (sync agents coordinate global token_bucket, fixed_window and sliding_window rules only)\n")
 		return err
 	case !queried:
 		_, err := fmt.Fprintln(c.stdout, "live shares: give --agents [REGION=]URL,... (or APPORTION_AGENTS) to ask the regions' sync agents")

@@ -17,7 +17,7 @@ type Bucket struct {
 	Limit     int64           // window algorithms: tokens per window (whole tokens)
 	Window    time.Duration   // window algorithms (whole milliseconds; at least 1 ms)
 	Shadow    bool            // a shadow bucket never rejects the request; it consumes only when it itself would allow
-	Global    *Global         // nil for regional buckets; only with Algorithm == rules.TokenBucket (Capacity and Rate are then the global ones)
+	Global    *Global         // nil for regional buckets; only for token_bucket (Capacity and Rate are then the global ones), fixed_window and sliding_window (Limit is then the global one)
 }
 
 // Result is one bucket's answer. All durations are in milliseconds measured

@@ -186,13 +186,17 @@ func decodeState(tb testing.TB, alg rules.Algorithm, raw string) map[string]int6
 	names := map[rules.Algorithm][]string{
 		rules.TokenBucket:   tbFields,
 		rules.LeakyBucket:   {"t", "l"},
-		rules.FixedWindow:   {"w", "n"},
-		rules.SlidingWindow: {"w", "c", "p"},
+		rules.FixedWindow:   winFields[algFixedWindow],
+		rules.SlidingWindow: winFields[algSlidingWindow],
 	}[alg]
 	widths := []int{6, 6, 6, 6, 6, 6, 6}
 	switch {
 	case alg == rules.TokenBucket && len(raw) == 36:
 		widths = []int{6, 6, 6, 6, 3, 5, 4}
+	case alg == rules.FixedWindow && len(raw) == 24:
+		widths = []int{6, 6, 3, 5, 4}
+	case alg == rules.SlidingWindow && len(raw) == 30:
+		widths = []int{6, 6, 6, 3, 5, 4}
 	case alg == rules.TokenBucket && len(raw) != 12 && len(raw) != 24:
 		tb.Fatalf("token bucket state of %d bytes", len(raw))
 	case len(raw)%6 != 0 || len(raw)/6 > len(names):

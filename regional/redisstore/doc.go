@@ -1,7 +1,8 @@
 // Package redisstore is the enforcer's Redis side: it evaluates a request's
 // buckets (token bucket, sliding window counter, fixed window, sliding log,
 // leaky bucket) in Redis with Lua scripts, and implements the share
-// ledger's store contract (sync/ledger) for global token buckets.
+// ledger's store contract (sync/ledger) for global token buckets and global
+// fixed and sliding windows.
 //
 // Invariants:
 //
@@ -90,6 +91,47 @@
 // afterwards. A regional check on a key holding a global state keeps only
 // its tokens (a rule that changes scope loses its records).
 //
+// Global windows. A fixed_window or sliding_window Bucket with Global set
+// has the rule's GLOBAL limit L per window W; with u units (chosen exactly
+// as above: floor, record or the marker's default) the key admits while its
+// use of the window stays within the allowance A = floor(L*u/U). Its use is
+// n for a fixed window, and for a sliding window the estimate
+// c + p*(W-off)/W (compared exactly, times W). A window has no refill to
+// settle, so a share change needs no settle step. Instead WriteShares (and
+// WriteWindowShares, which also says why) refuses a record, and the key
+// keeps the version it held, when the key has used more of its window than
+// the allowance of the record's units or of the units it would enforce
+// with it (the floor, for a record of another incarnation than the
+// marker's). A refusal answers the fewest units the key could take now
+// (the least u whose allowance covers the use) and the time until the
+// window ends. The sync agent hands that to its ledger (Ledger.Hold), which
+// cancels the unconfirmed part of the gift and gives only what is above
+// it: a region gives only what it has not used of its window, and the rest
+// once that window is over. Records, TTLs and markers are as for token
+// buckets; a regional check of a key with global window state keeps its
+// counts and drops the record.
+//
+// Invariant (global windows): at every instant, the regions' uses of their
+// current windows sum to at most L. Per region, use <= A at all times: an
+// admission needs use + cost <= A, a raise only widens A, a lowering
+// applies only if use <= the new A, and the use never grows otherwise (a
+// fixed count resets when its window ends; a sliding estimate decays as the
+// previous window slides out and is continuous at the boundary, where the
+// count moves to p with weight 1). The ledger confirms, so publishes, a gift
+// only once the store holds the lowered record, so the units the regions
+// enforce sum to at most U exactly as for token buckets (sync/ledger), and
+// the allowances to at most sum floor(L*u_i/U) <= L. Not covered: (a) a
+// lapsed lease lowers a region to its floor whatever it has used; survivors
+// therefore reclaim a window rule's share one window later (sync/agent
+// adds W(1+rho)/(1-rho) to the wait), when the lapsed window is over; (b) a
+// region whose agent restarts has its old records count at the floor at
+// once, and a peer that sees the new incarnation reclaims the old one
+// without waiting: that window may admit up to the restarted region's use
+// above its floor more; (c) a Redis that restarts empty forgets the
+// window's use (as for regional windows). Each region's windows follow its
+// own Redis clock, so with clocks offset by d an observer's calendar window
+// may also see what the regions admit within d of its boundary.
+//
 // Redis Cluster: the marker key is per rule, not in the client's hash slot,
 // so a check of a global bucket (and WriteShares) touches two slots and
 // fails with CROSSSLOT; global rules need standalone Redis (or, future work,
@@ -103,7 +145,9 @@
 // it last enforced) and, with a share record, the record's incarnation (3
 // bytes), sequence (5 bytes) and units*2+release (4 bytes): 12, 24 or 36
 // bytes. Leaky bucket t (level), l; fixed window w (window index), n
-// (count); sliding window w, c (count in w), p (count in w-1). The sliding
+// (count); sliding window w, c (count in w), p (count in w-1); a global
+// window with a share record adds the record's incarnation, sequence and
+// units*2+release as a token bucket does (24 and 30 bytes). The sliding
 // log is a sorted set. A marker is 5 6-byte integers and the run id.
 //
 // Why not a hash with short field names (the obvious layout):

@@ -7,6 +7,7 @@ import (
 	"math/big"
 	"regexp"
 	"testing"
+	"time"
 )
 
 // replyReader turns fuzz bytes into a reply of the shapes go-redis returns
@@ -98,6 +99,7 @@ func (e replyError) Error() string { return string(e) }
 func FuzzParseReplies(f *testing.F) {
 	f.Add([]byte{3, 6, 0, 1, 0, 1, 0, 10, 0, 9, 0, 0, 0, 0}) // [1, 1, 10, 9, 0, 0]: one allowing bucket
 	f.Add([]byte{3, 2, 0, 3, 0, 7})                          // [3, 7]: a version
+	f.Add([]byte{3, 4, 0, 3, 0, 7, 0, 9, 0, 5})              // [3, 7, 9, 5]: a refused window record
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r := &replyReader{b: data}
 		v := r.reply(0)
@@ -132,6 +134,24 @@ func FuzzParseReplies(f *testing.F) {
 			}
 		} else if !errors.Is(err, ErrBadReply) {
 			t.Fatalf("parseVersion(%#v) = %v %v, want ErrBadReply", v, ver, err)
+		}
+		wa, err := parseWindowApplied(v)
+		nonneg := ints
+		for _, x := range a {
+			nonneg = nonneg && x.(int64) >= 0
+		}
+		switch {
+		case nonneg && len(a) == 2:
+			if err != nil || wa != (WindowApplied{Version: Version{uint64(a[0].(int64)), uint64(a[1].(int64))}}) {
+				t.Fatalf("parseWindowApplied(%#v) = %+v %v", v, wa, err)
+			}
+		case nonneg && len(a) == 4:
+			want := WindowApplied{Version{uint64(a[0].(int64)), uint64(a[1].(int64))}, a[2].(int64), time.Duration(a[3].(int64)) * time.Millisecond}
+			if err != nil || wa != want {
+				t.Fatalf("parseWindowApplied(%#v) = %+v %v, want %+v", v, wa, err, want)
+			}
+		case !errors.Is(err, ErrBadReply):
+			t.Fatalf("parseWindowApplied(%#v) = %+v %v, want ErrBadReply", v, wa, err)
 		}
 	})
 }

@@ -49,9 +49,14 @@ type ShareRecord struct {
 	Units          int64 // in [0, Total]
 	Release        bool  // the record may expire with the bucket (else the key is made persistent)
 	Capacity, Rate int64 // the rule's GLOBAL capacity and rate, thousandths (for settling and clamping)
-	Total          int64 // U
-	Floor          int64 // the region's floor units, in [0, Total]
-	TTL            time.Duration
+	// Algorithm is "" or token_bucket (Capacity and Rate), or fixed_window
+	// or sliding_window (a global window: Limit and Window; see global_window.go).
+	Algorithm rules.Algorithm
+	Limit     int64         // a global window's GLOBAL limit per window
+	Window    time.Duration // a global window's window (whole ms)
+	Total     int64         // U
+	Floor     int64         // the region's floor units, in [0, Total]
+	TTL       time.Duration
 }
 
 // Bounds of the global-bucket parameters. Records store Inc in 3 bytes, Seq
@@ -79,8 +84,8 @@ func validateGlobal(i int, b Bucket) error {
 	switch {
 	case g == nil:
 		return nil
-	case b.Algorithm != rules.TokenBucket:
-		return fmt.Errorf("%w: buckets[%d].Global is only for %s", ErrInvalidBucket, i, rules.TokenBucket)
+	case !GlobalAlgorithm(b.Algorithm):
+		return fmt.Errorf("%w: buckets[%d].Global is only for %s, %s and %s", ErrInvalidBucket, i, rules.TokenBucket, rules.FixedWindow, rules.SlidingWindow)
 	case g.Rule == "":
 		return fmt.Errorf("%w: buckets[%d].Global.Rule is empty", ErrInvalidBucket, i)
 	case g.Units < 1 || g.Units > MaxUnits:
@@ -122,17 +127,13 @@ func validateRecord(i int, r ShareRecord) error {
 		return fmt.Errorf("%w: records[%d].Units %d must be in [0, Total]", ErrInvalidShare, i, r.Units)
 	case r.Floor < 0 || r.Floor > r.Total:
 		return fmt.Errorf("%w: records[%d].Floor %d must be in [0, Total]", ErrInvalidShare, i, r.Floor)
-	case r.Capacity < 1 || r.Capacity > MaxCapacity:
-		return fmt.Errorf("%w: records[%d].Capacity %d must be in [1, %d]", ErrInvalidShare, i, r.Capacity, MaxCapacity)
-	case r.Rate < 1 || r.Rate > MaxRate:
-		return fmt.Errorf("%w: records[%d].Rate %d must be in [1, %d]", ErrInvalidShare, i, r.Rate, MaxRate)
 	case r.TTL < 0 || r.TTL > 365*24*time.Hour:
 		return fmt.Errorf("%w: records[%d].TTL %v must be in [0, 365d]", ErrInvalidShare, i, r.TTL)
 	}
 	if err := validateVersion(r.Inc, r.Seq); err != nil {
 		return fmt.Errorf("records[%d]: %w", i, err)
 	}
-	return nil
+	return r.validateLimit(i)
 }
 
 // EmbeddedRunID is the run id of a server that answers that INFO server is
@@ -217,7 +218,7 @@ func validateShares(rule string, recs []ShareRecord) error {
 			return err
 		}
 	}
-	return nil
+	return sameAlgorithm(recs)
 }
 
 // WriteShares applies each record, one script call per record, pipelined.
@@ -232,6 +233,9 @@ func validateShares(rule string, recs []ShareRecord) error {
 func (s *Store) WriteShares(ctx context.Context, rule string, recs []ShareRecord) ([]Version, error) {
 	if err := validateShares(rule, recs); err != nil || len(recs) == 0 {
 		return nil, err
+	}
+	if recs[0].isWindow() {
+		return versionsOf(s.WriteWindowShares(ctx, rule, recs))
 	}
 	now, err := s.nowArg()
 	if err != nil {

@@ -16,8 +16,16 @@ import (
 // the right and a wrong run id) and renewals, lease expiry by advancing the
 // clock, clock steps back, and real restarts of redis-server (the model is
 // told the new run id: Restart). It requires identical results, returned
-// versions, bucket state, TTL kind and markers.
+// versions, bucket state, TTL kind and markers. It runs for global token
+// buckets and global fixed and sliding windows (whose records are refused
+// while the key has used more of its window than they allow).
 func TestDifferentialGlobal(t *testing.T) {
+	for _, alg := range []rules.Algorithm{rules.TokenBucket, rules.FixedWindow, rules.SlidingWindow} {
+		t.Run(string(alg), func(t *testing.T) { diffGlobal(t, alg) })
+	}
+}
+
+func diffGlobal(t *testing.T, alg rules.Algorithm) {
 	seed := uint64(time.Now().UnixNano())
 	if s := testingSeed(); s != 0 {
 		seed = s
@@ -39,9 +47,10 @@ func TestDifferentialGlobal(t *testing.T) {
 
 	type grule struct {
 		id          string
-		c, rt, u, f int64
+		c, rt, u, f int64 // token bucket: capacity, rate; windows: limit, window ms
 		keys        []string
 	}
+	win := alg != rules.TokenBucket
 	newRules := func() []grule {
 		rs := make([]grule, 2)
 		for i := range rs {
@@ -51,6 +60,12 @@ func TestDifferentialGlobal(t *testing.T) {
 				g.u = 1_000_000
 			case 1:
 				g.c, g.rt, g.u = MaxCapacity-r.Int64N(1000), MaxRate-r.Int64N(1000), MaxUnits-r.Int64N(10)
+				if win {
+					g.c, g.rt = MaxLimit-r.Int64N(1000), MaxLimitWindow/MaxLimit
+				}
+			}
+			if win && g.c < MaxLimit-1000 {
+				g.c, g.rt = []int64{1 + r.Int64N(20), 1 + r.Int64N(200)}[r.IntN(2)], []int64{1000, 2000, 60_000, 1 + r.Int64N(5000)}[r.IntN(4)]
 			}
 			g.f = r.Int64N(g.u/2 + 1)
 			for k := 0; k < 4; k++ {
@@ -62,6 +77,9 @@ func TestDifferentialGlobal(t *testing.T) {
 	}
 	rs := newRules()
 	bucket := func(g grule, key string) Bucket {
+		if win {
+			return Bucket{Key: key, Algorithm: alg, Limit: g.c, Window: time.Duration(g.rt) * time.Millisecond, Global: &Global{Rule: g.id, Units: g.u, Floor: g.f}}
+		}
 		return Bucket{Key: key, Algorithm: rules.TokenBucket, Capacity: g.c, Rate: g.rt, Global: &Global{Rule: g.id, Units: g.u, Floor: g.f}}
 	}
 	units := func(g grule) int64 {
@@ -70,6 +88,10 @@ func TestDifferentialGlobal(t *testing.T) {
 			return g.f
 		case 1:
 			return g.u
+		case 2:
+			if win {
+				return r.Int64N(g.f + 1) // below what the key may have used
+			}
 		}
 		return r.Int64N(g.u + 1)
 	}
@@ -78,7 +100,7 @@ func TestDifferentialGlobal(t *testing.T) {
 		steps, restarts = 600, 1
 	}
 	now := t0
-	var checks, allowed, writes, applied, markers, markersApplied, restarted int
+	var checks, allowed, writes, applied, overUsed, markers, markersApplied, restarted int
 	for st := 0; st < steps; st++ {
 		switch x := r.IntN(20); {
 		case x < 8:
@@ -98,7 +120,11 @@ func TestDifferentialGlobal(t *testing.T) {
 			for j, p := range perm {
 				req[j] = bucket(g, g.keys[p])
 			}
-			if r.IntN(15) == 0 {
+			switch {
+			case r.IntN(15) != 0:
+			case win: // a regional window on the key drops its record
+				req[0] = Bucket{Key: req[0].Key, Algorithm: alg, Limit: 1 + r.Int64N(100), Window: req[0].Window}
+			default:
 				req[0] = Bucket{Key: req[0].Key, Algorithm: rules.TokenBucket, Capacity: 1 + r.Int64N(5000), Rate: 1 + r.Int64N(5000)}
 			}
 			if r.IntN(5) == 0 { // two rules in one request
@@ -131,6 +157,17 @@ func TestDifferentialGlobal(t *testing.T) {
 				recs[j] = ShareRecord{Key: g.keys[r.IntN(len(g.keys))], Inc: uint64(1 + r.IntN(3)), Seq: uint64(r.IntN(30)),
 					Units: units(g), Release: r.IntN(4) == 0, Capacity: g.c, Rate: g.rt, Total: g.u, Floor: g.f,
 					TTL: time.Duration(r.Int64N(10_000)) * time.Millisecond}
+				if win {
+					recs[j].Algorithm, recs[j].Limit, recs[j].Window, recs[j].Capacity, recs[j].Rate = alg, g.c, time.Duration(g.rt)*time.Millisecond, 0, 0
+				}
+			}
+			if win && r.IntN(3) == 0 { // a lowering to nothing, above the held version: refused if the key has used its window
+				if k := m.get(now, recs[0].Key); k != nil {
+					if si, ok := m.field(k, "i"); ok {
+						recs[0].Inc, recs[0].Seq = uint64(si), uint64(k.h["s"])+1
+					}
+				}
+				recs[0].Units = 0
 			}
 			got, err := e.store.WriteShares(ctx, g.id, recs)
 			if err != nil {
@@ -140,6 +177,24 @@ func TestDifferentialGlobal(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if win && r.IntN(2) == 0 { // the same again, with the refusals' answers
+				ga, err := e.store.WriteWindowShares(ctx, g.id, recs)
+				if err != nil {
+					t.Fatalf("step %d: %v", st, err)
+				}
+				wa, err := m.WriteWindowShares(now, g.id, recs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(ga, wa) {
+					t.Fatalf("step %d now %d records %+v: redis %+v, model %+v", st, now, recs, ga, wa)
+				}
+				for j, a := range wa {
+					if a.Need > 0 && shareOf(recs[j].Limit, a.Need, g.u) < 1 || a.Need > 0 && a.Until <= 0 {
+						t.Fatalf("step %d: refusal answer %+v for %+v", st, a, recs[j])
+					}
+				}
+			}
 			if !slices.Equal(got, want) {
 				t.Fatalf("step %d now %d records %+v: redis %v, model %v", st, now, recs, got, want)
 			}
@@ -148,6 +203,9 @@ func TestDifferentialGlobal(t *testing.T) {
 				ok := want[j] == rec.versionOf()
 				if ok {
 					applied++
+				}
+				if want[j].Less(rec.versionOf()) {
+					overUsed++ // a window record below what the key has used
 				}
 				// (a later record of the same key may have rewritten it)
 				last := !slices.ContainsFunc(recs[j+1:], func(x ShareRecord) bool { return x.Key == rec.Key })
@@ -187,9 +245,9 @@ func TestDifferentialGlobal(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d checks (%d allowed), %d record writes (%d applied), %d marker writes (%d applied), %d restarts: scripts and model agree",
-		checks, allowed, writes, applied, markers, markersApplied, restarted)
-	if allowed == 0 || allowed == checks || applied == 0 || applied == writes || markersApplied == 0 || markersApplied == markers {
+	t.Logf("%d checks (%d allowed), %d record writes (%d applied, %d refused as below the use), %d marker writes (%d applied), %d restarts: scripts and model agree",
+		checks, allowed, writes, applied, overUsed, markers, markersApplied, restarted)
+	if allowed == 0 || allowed == checks || applied == 0 || applied == writes || markersApplied == 0 || markersApplied == markers || win != (overUsed > 0) {
 		t.Fatal("degenerate run")
 	}
 }

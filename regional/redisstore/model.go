@@ -127,7 +127,7 @@ type plan struct {
 	limit   int64
 	retry   int64
 	global  bool
-	rec     []int64 // global token bucket: the stored record (inc, seq, units*2+release)
+	rec     []int64 // global bucket or window: the stored record (inc, seq, units*2+release)
 	changed bool    // global token bucket: the enforced share differs from the stored one
 	rawCap  int64   // token bucket: the enforced capacity (thousandths)
 	back    bool    // token/leaky: the clock is behind the stored time
@@ -240,6 +240,9 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 			p.ttl = m.ttl(ceilDiv(capU, rate))
 		case algFixedWindow:
 			L, W := b.Limit, b.Window.Milliseconds()
+			if b.Global != nil {
+				L, p.rec = m.windowShare(k, b, nowMs)
+			}
 			wi := floorDiv(nowMs, W)
 			w, okw := m.field(k, "w")
 			n, okn := m.field(k, "n")
@@ -266,8 +269,14 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 			}
 			p.L, p.reset = L, W-off
 			p.ttl = m.ttl(W - off)
+			if p.rec != nil && p.rec[2]%2 == 0 {
+				p.ttl = 0 // a record that is not a Release record: persistent
+			}
 		case algSlidingWindow:
 			L, W := b.Limit, b.Window.Milliseconds()
+			if b.Global != nil {
+				L, p.rec = m.windowShare(k, b, nowMs)
+			}
 			wi := floorDiv(nowMs, W)
 			w, okw := m.field(k, "w")
 			c, okc := m.field(k, "c")
@@ -299,6 +308,9 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 			}
 			p.L, p.W, p.off = L, W, off
 			p.ttl = m.ttl(2*W - off)
+			if p.rec != nil && p.rec[2]%2 == 0 {
+				p.ttl = 0
+			}
 		case algSlidingLog:
 			L, W := b.Limit, b.Window.Milliseconds()
 			var log []int64
@@ -378,7 +390,7 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 				n = p.n1
 			}
 			if all {
-				m.hset(nowMs, key, "w", p.w, "n", n).expireAt = nowMs + p.ttl
+				m.setWin(nowMs, key, p.alg, []int64{p.w, n}, p.rec, p.ttl)
 			}
 			rem, reset = p.L-n, p.reset
 		case algSlidingWindow:
@@ -387,7 +399,7 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 				c = p.n1
 			}
 			if all {
-				m.hset(nowMs, key, "w", p.w, "c", c, "p", p.pc).expireAt = nowMs + p.ttl
+				m.setWin(nowMs, key, p.alg, []int64{p.w, c, p.pc}, p.rec, p.ttl)
 			}
 			rem = floorDiv(p.L*p.W-c*p.W-p.pc*(p.W-p.off), p.W)
 			switch {
@@ -517,6 +529,9 @@ func (m *Model) WriteMarker(nowMs int64, rule string, mk Marker) (Version, error
 func (m *Model) WriteShares(nowMs int64, rule string, recs []ShareRecord) ([]Version, error) {
 	if err := validateShares(rule, recs); err != nil || len(recs) == 0 {
 		return nil, err
+	}
+	if recs[0].isWindow() {
+		return versionsOf(m.WriteWindowShares(nowMs, rule, recs))
 	}
 	mk, okm := m.markers[MarkerKey(rule)]
 	out := make([]Version, len(recs))

@@ -64,7 +64,7 @@ local function putle(vals, f, widths)
   end
   return string.char(unpack(b, 1, n))
 end
--- windows and markers: n 6-byte integers
+-- leaky buckets and markers: n 6-byte integers (windows: windowPrelude)
 local f6 = {'<I6', '<I6I6', '<I6I6I6', '<I6I6I6I6', '<I6I6I6I6I6'}
 local w6 = {6, 6, 6, 6, 6}
 -- load returns nil for a missing key, else exactly the stored values
@@ -74,10 +74,6 @@ local function load(key, n1, n2)
   local n = #s / 6
   if n ~= n1 and n ~= n2 then return error('redisstore: bad state in ' .. key) end
   return getle(s, f6[n], w6, n)
-end
-local function save(key, vals, ttl)
-  local s = putle(vals, f6[#vals], w6)
-  if ttl > 0 then redis.call('SET', key, s, 'PX', ttl) else redis.call('SET', key, s, 'KEEPTTL') end
 end
 -- token bucket state: t, l (regional); t, l, c, r (global); t, l, c, r,
 -- record inc, seq, units*2+release (global with a share record)
@@ -164,10 +160,18 @@ end
 // more: total units, floor units, and the index in KEYS of its marker key.
 //
 // Reply: {allowed, then per bucket: allowed, limit, remaining, retry_after_ms, reset_after_ms}.
-const checkSrc = prelude + `
+const checkSrc = prelude + windowPrelude + `
 local cost = tonumber(ARGV[1])
 local now = clock(ARGV[2])
 local markers = {}
+-- the units a global window key enforces (codes 7, 8; see global_window.go)
+local function gunits(base, rec)
+  local UN, F, mk = tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
+  local m = markers[mk]
+  if m == nil then m = loadmarker(KEYS[mk]) or false; markers[mk] = m end
+  if rec then return enforced(m, now, UN, F, rec[1], idiv(rec[3], 2)), UN end
+  return enforced(m, now, UN, F, nil, 0), UN
+end
 local slack = tonumber(ARGV[3])
 local function ttlms(x)
   x = x + slack
@@ -250,10 +254,17 @@ while base < #ARGV do
     else p.t1 = lv; p.retry = cdiv(lv + costU - capU, rate) end
     p.cap = capU; p.rate = rate
     p.ttl = ttlms(cdiv(capU, rate))
-  elseif alg == 3 then
+  elseif alg == 3 or alg == 7 then
     -- fixed window: w = window index, n = count
     local L, W = a, b
-    local h = load(key, 2, 2) or {}
+    local h = loadwin(key, 2)
+    if alg == 7 then
+      -- global: the share of the global limit a
+      if h then p.rec = h.rec end
+      local u, UN = gunits(base, p.rec)
+      L = shareOf(a, u, UN)
+    end
+    h = h or {}
     local wi = idiv(now, W)
     local w, n = h[1], h[2]
     if w == nil then w = wi; n = 0 end
@@ -268,10 +279,17 @@ while base < #ARGV do
     else p.n1 = n; p.retry = W - off end
     p.L = L; p.reset = W - off
     p.ttl = ttlms(W - off)
-  elseif alg == 2 then
+    if p.rec and p.rec[3] % 2 == 0 then p.ttl = 0 end
+  elseif alg == 2 or alg == 8 then
     -- sliding window counter: w = current window index, c = its count, p = previous window's count
     local L, W = a, b
-    local h = load(key, 3, 3) or {}
+    local h = loadwin(key, 3)
+    if alg == 8 then
+      if h then p.rec = h.rec end
+      local u, UN = gunits(base, p.rec)
+      L = shareOf(a, u, UN)
+    end
+    h = h or {}
     local wi = idiv(now, W)
     local w, c, pc = h[1], h[2], h[3]
     if w == nil then w = wi; c = 0; pc = 0 end
@@ -291,6 +309,7 @@ while base < #ARGV do
     end
     p.L = L; p.W = W; p.off = off
     p.ttl = ttlms(2 * W - off)
+    if p.rec and p.rec[3] % 2 == 0 then p.ttl = 0 end
   elseif alg == 4 then
     -- sliding log: one sorted-set member per token, scored by its time
     local L, W = a, b
@@ -323,7 +342,7 @@ while base < #ARGV do
   end
   if not p.ok and not p.shadow then all = false end
   plans[i] = p
-  if alg == 6 then base = base + 7 else base = base + 4 end
+  if alg >= 6 then base = base + 7 else base = base + 4 end
 end
 
 local out = {all and 1 or 0}
@@ -353,19 +372,19 @@ for i = 1, #plans do
       rem = idiv(p.cap - t, U)
       reset = cdiv(t, p.rate)
     end
-  elseif p.alg == 3 then
+  elseif p.alg == 3 or p.alg == 7 then
     local n = p.n0
     if take then n = p.n1 end
     if all then
-      save(p.key, {p.w, n}, p.ttl)
+      savewin(p.key, {p.w, n}, p.rec, p.ttl)
     end
     rem = p.L - n
     reset = p.reset
-  elseif p.alg == 2 then
+  elseif p.alg == 2 or p.alg == 8 then
     local c = p.c0
     if take then c = p.c1 end
     if all then
-      save(p.key, {p.w, c, p.pc}, p.ttl)
+      savewin(p.key, {p.w, c, p.pc}, p.rec, p.ttl)
     end
     rem = idiv(p.L * p.W - c * p.W - p.pc * (p.W - p.off), p.W)
     if c > 0 then reset = (p.W - p.off) + p.W elseif p.pc > 0 then reset = p.W - p.off else reset = 0 end

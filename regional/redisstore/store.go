@@ -19,6 +19,7 @@ type Store struct {
 	check           *redis.Script
 	marker          *redis.Script
 	shares          *redis.Script
+	winShares       *redis.Script // global windows' records (global_window.go)
 	opts            options
 	slackMs         int64
 	queue           chan *call
@@ -130,6 +131,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 		done:    make(chan struct{}),
 		stopped: make(chan struct{}),
 	}
+	s.winShares = redis.NewScript(winSharesSrc)
 	s.busy = make([]atomic.Int64, o.workers)
 	s.wg.Add(o.workers + 1)
 	for i := 0; i < o.workers; i++ {
@@ -151,7 +153,7 @@ func (s *Store) Warm(ctx context.Context) error {
 	for i := 0; i < s.opts.workers; i++ {
 		go func() {
 			var err error
-			for _, sc := range []*redis.Script{s.check, s.marker, s.shares} {
+			for _, sc := range []*redis.Script{s.check, s.marker, s.shares, s.winShares} {
 				if err = sc.Load(ctx, s.client).Err(); err != nil {
 					break
 				}
@@ -373,7 +375,7 @@ func (s *Store) scriptArgs(cost int64, now any, buckets []Bucket) ([]string, []a
 			idx = len(keys) - len(buckets)
 			keys = append(keys, mk)
 		}
-		args = append(args, int64(algGlobalTokenBucket), x, y, shadow, b.Global.Units, b.Global.Floor, len(buckets)+idx+1)
+		args = append(args, globalCode(alg), x, y, shadow, b.Global.Units, b.Global.Floor, len(buckets)+idx+1)
 	}
 	return keys, args
 }

@@ -83,7 +83,21 @@ func Table(res *sim.Result) string {
 			100*s.Utilization, s.WronglyRejectedPct, convergence(s, len(res.Targets)), bpk, keys)
 	}
 	tw.Flush()
+	b.WriteString(quotaLine(res))
 	return b.String()
+}
+
+// quotaLine is, for a fixed-window rule (a quota), the most each strategy
+// admitted for one key in one window, against the limit.
+func quotaLine(res *sim.Result) string {
+	if res.RuleWindowS <= 0 {
+		return ""
+	}
+	var parts []string
+	for _, s := range res.Strategies {
+		parts = append(parts, fmt.Sprintf("%s %d", s.Name, s.WindowMax))
+	}
+	return fmt.Sprintf("quota %g per %v: most admitted in one window: %s\n", res.Burst, time.Duration(res.RuleWindowS*1e9), strings.Join(parts, ", "))
 }
 
 // Markdown writes the comparison table as a Markdown table.
@@ -98,6 +112,9 @@ func Markdown(res *sim.Result) string {
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.2f%% | %.2f%% | %s | %s |\n", s.Name, pct(s.Overshoot[0]), pct(s.Overshoot[1]), pct(s.Overshoot[2]),
 			100*s.Utilization, s.WronglyRejectedPct, convergence(s, len(res.Targets)), bpk)
+	}
+	if q := quotaLine(res); q != "" {
+		b.WriteString("\n" + q)
 	}
 	return b.String()
 }

@@ -13,6 +13,9 @@ func (sc *Scenario) defaults() {
 	if sc.Sample == 0 {
 		sc.Sample = Duration(time.Second)
 	}
+	if sc.Rule.Window > 0 && sc.Rule.Rate == 0 && sc.Rule.Burst > 0 {
+		sc.Rule.Rate = sc.Rule.Burst / sc.Rule.Window.D().Seconds()
+	}
 	if sc.Rule.Burst == 0 {
 		sc.Rule.Burst = sc.Rule.Rate
 	}

@@ -125,6 +125,10 @@ type Rule struct {
 	Weights map[string]float64 `yaml:"weights"`
 	// Allocation is max_min_fair (default), proportional or static.
 	Allocation string `yaml:"allocation"`
+	// Window, if set, makes the rule a fixed window of burst requests per
+	// window (a global fixed_window: a daily quota); rate then defaults to
+	// burst / window, the rate demand levels are multiples of.
+	Window Duration `yaml:"window"`
 }
 
 // Sync holds the sync agent's settings (the ledger's Config) and the usage

@@ -87,6 +87,9 @@ func (sc *Scenario) Validate() error {
 	if !(r.MinShare >= 0 && r.MinShare <= 1) {
 		return bad("rule.min_share", "must be in [0,1]")
 	}
+	if w := r.Window.D(); w < 0 || w%time.Millisecond != 0 || w > 0 && r.Burst != float64(int64(r.Burst)) {
+		return bad("rule.window", "must be whole milliseconds, with a whole number of requests as burst")
+	}
 	switch r.Allocation {
 	case "max_min_fair", "proportional", "static":
 	default:

@@ -86,3 +86,62 @@ func TestEngineOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestWindowBucketMatchesRedisModel holds a fixed-window Bucket to the
+// Model's global fixed window: the same verdicts and counts, with share
+// changes applied only where the Model accepts them (a record below the
+// key's use of its window is refused, as the ledger strategy's store does).
+func TestWindowBucketMatchesRedisModel(t *testing.T) {
+	const units = 1_000_000
+	refused := 0
+	for seed := uint64(1); seed <= 30; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 9))
+		m := redisstore.NewModel(0)
+		key := redisstore.Key("user:42", "q")
+		limit, W := 1+rng.Int64N(300), 1000*(1+rng.Int64N(60))
+		g := &redisstore.Global{Rule: "q", Units: units, Floor: 1000}
+		wb := redisstore.Bucket{Key: key, Algorithm: rules.FixedWindow, Limit: limit, Window: time.Duration(W) * time.Millisecond, Global: g}
+		if _, err := m.WriteMarker(0, "q", redisstore.Marker{Inc: 1, Seq: 1, Units: units / 4, Lease: 20 * time.Hour, Create: true, RunID: m.RunID()}); err != nil {
+			t.Fatal(err)
+		}
+		b := Bucket{W: W}
+		u := int64(units / 4)
+		b.Start(0, mulDiv(limit*1000, u, units), 0)
+		ms, seq := int64(0), uint64(1)
+		for step := 0; step < 2000; step++ {
+			ms += rng.Int64N(W / 20)
+			if rng.IntN(8) == 0 {
+				nu := rng.Int64N(units + 1)
+				seq++
+				v, err := m.WriteShares(ms, "q", []redisstore.ShareRecord{{Key: key, Inc: 1, Seq: seq, Units: nu, Algorithm: rules.FixedWindow,
+					Limit: limit, Window: wb.Window, Total: units, Floor: g.Floor}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				applied := v[0] == redisstore.Version{Inc: 1, Seq: seq}
+				if fits := b.Used(ms)*1000 <= mulDiv(limit*1000, nu, units); fits != applied {
+					t.Fatalf("seed %d step %d: model applied %v, bucket fits %v (used %d, units %d)", seed, step, applied, fits, b.Used(ms), nu)
+				}
+				if !applied {
+					refused++
+					seq-- // the model keeps the older version; the next record reuses the number
+					continue
+				}
+				u = nu
+				b.Set(ms, mulDiv(limit*1000, u, units), 0)
+				continue
+			}
+			cost := 1 + rng.Int64N(3)
+			ok, res, err := m.Check(ms, cost, []redisstore.Bucket{wb})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := b.Take(ms, cost); got != ok || res[0].Limit*1000 > b.Cap || res[0].Limit != b.Cap/1000 || res[0].Remaining != max(b.Cap/1000-b.N, 0) {
+				t.Fatalf("seed %d step %d ms %d: bucket (%v, %d of %d) != model (%v, %+v)", seed, step, ms, got, b.N, b.Cap/1000, ok, res[0])
+			}
+		}
+	}
+	if refused == 0 {
+		t.Fatal("no record was refused: the refusal went untested")
+	}
+}

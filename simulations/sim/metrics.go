@@ -50,6 +50,8 @@ type smetric struct {
 	conv               [][]float64
 	activeSum          float64 // key-seconds of coordinated keys
 	activeMax, activeN int
+	quota              map[int]*[2]int64 // a fixed-window rule: key -> window index, admitted in it
+	quotaMax           int64             // the most admitted in one window of one key
 }
 
 type metrics struct {
@@ -113,7 +115,26 @@ func (m *metrics) request(region, key int, cost int64) {
 			x.wins[key] = wn
 		}
 		wn.add(now, cost, &m.bounds, &x.max)
+		if W := m.w.keys[key].WindowMs; W > 0 {
+			x.addQuota(key, now/int64(time.Millisecond)/W, cost)
+		}
 	}
+}
+
+// addQuota counts cost admitted for key in rule window idx (windows of the
+// true clock; the stores' clocks are the true one unless a region sets a
+// store clock error).
+func (x *smetric) addQuota(key int, idx, cost int64) {
+	if x.quota == nil {
+		x.quota = map[int]*[2]int64{}
+	}
+	q := x.quota[key]
+	if q == nil || q[0] != idx {
+		q = &[2]int64{idx, 0}
+		x.quota[key] = q
+	}
+	q[1] += cost
+	x.quotaMax = max(x.quotaMax, q[1])
 }
 
 // schedule samples shares (per sample period and every 100 ms for
@@ -182,7 +203,7 @@ func round(x float64, digits int) float64 {
 
 func (m *metrics) result(seed uint64, dur time.Duration, events int) *Result {
 	sc := m.w.sc
-	res := &Result{Scenario: sc.Name, Seed: seed, DurationS: dur.Seconds(), Rate: sc.Rule.Rate, Burst: sc.Rule.Burst,
+	res := &Result{Scenario: sc.Name, Seed: seed, DurationS: dur.Seconds(), Rate: sc.Rule.Rate, Burst: sc.Rule.Burst, RuleWindowS: sc.Rule.Window.D().Seconds(),
 		SampleS: sc.Sample.D().Seconds(), Events: events, TrackedKey: m.w.keys[0].Name, Keys: len(m.w.keys)}
 	for _, r := range sc.Regions {
 		res.Regions = append(res.Regions, r.Name)
@@ -212,6 +233,7 @@ func (m *metrics) result(seed uint64, dur time.Duration, events int) *Result {
 				sr.BytesPerKeySecond = round(float64(sr.SyncBytes)/x.activeSum, 3)
 			}
 		}
+		sr.WindowMax = x.quotaMax
 		sr.AdmittedRate = perSecond(x.series, sc.Sample.D())
 		sr.Shares = x.shares
 		res.Strategies = append(res.Strategies, sr)

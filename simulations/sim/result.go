@@ -3,17 +3,20 @@ package sim
 // Result is the outcome of one run. Every rate is in tokens per second,
 // every time in seconds; series have one entry per sample period.
 type Result struct {
-	Scenario   string    `json:"scenario"`
-	Seed       uint64    `json:"seed"`
-	DurationS  float64   `json:"duration_s"`
-	Regions    []string  `json:"regions"`
-	Rate       float64   `json:"rate"`
-	Burst      float64   `json:"burst"`
-	Keys       int       `json:"keys"`
-	TrackedKey string    `json:"tracked_key"` // the key of the series and shares
-	WindowsS   []float64 `json:"windows_s"`
-	SampleS    float64   `json:"sample_s"`
-	Events     int       `json:"events"` // events the simulator processed
+	Scenario  string   `json:"scenario"`
+	Seed      uint64   `json:"seed"`
+	DurationS float64  `json:"duration_s"`
+	Regions   []string `json:"regions"`
+	Rate      float64  `json:"rate"`
+	Burst     float64  `json:"burst"`
+	// RuleWindowS > 0: the rule is a fixed window of Burst requests per
+	// RuleWindowS seconds (a quota); StrategyResult.WindowMax applies.
+	RuleWindowS float64   `json:"rule_window_s,omitempty"`
+	Keys        int       `json:"keys"`
+	TrackedKey  string    `json:"tracked_key"` // the key of the series and shares
+	WindowsS    []float64 `json:"windows_s"`
+	SampleS     float64   `json:"sample_s"`
+	Events      int       `json:"events"` // events the simulator processed
 	// Targets: demand shifts of the tracked key and the allocation's targets.
 	Targets    []Shift          `json:"shifts"`
 	Demand     []float64        `json:"demand"` // offered rate of the tracked key
@@ -30,6 +33,9 @@ type StrategyResult struct {
 	// Overshoot per window: max over t of admitted[t,t+W] / (burst + rate*W) - 1,
 	// maximised over keys too.
 	Overshoot []float64 `json:"overshoot"`
+	// WindowMax (a fixed-window rule): the most one key admitted in one
+	// rule window, over all regions; the quota holds if it is at most Burst.
+	WindowMax int64 `json:"window_max,omitempty"`
 	// Utilization is Admitted / the ideal's Admitted.
 	Utilization        float64 `json:"utilization"`
 	WronglyRejected    int64   `json:"wrongly_rejected"`

@@ -60,6 +60,9 @@ type Key struct {
 	Name  string
 	Rate  float64 // tokens per second
 	Burst float64 // capacity in tokens
+	// WindowMs > 0: a fixed window of Burst requests per WindowMs (its
+	// buckets count requests per window; Cap is the share of the limit).
+	WindowMs int64
 }
 
 // CapMilli returns the capacity in thousandths for a share of units out of total.

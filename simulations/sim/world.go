@@ -191,7 +191,7 @@ func Run(ctx context.Context, sc *Scenario, strategies []Strategy, opt Options) 
 			return i
 		}
 		keyIdx[name] = len(w.keys)
-		w.keys = append(w.keys, Key{Name: name, Rate: sc.Rule.Rate, Burst: sc.Rule.Burst})
+		w.keys = append(w.keys, Key{Name: name, Rate: sc.Rule.Rate, Burst: sc.Rule.Burst, WindowMs: sc.Rule.Window.D().Milliseconds()})
 		return len(w.keys) - 1
 	}
 	var streams []*stream

@@ -35,7 +35,7 @@ func (s *Async) Start(env *sim.Env) error {
 	s.recent = map[int]time.Duration{}
 	interval := env.Scenario().Sync.Interval.D()
 	for r := 0; r < env.Regions(); r++ {
-		s.b = append(s.b, newBuckets(len(env.Keys())))
+		s.b = append(s.b, newBuckets(env.Keys()))
 		s.pending = append(s.pending, map[int]int64{})
 		s.seq = append(s.seq, 0)
 		r := r

@@ -19,4 +19,11 @@ func All() []sim.Strategy {
 // buckets is one region's buckets, one per key, allocated on first use.
 type buckets []sim.Bucket
 
-func newBuckets(n int) buckets { return make(buckets, n) }
+// newBuckets returns one bucket per key, each a fixed window if its key is.
+func newBuckets(keys []sim.Key) buckets {
+	b := make(buckets, len(keys))
+	for i, k := range keys {
+		b[i].W = k.WindowMs
+	}
+	return b
+}

@@ -13,7 +13,7 @@ type Ideal struct {
 func (s *Ideal) Name() string { return "ideal" }
 
 func (s *Ideal) Start(env *sim.Env) error {
-	s.env, s.b = env, newBuckets(len(env.Keys()))
+	s.env, s.b = env, newBuckets(env.Keys())
 	return nil
 }
 

@@ -14,7 +14,7 @@ func (s *Independent) Name() string { return "independent" }
 func (s *Independent) Start(env *sim.Env) error {
 	s.env = env
 	for r := 0; r < env.Regions(); r++ {
-		s.b = append(s.b, newBuckets(len(env.Keys())))
+		s.b = append(s.b, newBuckets(env.Keys()))
 	}
 	return nil
 }

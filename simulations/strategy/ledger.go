@@ -28,6 +28,11 @@ import (
 // floor(R*u/U), floor(C*u/U) for the units u the contract says the store
 // enforces. Release records are kept (their units equal the marker's default,
 // so their expiry would change nothing here).
+//
+// For a fixed-window rule (a quota) the buckets are fixed windows of the
+// share floor(L*u/U), and the store refuses a record below what the key has
+// used of its window, answering the ledger with Ledger.Hold, as the script
+// does (regional/redisstore, "Global windows").
 type Ledger struct {
 	env      *sim.Env
 	cfg      ledger.Config
@@ -124,7 +129,7 @@ func (s *Ledger) Start(env *sim.Env) error {
 
 func (s *Ledger) newStore(r *lregion) *lstore {
 	r.runs++
-	return &lstore{runID: "run" + strconv.Itoa(r.runs), recs: map[int]*lrec{}, b: newBuckets(len(s.env.Keys()))}
+	return &lstore{runID: "run" + strconv.Itoa(r.runs), recs: map[int]*lrec{}, b: newBuckets(s.env.Keys())}
 }
 
 // startAgent starts a new incarnation: a registry round trip (retried while
@@ -282,7 +287,20 @@ func (s *Ledger) storeDelay() time.Duration {
 
 func (s *Ledger) issueWrite(r *lregion, gen int, w ledger.Write) {
 	s.env.After(s.storeDelay(), func() {
-		if r.st == nil || !s.applyWrite(r, w) {
+		if r.st == nil {
+			return
+		}
+		if need, until, no := s.refused(r, w); no {
+			// A fixed window's lowering below its use: not applied, and
+			// the answer goes back to the ledger (Ledger.Hold).
+			s.env.After(s.storeDelay(), func() {
+				if r.gen == gen && r.led != nil {
+					r.led.Hold(s.env.AgentNow(r.idx), w.Key, need, until)
+				}
+			})
+			return
+		}
+		if !s.applyWrite(r, w) {
 			return
 		}
 		s.env.After(s.storeDelay(), func() {
@@ -291,6 +309,40 @@ func (s *Ledger) issueWrite(r *lregion, gen int, w ledger.Write) {
 			}
 		})
 	})
+}
+
+// refused reports whether the store refuses record w of a fixed-window key
+// because the key has used more of its window than w would allow (the
+// script's rule: the allowance of min(w's units, the units it would
+// enforce)), and then the fewest units it could take and the time to the
+// window's end.
+func (s *Ledger) refused(r *lregion, w ledger.Write) (int64, time.Duration, bool) {
+	k, ok := s.keyIdx[w.Key]
+	if !ok || s.env.Keys()[k].WindowMs == 0 {
+		return 0, 0, false
+	}
+	key := s.env.Keys()[k]
+	st, ms := r.st, s.env.StoreMs(r.idx)
+	if x := st.recs[k]; x != nil && !x.ver.Less(w.Version) {
+		return 0, 0, false
+	}
+	u := s.floor[r.idx]
+	if m := st.marker; m != nil && ms < m.leaseUntil && m.ver.Inc == w.Version.Inc {
+		u = w.Units
+	}
+	u = min(u, w.Units)
+	used := s.bucket(r, k, ms).Used(ms) * 1000
+	if used <= key.CapMilli(u, s.cfg.Units) {
+		return 0, 0, false
+	}
+	need := min((used*s.cfg.Units+int64(key.Burst*1000)-1)/int64(key.Burst*1000), s.cfg.Units)
+	for need < s.cfg.Units && key.CapMilli(need, s.cfg.Units) < used {
+		need++
+	}
+	for need > 0 && key.CapMilli(need-1, s.cfg.Units) >= used {
+		need--
+	}
+	return need, time.Duration(key.WindowMs-ms%key.WindowMs) * time.Millisecond, true
 }
 
 // enforced returns the units the store enforces for key at store time ms

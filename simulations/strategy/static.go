@@ -23,7 +23,7 @@ func (s *Static) Start(env *sim.Env) error {
 	s.total = cfg.Units
 	for r := range floor {
 		s.units = append(s.units, floor[r]+initial[r])
-		s.b = append(s.b, newBuckets(len(env.Keys())))
+		s.b = append(s.b, newBuckets(env.Keys()))
 	}
 	return nil
 }

@@ -21,7 +21,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -648,21 +647,7 @@ func TestAgentsWithRedis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
-	stores := map[string]*redisstore.Store{}
-	servers := map[string]*testutil.Redis{}
-	s := newStack(t, func(n string) (Store, *memStore) {
-		r := testutil.StartRedis(t)
-		servers[n] = r
-		rc := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
-		t.Cleanup(func() { rc.Close() })
-		st, err := redisstore.New(rc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		stores[n] = st
-		return st, nil
-	})
+	s, stores, servers := redisStack(t)
 	floors := floorsOf(s.regions["a"].agent.specOf(globalRule()))
 	s.probe = redisProbe{s: s, stores: stores, floors: floors}
 	runScenario(t, s)

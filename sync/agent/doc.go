@@ -1,5 +1,6 @@
 // Package agent is a region's sync agent: it wraps one pure share ledger
-// (sync/ledger) per global token-bucket rule with NATS, Redis and etcd, and
+// (sync/ledger) per coordinated global rule (token_bucket, fixed_window,
+// sliding_window) with NATS, Redis and etcd, and
 // thereby keeps the sum of the shares that the regions' Redis servers enforce
 // at or below each global limit while moving share to where the demand is.
 //
@@ -20,10 +21,17 @@
 // # Inputs and outputs
 //
 //   - Rules: a rules.Source (rules/etcdstore.Watcher). A rule is coordinated
-//     here when it is global, token_bucket, and lists this region in Regions.
+//     here when it is global, token_bucket, fixed_window or sliding_window,
+//     and lists this region in Regions. A window rule's reclaim wait is one
+//     window longer (W(1+rho)/(1-rho) more): a lapsed region's use of its
+//     window stays admitted until that window ends.
 //   - Usage: usage.Subscribe on "ratelimit.usage.<region>"; each delta of a
 //     coordinated rule goes to Ledger.Usage with the delta's Key (the Redis
-//     bucket key) as the ledger key and the rule's refill_per_second.
+//     bucket key) as the ledger key and the rule's refill_per_second (a
+//     window's limit / window).
+//   - Refusals: the store refuses a window record below what the key has
+//     used of its window and answers the fewest units it can take; the agent
+//     passes that to Ledger.Hold before the batch's confirmations.
 //   - Reports: one message per tick on "ratelimit.report.<region>" carrying the
 //     report of every ledger that has one (sync/wire; split by EncodeSplit
 //     when larger than the connection's max payload); the agent subscribes

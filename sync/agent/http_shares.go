@@ -105,7 +105,7 @@ func (a *Agent) params(ctx context.Context, rule string) (p ruleParams, ok bool,
 			ch <- answer{}
 			return
 		}
-		p := ruleParams{rate: st.rule.RefillPerSecond, capacity: st.rule.Capacity, units: st.spec.Units, floor: st.floor}
+		p := ruleParams{rate: usageRate(st.rule), capacity: wholeLimit(st.rule), units: st.spec.Units, floor: st.floor}
 		if p.units == 0 { // no incarnation yet: the spec this agent would propose
 			spec := a.specOf(st.rule)
 			p.units = spec.Units
@@ -145,7 +145,7 @@ func (a *Agent) ShareView(ctx context.Context, rule string, limit int) (RuleShar
 		return RuleShares{}, err
 	}
 	if !ok {
-		return RuleShares{}, fmt.Errorf("%w: %q is not a global token-bucket rule of region %s", ErrUnknownRule, rule, a.cfg.Region)
+		return RuleShares{}, fmt.Errorf("%w: %q is not a coordinated global rule of region %s", ErrUnknownRule, rule, a.cfg.Region)
 	}
 	// Keys and incarnation from one snapshot; its slices are never modified
 	// once published.

@@ -3,8 +3,11 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"math"
 	"time"
 
+	"github.com/apportion/apportion/allocation"
+	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/sync/ledger"
 )
@@ -34,13 +37,68 @@ func (a *Agent) runRules(ctx context.Context) {
 	}
 }
 
-// coordinated reports whether r is a global token bucket this region shares.
+// coordinated reports whether r is a global rule this region shares: a
+// token bucket, or a fixed or sliding window (rules.Rule.Coordinated).
 func (a *Agent) coordinated(r rules.Rule) bool {
-	if r.Scope != rules.Global || r.Algorithm != rules.TokenBucket || r.Capacity <= 0 || !(r.RefillPerSecond > 0) {
+	if !r.Coordinated() || !(usageRate(r) > 0) || wholeLimit(r) <= 0 {
 		return false
 	}
 	_, ok := r.StaticShare(a.cfg.Region)
 	return ok
+}
+
+// usageRate is the rule's global rate per second, against which the ledger
+// measures demand: a token bucket's refill, a window's limit per window.
+func usageRate(r rules.Rule) float64 {
+	if r.Algorithm == rules.TokenBucket {
+		return r.RefillPerSecond
+	}
+	if w := time.Duration(r.Window).Seconds(); w > 0 {
+		return float64(r.Limit) / w
+	}
+	return 0
+}
+
+// wholeLimit is the rule's limit in whole tokens (requests): a token
+// bucket's capacity, a window's limit; the ledger's Quantum rounds to it.
+func wholeLimit(r rules.Rule) int64 {
+	if r.Algorithm == rules.TokenBucket {
+		return r.Capacity
+	}
+	return r.Limit
+}
+
+// windowWait is how much longer than a token bucket's a survivor waits
+// before it reclaims a silent region's share of a window rule: one window
+// on the silent region's store clock, W(1+rho)/(1-rho) on the survivor's.
+// The silent store falls to its floor when its lease lapses, but what it
+// admitted in that window stays admitted; its units may be used elsewhere
+// only once that window is over (docs/design.md, "Global windows").
+func windowWait(r rules.Rule, rho float64) time.Duration {
+	if r.Algorithm == rules.TokenBucket {
+		return 0
+	}
+	return time.Duration(math.Ceil(float64(r.Window) * (1 + rho) / (1 - rho)))
+}
+
+// shareRecord is the store write of a ledger write w of st's rule (not the
+// marker): the record with the rule's global limit, and a TTL for Release
+// records of the time the bucket needs to forget its use (a token bucket:
+// to refill from empty; a window: two windows), plus a second.
+func shareRecord(st *ruleState, w ledger.Write) redisstore.ShareRecord {
+	rec := redisstore.ShareRecord{Key: w.Key, Inc: w.Version.Inc, Seq: w.Version.Seq, Units: w.Units,
+		Release: w.Release, Total: st.spec.Units, Floor: st.floor}
+	var ttl time.Duration
+	if r := st.rule; r.Algorithm == rules.TokenBucket {
+		rec.Capacity = r.Capacity * 1000
+		rec.Rate = allocation.Thousandths(r.RefillPerSecond)
+		ttl = time.Duration(float64(rec.Capacity) / float64(rec.Rate) * float64(time.Second))
+	} else {
+		rec.Algorithm, rec.Limit, rec.Window = r.Algorithm, r.Limit, time.Duration(r.Window)
+		ttl = 2 * rec.Window
+	}
+	rec.TTL = min(ttl+time.Second, 365*24*time.Hour)
+	return rec
 }
 
 func (a *Agent) specOf(r rules.Rule) Spec {
@@ -107,7 +165,8 @@ func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, 
 	}
 	start.RunID = a.runID
 	lcfg := spec.ledgerConfig(a.lcfg)
-	lcfg.Quantum = ledger.QuantumOf(lcfg.Units, float64(st.rule.Capacity))
+	lcfg.Quantum = ledger.QuantumOf(lcfg.Units, float64(wholeLimit(st.rule)))
+	lcfg.Margin += windowWait(st.rule, lcfg.Rho)
 	led, err := ledger.New(lcfg, a.cfg.Region, spec.Regions, start, a.now())
 	if err != nil {
 		a.failStart(st, err)
@@ -134,4 +193,36 @@ func (a *Agent) fence(ctx context.Context, st *ruleState) {
 	st.led = nil
 	a.fencedSeen = true
 	a.maybeStart(ctx, st)
+}
+
+// windowStore is a Store that answers how far it could lower a global
+// window key whose record it refused (redisstore.Store and Model do).
+type windowStore interface {
+	WriteWindowShares(ctx context.Context, rule string, recs []redisstore.ShareRecord) ([]redisstore.WindowApplied, error)
+}
+
+// writeShares writes recs of rule: a window rule's records through
+// WriteWindowShares where the store has it, so refusals come with their
+// answer; any other through WriteShares.
+func (a *Agent) writeShares(ctx context.Context, rule string, recs []redisstore.ShareRecord) ([]redisstore.WindowApplied, error) {
+	if ws, ok := a.store.(windowStore); ok && recs[0].Algorithm != "" && recs[0].Algorithm != rules.TokenBucket {
+		return ws.WriteWindowShares(ctx, rule, recs)
+	}
+	vs, err := a.store.WriteShares(ctx, rule, recs)
+	out := make([]redisstore.WindowApplied, len(vs))
+	for i, v := range vs {
+		out[i].Version = v
+	}
+	return out, err
+}
+
+// holdRefused tells st's ledger of every record the store refused as below
+// what its window key has used (Ledger.Hold): before the confirmations, so
+// a confirmation never publishes a gift the store could not make.
+func holdRefused(st *ruleState, now time.Duration, res []applied) {
+	for _, ap := range res {
+		if ap.need > 0 {
+			st.led.Hold(now, ap.key, ap.need, ap.until)
+		}
+	}
 }

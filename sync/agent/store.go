@@ -6,14 +6,15 @@ import (
 	"sync"
 	"time"
 
-	"github.com/apportion/apportion/allocation"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/sync/ledger"
 )
 
 type applied struct {
-	key string
-	v   ledger.Version
+	key   string
+	v     ledger.Version
+	need  int64         // a refused window record: the fewest units the key can take (Ledger.Hold)
+	until time.Duration // and for how long
 }
 
 // applyWrites runs every rule's writes on the store, rules in parallel.
@@ -29,10 +30,6 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*ruleState][]ledger.
 			continue
 		}
 		j := job{st: st}
-		capacity := st.rule.Capacity * 1000
-		rate := allocation.Thousandths(st.rule.RefillPerSecond)
-		// TTL: time to refill the whole bucket from empty, plus a second.
-		ttl := time.Duration(float64(capacity)/float64(rate)*float64(time.Second)) + time.Second
 		for _, w := range ws {
 			if w.Key == ledger.MarkerKey {
 				j.markers = append(j.markers, redisstore.Marker{Inc: w.Version.Inc, Seq: w.Version.Seq, Units: w.Units,
@@ -43,8 +40,7 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*ruleState][]ledger.
 				a.m.gifts.Inc()
 			}
 			st.written[w.Key] = w.Units
-			j.recs = append(j.recs, redisstore.ShareRecord{Key: w.Key, Inc: w.Version.Inc, Seq: w.Version.Seq, Units: w.Units,
-				Release: w.Release, Capacity: capacity, Rate: rate, Total: st.spec.Units, Floor: st.floor, TTL: min(ttl, 365*24*time.Hour)})
+			j.recs = append(j.recs, shareRecord(st, w))
 		}
 		jobs = append(jobs, j)
 	}
@@ -60,7 +56,7 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*ruleState][]ledger.
 			var res []applied
 			if len(j.recs) > 0 {
 				cctx, cancel := context.WithTimeout(ctx, max(a.cfg.StoreTimeout, a.cfg.Interval))
-				vs, err := a.store.WriteShares(cctx, j.st.id, j.recs)
+				vs, err := a.writeShares(cctx, j.st.id, j.recs)
 				cancel()
 				if err != nil {
 					a.m.storeErrors.Inc()
@@ -68,7 +64,7 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*ruleState][]ledger.
 				}
 				for i, v := range vs {
 					if i < len(j.recs) {
-						res = append(res, applied{j.recs[i].Key, ledger.Version{Inc: v.Inc, Seq: v.Seq}})
+						res = append(res, applied{j.recs[i].Key, ledger.Version{Inc: v.Version.Inc, Seq: v.Version.Seq}, v.Need, v.Until})
 					}
 				}
 			}
@@ -81,7 +77,7 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*ruleState][]ledger.
 					a.logs.Log(slog.LevelWarn, "write-marker", "marker write failed", logKeyRule, j.st.id, logKeyErr, err)
 					continue
 				}
-				res = append(res, applied{ledger.MarkerKey, ledger.Version{Inc: v.Inc, Seq: v.Seq}})
+				res = append(res, applied{key: ledger.MarkerKey, v: ledger.Version{Inc: v.Inc, Seq: v.Seq}})
 			}
 			mu.Lock()
 			out[j.st] = res

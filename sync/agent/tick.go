@@ -74,6 +74,7 @@ func (a *Agent) flush(ctx context.Context, b *batch) {
 			if st.led == nil {
 				continue
 			}
+			holdRefused(st, now, res[st])
 			cs := make([]ledger.Confirmation, len(res[st]))
 			for i, ap := range res[st] {
 				cs[i] = ledger.Confirmation{Key: ap.key, Version: ap.v}
@@ -120,7 +121,7 @@ func (a *Agent) tick(ctx context.Context) {
 	a.usageMu.Unlock()
 	for id, c := range pending {
 		if st := a.rules[id.rule]; st != nil && st.led != nil {
-			st.led.Usage(now, id.key, st.rule.RefillPerSecond, c.admitted, c.rejected)
+			st.led.Usage(now, id.key, usageRate(st.rule), c.admitted, c.rejected)
 		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(a.rules)) {

@@ -36,7 +36,12 @@
 //   - Lower first. A giver raises give[i][j] and emits a share write with its
 //     lowered position at once. Only after ShareApplied confirms a version at
 //     least that write's does it raise conf[i][j], and only conf is reported.
-//     A receiver may raise (apply a larger counter) at any time.
+//     A receiver may raise (apply a larger counter) at any time. A store may
+//     refuse a lowering (a global window that has used more than the lowered
+//     share allows: a write never confirmed); Hold then cancels the
+//     unconfirmed part of the gift (give falls back, never below conf, and
+//     pending versions are capped so a later confirmation cannot publish
+//     it) and bounds gifts by what is above the hold until it ends.
 //   - Reports carry cumulative counters, so merging is max(): loss,
 //     duplication and reordering change nothing. A report from an unknown
 //     region, a stale or frozen incarnation, malformed, with a counter lower

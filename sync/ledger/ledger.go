@@ -78,6 +78,9 @@ type key struct {
 	force     bool    // rewrite even if unchanged (store reset)
 	gifted    bool    // give grew since the last write: a new version must cover it
 	idleAt    time.Duration
+
+	hold      int64 // the store cannot lower the key below this until holdUntil (Hold)
+	holdUntil time.Duration
 }
 
 type peer struct {

@@ -145,7 +145,7 @@ func (l *Ledger) give(k *key, now time.Duration) {
 	def := make([]int64, len(idx))
 	for j, i := range idx {
 		if i == l.self {
-			excess = proj[j] - l.floor[i] - tg[j]
+			excess = min(proj[j]-l.floor[i]-tg[j], l.giveable(k, proj[j], now))
 		} else if d := tg[j] - (proj[j] - l.floor[i]); d > 0 {
 			def[j] = d
 			sumD += d
