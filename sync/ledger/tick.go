@@ -86,13 +86,14 @@ func (l *Ledger) Tick(now time.Duration) Output {
 	names := l.Keys()
 	for _, n := range names {
 		k := l.keys[n]
-		if k.active {
+		if k.active && !k.retiring() {
 			l.give(k, now)
 			l.maybeIdle(k, now)
 		}
 		if w, ok := l.write(k, now); ok {
 			out.Writes = append(out.Writes, w)
 		}
+		l.retireStep(k, now) // retire.go: may forget k
 	}
 	if w, ok := l.marker(now); ok {
 		out.Writes = append(out.Writes, w)
@@ -144,19 +145,22 @@ func (l *Ledger) give(k *key, now time.Duration) {
 	if len(idx) < 2 || pool <= 0 {
 		return
 	}
+	rest := l.restWants(idx, wants) // retire.go: nobody wants more than its floor
 	tg := l.cfg.Allocate(pool, wants)
 	if len(tg) != len(idx) {
 		return
 	}
-	if q := l.cfg.Quantum; q > 1 {
-		// Whole tokens, by demand. (A bonus for the region holding a token
-		// made the regions' views disagree on the holder and gifts swing
-		// back and forth under faults: TestRandomized's small-limit seeds.)
-		fl, dem := make([]int64, len(idx)), make([]int64, len(idx))
-		for j, i := range idx {
-			fl[j], dem[j] = l.floor[i], wants[j].Demand
+	{
+		if q := l.cfg.Quantum; q > 1 && !rest {
+			// Whole tokens, by demand. (A bonus for the region holding a token
+			// made the regions' views disagree on the holder and gifts swing
+			// back and forth under faults: TestRandomized's small-limit seeds.)
+			fl, dem := make([]int64, len(idx)), make([]int64, len(idx))
+			for j, i := range idx {
+				fl[j], dem[j] = l.floor[i], wants[j].Demand
+			}
+			tg = allocation.WholeTokens(tg, fl, q, dem)
 		}
-		tg = allocation.WholeTokens(tg, fl, q, dem)
 	}
 	var excess, sumD int64
 	def := make([]int64, len(idx))
@@ -249,7 +253,7 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 			continue
 		}
 		k.dirty = false
-		kr := KeyReport{Key: n, Demand: int64(k.demand), Position: l.position(k)}
+		kr := KeyReport{Key: n, Demand: int64(k.demand), Position: l.position(k), Retire: k.retireSeq()}
 		for i := range k.pairs {
 			if i == l.self {
 				continue
@@ -265,5 +269,6 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 		sort.Slice(kr.Applied, func(a, b int) bool { return kr.Applied[a].Region < kr.Applied[b].Region })
 		r.Keys = append(r.Keys, kr)
 	}
+	r.Closes = l.closures()
 	return r
 }
