@@ -205,7 +205,7 @@ func (v *Verifier) Open(from string, data []byte) (Message, error) {
 	key, haveKey := v.keys[from]
 	var msg []byte
 	switch data[0] {
-	case magicV1:
+	case magicV2:
 		if haveKey || !v.unsigned {
 			return Message{}, fmt.Errorf("%w from %q", ErrUnsigned, from)
 		}
