@@ -83,9 +83,9 @@ func (l *Ledger) Tick(now time.Duration) Output {
 		}
 		k.used = 0
 	}
-	names := l.Keys()
-	for _, n := range names {
-		k := l.keys[n]
+	// Every key held, in map order (no sort of every key per tick: the
+	// writes are sorted below); retireStep may forget k.
+	for _, k := range l.keys {
 		if k.active && !k.retiring() {
 			l.give(k, now)
 			l.maybeIdle(k, now)
@@ -95,6 +95,7 @@ func (l *Ledger) Tick(now time.Duration) Output {
 		}
 		l.retireStep(k, now) // retire.go: may forget k
 	}
+	sort.Slice(out.Writes, func(a, b int) bool { return out.Writes[a].Key < out.Writes[b].Key })
 	if w, ok := l.marker(now); ok {
 		out.Writes = append(out.Writes, w)
 	}

@@ -15,7 +15,7 @@ import (
 // # Signed envelope (format version 1)
 //
 //	magic    byte 0xB5
-//	message  a version-1 message (Encode's output, starting 0xB1)
+//	message  a report message (Encode's output, starting 0xB2)
 //	sig      64 bytes: Ed25519 signature of sigContext || message
 //
 // The key that verifies a message is the public key configured for the
