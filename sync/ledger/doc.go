@@ -261,7 +261,11 @@
 // An idle key's counters are then forgotten by retirement (retire.go), so
 // memory and Tick follow the keys in use, not every key ever seen. A key
 // whose pairs are all zero is dropped at once (after the idle reports, so
-// peers learn it is idle): its state equals none. Otherwise region j
+// peers learn it is idle): its state equals none. A peer that has not
+// reported a key in 8 FullEvery of its reports (two full reports at least)
+// holds it idle or not at all:
+// the ledger's view of it is reset to its base with no demand (a peer that
+// forgot a key never reports it again). Otherwise region j
 // retires k when it is idle, its last write confirmed and every pair
 // balanced and net zero: give = conf = applied by the peer = recv (its
 // gifts all applied, and as many units came back from each peer as went to

@@ -152,7 +152,8 @@ func (l *Ledger) checkRetire(i int, r *Report) error {
 		// what we confirmed (as plausible checks for any report).
 		pr := &k.pairs[i]
 		gave, applied := l.countersFor(&kr)
-		if gave < pr.recv || applied > pr.conf {
+		if gave != applied || gave < pr.recv || applied > pr.conf {
+			// (A region retires only a key whose pairs are net zero.)
 			return fmt.Errorf("%w: %s retires %q at gave %d applied %d, we applied %d and confirmed %d",
 				ErrImplausible, r.From, kr.Key, gave, applied, pr.recv, pr.conf)
 		}
@@ -301,11 +302,13 @@ func (l *Ledger) quiet(k *key, now time.Duration) bool {
 // gifts are all confirmed and applied, and keeps a retiring key reported.
 func (l *Ledger) retireStep(k *key, now time.Duration) {
 	// A peer reports every key it coordinates in every full report: one
-	// it has not reported for three full reports' worth holds no state or
-	// is idle (at its base, no demand), whatever its last report said.
+	// it has not reported in 8 FullEvery reports (at least two full ones,
+	// with up to three reports an interval: the tick's and confirmations')
+	// holds no state or is idle (at its base, no demand), whatever its last
+	// report said.
 	for i := range k.pairs {
 		pr := &k.pairs[i]
-		if i != l.self && pr.peerSeq > 0 && l.peers[i].lastSeq > pr.peerSeq+uint64(3*l.cfg.FullEvery) {
+		if i != l.self && pr.peerSeq > 0 && l.peers[i].lastSeq > pr.peerSeq+uint64(8*l.cfg.FullEvery) {
 			pr.peerSeq, pr.peerPos, pr.peerDemand = 0, 0, 0
 		}
 	}

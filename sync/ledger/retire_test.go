@@ -303,3 +303,67 @@ func TestRetireWithAGiftInFlight(t *testing.T) {
 		t.Fatalf("the late report moved units: %d of %d", s, c.cfg.Units)
 	}
 }
+
+// TestChurnHeldKeysBounded: two regions, 3,000 distinct keys over the run,
+// 100 with demand at any time (a sliding window, all of it in r1, so r0
+// gives and every key's pair moves units both ways before it goes idle).
+// Every ledger holds at most the keys in use plus those idle within the
+// last IdleAfter and the idle reports' time, and nothing at the end.
+func TestChurnHeldKeysBounded(t *testing.T) {
+	c := &twoRegions{cluster: newCluster(t, 2)}
+	const active, total = 100, 3000
+	name := func(i int) string { return fmt.Sprintf("k%05d", i) }
+	window := int((c.cfg.IdleAfter + c.l[0].idleReported()) / c.cfg.Interval)
+	bound := active + window + 10 // the retirement itself: a few intervals
+	maxHeld := 0
+	for t0 := 0; t0 < total; t0++ {
+		c.now += c.cfg.Interval
+		var reps []*Report
+		for i, l := range c.l {
+			if i == 1 {
+				for k := t0; k < t0+active && k < total; k++ {
+					l.Usage(c.now, name(k), 100, 40, 0)
+				}
+			}
+			out := l.Tick(c.now)
+			reps = append(reps, out.Report)
+			if r := c.confirm(i, out).Report; r != nil {
+				reps = append(reps, r)
+			}
+		}
+		for len(reps) > 0 {
+			r := reps[0]
+			reps = reps[1:]
+			if r == nil {
+				continue
+			}
+			to := 1 - c.l[0].index(r.From)
+			out, err := c.l[to].Receive(c.now, *r)
+			if err != nil {
+				t.Fatalf("r%d rejects a report: %v", to, err)
+			}
+			if more := c.confirm(to, out).Report; more != nil {
+				reps = append(reps, more)
+			}
+		}
+		for i, l := range c.l {
+			maxHeld = max(maxHeld, len(l.keys))
+			if len(l.keys) > bound {
+				t.Fatalf("interval %d: r%d holds %d keys, bound %d (%d in use)", t0, i, len(l.keys), bound, active)
+			}
+		}
+	}
+	for i := 0; i < window+50; i++ {
+		c.round("none", []int64{0, 0})
+	}
+	for i, l := range c.l {
+		if len(l.keys) != 0 || len(l.closing) != 0 {
+			t.Fatalf("r%d still holds %d keys, %d closures", i, len(l.keys), len(l.closing))
+		}
+	}
+	t.Logf("%d keys seen, %d in use at a time: at most %d held per region (bound %d); r0 retired %d, forgot %d; r1 retired %d, forgot %d",
+		total, active, maxHeld, bound, c.l[0].retires, c.l[0].stats.Forgotten, c.l[1].retires, c.l[1].stats.Forgotten)
+	if c.l[0].retires == 0 || c.l[1].retires == 0 {
+		t.Fatal("no retirement: the keys' pairs never moved units")
+	}
+}

@@ -151,17 +151,15 @@ func (l *Ledger) give(k *key, now time.Duration) {
 	if len(tg) != len(idx) {
 		return
 	}
-	{
-		if q := l.cfg.Quantum; q > 1 && !rest {
-			// Whole tokens, by demand. (A bonus for the region holding a token
-			// made the regions' views disagree on the holder and gifts swing
-			// back and forth under faults: TestRandomized's small-limit seeds.)
-			fl, dem := make([]int64, len(idx)), make([]int64, len(idx))
-			for j, i := range idx {
-				fl[j], dem[j] = l.floor[i], wants[j].Demand
-			}
-			tg = allocation.WholeTokens(tg, fl, q, dem)
+	if q := l.cfg.Quantum; q > 1 && !rest {
+		// Whole tokens, by demand. (A bonus for the region holding a token
+		// made the regions' views disagree on the holder and gifts swing
+		// back and forth under faults: TestRandomized's small-limit seeds.)
+		fl, dem := make([]int64, len(idx)), make([]int64, len(idx))
+		for j, i := range idx {
+			fl[j], dem[j] = l.floor[i], wants[j].Demand
 		}
+		tg = allocation.WholeTokens(tg, fl, q, dem)
 	}
 	var excess, sumD int64
 	def := make([]int64, len(idx))
