@@ -412,7 +412,7 @@ func (s *stack) badInput(t *testing.T) {
 	s.cluster["a"].WaitForGatewayInterest(t, "b", ReportSubject("zz"))
 
 	m0, s0 := counter(ReasonMalformed), counter(ReasonUnsigned)
-	nc.Publish(ReportSubject("a"), []byte{0xB1, 0xff, 0xff})
+	nc.Publish(ReportSubject("a"), []byte{0xB2, 0xff, 0xff})
 	nc.Publish(ReportSubject("a"), []byte("garbage"))
 	testutil.WaitFor(t, 10*time.Second, "malformed and unsigned reports counted", func() bool {
 		return counter(ReasonMalformed) >= m0+1 && counter(ReasonUnsigned) >= s0+1

@@ -81,6 +81,9 @@ func (l *Ledger) confirm(name string, v Version) bool {
 		}
 	}
 	k.pend = k.pend[:n]
+	if n == 0 {
+		k.pend = nil // an idle array (and its snapshots) would stay with every key
+	}
 	if changed {
 		k.dirty = true
 	}

@@ -259,17 +259,106 @@
 // one. Persisting and restoring state was not chosen: a restored state older
 // than the last write issued would break the lower-first order.
 //
-// # Idle keys
+// # Idle keys and their retirement
 //
 // A key leaves coordination (its record is re-written as a Release record at
 // the base, which the store may let expire with the bucket, after which the
 // marker's default is the same value) only when it had no usage for IdleAfter,
 // its position is its base with no extra or frozen part, every gift is
 // confirmed and applied, and every peer reports its position at its base and
-// no demand. Its counters stay in memory as a tombstone so that a late
-// counter is never applied twice; usage or a peer's gift makes it active again.
+// no demand. With no demand above the floors anywhere, the allocator's wants
+// are the bases (restWants), so an idle key's positions go back to the bases
+// even after a restart has made them differ from the split by weight.
+//
+// An idle key's counters are then forgotten by retirement (retire.go), so
+// memory and Tick follow the keys in use, not every key ever seen. A key
+// whose pairs are all zero is dropped at once (after the idle reports, so
+// peers learn it is idle): its state equals none. A peer that has not
+// reported a key in 8 FullEvery of its reports (two full reports at least)
+// holds it idle or not at all:
+// the ledger's view of it is reset to its base with no demand (a peer that
+// forgot a key never reports it again). Otherwise region j
+// retires k when it is idle, its last write confirmed and every pair
+// balanced and net zero: give = conf = applied by the peer = recv (its
+// gifts all applied, and as many units came back from each peer as went to
+// it). Retiring is irrevocable: j numbers the retirement (Retire), marks k
+// with it in every report, and from then on applies and gives nothing on k.
+// A peer x that reads the mark with counters for it closes its pair with j:
+// it applies j's final gift counter C and restarts the pair at the final
+// counters (rebase: give, conf and applied lose R, j's applied counter, recv
+// loses C; the position is unchanged, R = C, and gifts x made beyond R stay in
+// flight in the new counters), and carries the closure (key, j, j's
+// incarnation, number) in every report until j acknowledges one of them.
+// When j reads the closure it restarts its pair with x the same way; once
+// every pair is closed or zero, j forgets k (or keeps it, restarted, if it
+// was paid or used meanwhile). Two rules make the restart point agreed:
+//
+//   - Watermark. When x closes on j's report of sequence q, and when j
+//     accepts x's closure in x's report t, and when x sees j's acknowledgement
+//     of its closure in j's report a, the receiver ignores the keys of every
+//     later-arriving report of that peer incarnation with a lower sequence
+//     (q, t, a). Sequences are per incarnation and only grow, so the reports
+//     it still reads were sent after the sender's own restart point: x
+//     restarts before it first sends the closure (t and later count afresh),
+//     and j reads a closure only after having sent its mark (q and later
+//     carry the mark, handled below, or come after j's restart).
+//   - Marks are not counters. A report carrying j's retirement mark is read
+//     only as a request to close: x skips it while its closure is pending,
+//     and a mark whose counters for x are zero needs no closure. After j has
+//     acknowledged the closure, j's later marks carry zero counters for x
+//     (j restarted before acknowledging). A key report for a key x holds no
+//     state for, at the sender's base with no demand and no counters, makes
+//     none.
+//
+// Safety (no counter applied twice, none lost). Consider one pair (x, j) of
+// incarnations and one key. Each side's counters form segments separated by
+// its restarts; a receiver applies a counter only from a report it does not
+// ignore, and by the watermark such a report was sent in the sender's
+// segment that matches the receiver's current one (the sender restarted
+// before, or after, the same handshake step). Within a segment the protocol
+// is the one proven above (cumulative counters, max merge). At a restart
+// both sides remove the same amounts, R from the gifts x made and C from the
+// gifts j made, where R and C are j's final counters: j applies and gives
+// nothing between its mark and its own restart, so its counters are exactly
+// R and C there, and x has applied C before it removes it. Hence in the new
+// segments recv <= conf still holds on both sides (x's in-flight gifts are
+// give - R on both counts), positions are unchanged at every step, and
+// invariant 1's published positions keep their sum: every term (recv - conf)
+// of a pair is the same before and after, and between x's restart and j's
+// the pair's two terms sum to R - conf_x <= 0 as before. Nothing is lost:
+// what x gave beyond R remains in x's new conf and j applies it after its
+// retirement, from a report past the watermark. Loss and duplication change
+// nothing (marks and closures are repeated until acknowledged; duplicates
+// fall under the watermark or are skipped); reordering is what the watermark
+// is for; a restart makes a new incarnation with new pairs (a frozen pair is
+// zero, so a retirement never waits for a frozen peer); a partitioned or
+// frozen-in-place peer only delays the retirement: j holds k, retiring,
+// until the peer answers or is frozen.
+//
+// Reclaim is unaffected: a restart removes equal amounts (R = C) from both
+// counters of a pair, so every survivor's contribution Q = conf - recv and
+// every frozen term are what they would have been, and a forgotten key is at
+// its base with nothing frozen or paid.
+//
+// Liveness. Retirement adds no wait to the bound of invariant 4: after the
+// heal a mark reaches the peers within I + RTT/2, the closure comes back
+// within another I + RTT (within step 2's 2 (I + RTT)); a retiring key that
+// gets demand meanwhile stays at its base until its retirement ends and
+// becomes active then. Tested by TestRandomized (a third of its seeds churn
+// eight keys through every fault and check that, after the calm phase, every
+// ledger holds only keys in use or kept as below), TestLateDuplicateAfterForget
+// and TestRetireWithAGiftInFlight.
 //
 // # Limits
 //
-// Keys' tombstones are never garbage-collected.
+// Keys kept in memory though idle: a key named by a reclaim payment (extra:
+// the cumulative payment names it for good), a key with frozen reclaim terms,
+// and, among three regions or more, a key whose units came back to every
+// region at its base but along other pairs than they went (a cycle: some
+// pair is not net zero). Retiring such a pair would move its net into the
+// ended terms of its two sides, which a later reclaim of either would not
+// count (the registry rebuilds a dead incarnation's holdings from its peers'
+// counters): a mint. Those keys stay as before (tombstones); in
+// TestRandomized's churn seeds of three regions or more most idle keys are of
+// this kind.
 package ledger

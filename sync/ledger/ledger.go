@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/apportion/apportion/allocation"
@@ -30,9 +31,10 @@ type Share struct {
 	Active  bool  // coordinated (false: back at its initial part, static share)
 }
 
-// Stats counts rejected inputs.
+// Stats counts rejected inputs and forgotten keys.
 type Stats struct {
-	Rejected int
+	Rejected  int
+	Forgotten int // keys whose state was dropped (retire.go)
 }
 
 type pair struct {
@@ -61,8 +63,9 @@ type key struct {
 	busyAt  time.Duration // the last tick whose interval had usage
 	seen    int64         // cost seen since the average started, up to SilenceTokens
 	lastUse time.Duration
-	extra   int64 // paid by reclaims, beyond the base part (Payment.Keys)
-	frozen  int64 // -Q of every frozen pair
+	extra   int64        // paid by reclaims, beyond the base part (Payment.Keys)
+	frozen  int64        // terms of ended pairs: -Q of every frozen pair, and retired counters (retire.go)
+	ret     *retireState // non-nil while this region retires the key
 	pairs   []pair
 	pend    []snap
 	active  bool
@@ -129,6 +132,10 @@ type Ledger struct {
 	rseq  uint64
 	sent  map[uint64]time.Duration
 	stats Stats
+
+	retires uint64              // retirements started (retire.go)
+	closing map[closeID]closing // closures of peers' retirements, until acknowledged
+	marks   []mark              // per peer: ignore the keys of its reports below this
 
 	paid        Payment // the payment applied so far (cumulative)
 	markerUnits int64   // the default units of the last marker write
@@ -269,6 +276,8 @@ func (l *Ledger) position(k *key) int64 {
 func (l *Ledger) key(name string) *key {
 	k := l.keys[name]
 	if k == nil {
+		// A copy: a name decoded from a report must not pin the message.
+		name = strings.Clone(name)
 		k = &key{name: name, pairs: make([]pair, len(l.names))}
 		l.keys[name] = k
 	}
@@ -285,7 +294,7 @@ func (l *Ledger) Usage(now time.Duration, name string, rate float64, admitted, r
 	k.rate = rate
 	k.used += admitted + rejected
 	k.lastUse = now
-	if !k.active {
+	if !k.active && !k.retiring() { // a retiring key becomes active when its retirement ends
 		k.active, k.dirty = true, true
 	}
 }

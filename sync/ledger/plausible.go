@@ -57,6 +57,9 @@ func (l *Ledger) plausible(r Report) error {
 		if kr.Position < lo || kr.Position > hi {
 			return fmt.Errorf("%w: %s key %q position %d outside [%d, %d]", ErrImplausible, r.From, kr.Key, kr.Position, lo, hi)
 		}
+		if l.exempt(i, &r, &kr) {
+			continue // ignored, or checked by checkRetire (retire.go)
+		}
 		pub, recv, conf := l.base, int64(0), int64(0)
 		if k := l.keys[kr.Key]; k != nil {
 			pub = l.publishedUnits(k)

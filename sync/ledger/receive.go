@@ -57,7 +57,11 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 	if l.told {
 		return l.fence(), nil
 	}
+	l.retireAcks(now, i, &r)
 	for _, kr := range r.Keys {
+		if l.retireKey(now, i, &r, &kr, &out) {
+			continue
+		}
 		k := l.key(kr.Key)
 		pr := &k.pairs[i]
 		if r.Seq > pr.peerSeq {
@@ -131,7 +135,7 @@ func (l *Ledger) check(r Report) error {
 			return fmt.Errorf("%w: counters", ErrMalformed)
 		}
 		k := l.keys[kr.Key]
-		if !same || k == nil || r.Seq <= p.lastSeq {
+		if !same || k == nil || r.Seq <= p.lastSeq || l.exempt(i, &r, &kr) {
 			continue
 		}
 		pr := &k.pairs[i]
@@ -145,6 +149,9 @@ func (l *Ledger) check(r Report) error {
 				return fmt.Errorf("%w: applied %d < %d", ErrBackwards, c.Units, pr.peerApplied)
 			}
 		}
+	}
+	if err := l.checkRetire(i, &r); err != nil {
+		return err
 	}
 	return l.plausible(r) // plausible.go
 }

@@ -30,6 +30,7 @@ type simOpts struct {
 	config     func(*Config) // adjusts simConfig()
 	noRestart  bool          // a fenced or crashed agent stays down
 	restart    time.Duration // a fenced agent restarts after this (default 200ms + up to 2s)
+	churn      bool          // keys come and go: a dead key has no demand anywhere (retire_test.go)
 }
 
 type event struct {
@@ -126,7 +127,9 @@ type sim struct {
 	// real times: an incarnation's Fenced output, and the first application
 	// of its reclaim by a survivor
 	fencedAt, reclaimedAt map[Incarnation]int64
-	regSize               int // largest registry state seen, JSON bytes
+	regSize               int    // largest registry state seen, JSON bytes
+	alive                 []bool // churn: keys with demand (nil: every key)
+	held                  heldStats
 }
 
 func (s *sim) logf(format string, args ...any) {
@@ -165,6 +168,12 @@ func newSim(tb testing.TB, seed int64, o simOpts) *sim {
 	}
 	for k := 0; k < o.keys; k++ {
 		s.keys = append(s.keys, simKey{name: "k" + strconv.Itoa(k), rate: float64(10 + s.rng.Intn(1000)), cap: float64(10 + s.rng.Intn(2000))})
+	}
+	if o.churn {
+		s.alive = make([]bool, o.keys)
+		for k := range s.alive {
+			s.alive[k] = s.rng.Intn(2) == 0
+		}
 	}
 	s.cut = make([][]bool, o.regions)
 	for i := range s.cut {
@@ -207,6 +216,12 @@ func (s *sim) shiftDemand(r *region) {
 		switch s.rng.Intn(4) {
 		case 0:
 			r.demand[k] = 0
+		case 1, 2, 3:
+			if s.alive != nil && !s.alive[k] {
+				r.demand[k] = 0
+				continue
+			}
+			fallthrough
 		default:
 			r.demand[k] = s.keys[k].rate * s.rng.Float64() * 1.2
 		}
@@ -618,6 +633,9 @@ func (s *sim) chaos() {
 	}
 	// one chaos decision every 200ms of real time
 	s.at(int64(200*time.Millisecond), s.chaos)
+	if s.o.churn {
+		s.churn()
+	}
 	r := s.regions[s.rng.Intn(len(s.regions))]
 	switch x := s.rng.Float64(); {
 	case x < 0.10:
@@ -647,7 +665,9 @@ func (s *sim) chaos() {
 		r.st = &store{runID: r.st.runID + 1, recs: map[string]*rec{}, buckets: r.st.buckets}
 		run := strconv.Itoa(r.st.runID)
 		s.at(s.dur(500*time.Millisecond), func() {
-			if r.led != nil {
+			// (A notice of an earlier reset is stale: the agent reports the
+			// store's current run.)
+			if r.led != nil && strconv.Itoa(r.st.runID) == run {
 				inc := r.inc
 				s.handle(r, inc, r.led.StoreReset(s.local(r), run))
 			}
@@ -679,7 +699,25 @@ func (s *sim) run(until int64) {
 			s.stepHook()
 		}
 		s.check()
+		if s.o.churn {
+			s.checkHeld()
+		}
 	}
+}
+
+// restTargets mirrors Ledger.restWants: with no demand above the floors,
+// the bases are the wants.
+func (s *sim) restTargets(key string, wants []Want, pool int64) ([]int64, bool) {
+	for i := range wants {
+		if wants[i].Demand != 0 {
+			return s.cfg.Allocate(pool, wants), false
+		}
+	}
+	for i, r := range s.regions {
+		p := r.led.Position(key)
+		wants[i].Demand = p.Initial - p.Floor
+	}
+	return s.cfg.Allocate(pool, wants), true
 }
 
 // converged reports whether every region is up and every key's positions
@@ -722,8 +760,8 @@ func (s *sim) converged(tol int64) (bool, string) {
 			pool += p.Units - p.Floor
 			wants[i] = Want{Weight: s.specs[i].Weight, Demand: max(0, p.Demand-p.Floor)}
 		}
-		tg := s.cfg.Allocate(pool, wants)
-		if q := s.cfg.Quantum; q > 1 { // as the ledgers round (give)
+		tg, rest := s.restTargets(k.name, wants, pool)
+		if q := s.cfg.Quantum; q > 1 && !rest { // as the ledgers round (give)
 			dem := make([]int64, len(wants))
 			for i := range wants {
 				dem[i] = wants[i].Demand
@@ -741,7 +779,8 @@ func (s *sim) converged(tol int64) (bool, string) {
 
 type simResult struct {
 	steps, fences, reclaims, rejected, raises int
-	violation, liveness                       string
+	violation, liveness, memory               string
+	held                                      heldStats
 	healedIn                                  time.Duration // from the heal to the targets (0.1%); -1: never
 }
 
@@ -766,6 +805,9 @@ func runSim(tb testing.TB, seed int64, o simOpts) simResult {
 			res.liveness = why
 		}
 	}
+	if o.churn {
+		res.memory, res.held = s.forgotten(), s.held
+	}
 	return res
 }
 
@@ -780,6 +822,7 @@ func TestRandomized(t *testing.T) {
 	var steps, fences, reclaims, rejected, raises int
 	var worst, worstTokens time.Duration
 	var worstSeed int64
+	var held heldStats
 	byRegions := map[int]time.Duration{}
 	start := time.Now()
 	for seed := int64(1); seed <= int64(seeds); seed++ {
@@ -796,6 +839,10 @@ func TestRandomized(t *testing.T) {
 		if res.liveness != "" {
 			t.Errorf("seed %d %+v: LIVENESS: %s", seed, o, res.liveness)
 		}
+		if res.memory != "" {
+			t.Errorf("seed %d %+v: MEMORY: %s", seed, o, res.memory)
+		}
+		held.add(res.held)
 		if s0cfg(o).Quantum > 0 {
 			// Whole tokens: the targets jump with the estimates, and while
 			// the regions' views of each other differ, gifts can swing back
@@ -816,6 +863,7 @@ func TestRandomized(t *testing.T) {
 		seeds, steps, float64(steps)/float64(seeds), raises, fences, reclaims, rejected, time.Since(start).Round(time.Millisecond))
 	t.Logf("from the heal to the targets: worst %v (seed %d), per region count %v, bound %v; small limits (whole tokens): worst %v",
 		worst, worstSeed, byRegions, randomHealBound(simConfig()), worstTokens)
+	t.Logf("key churn: %s", held)
 }
 
 func s0cfg(o simOpts) Config {
@@ -849,7 +897,7 @@ func registrySize(tb testing.TB, r *Registry) int {
 // randomOpts draws the faults of one randomized seed: 2 to 7 regions.
 func randomOpts(seed int64) simOpts {
 	rng := rand.New(rand.NewSource(seed * 7919))
-	return simOpts{
+	o := simOpts{
 		regions:    2 + rng.Intn(6),
 		keys:       3,
 		loss:       rng.Float64() * 0.3,
@@ -863,6 +911,13 @@ func randomOpts(seed int64) simOpts {
 		calm:       15 * time.Second,
 		config:     smallLimit(rng),
 	}
+	if rng.Intn(2) == 0 && o.config == nil {
+		// Keys come and go (retire_test.go), in about a third of the seeds.
+		// (Not with whole tokens: their swings are a liveness matter of
+		// their own, see smallLimit.)
+		o.churn, o.keys = true, 8
+	}
+	return o
 }
 
 // smallLimit makes every fourth seed a small limit: whole tokens of a burst

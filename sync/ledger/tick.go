@@ -69,17 +69,19 @@ func (l *Ledger) Tick(now time.Duration) Output {
 		}
 		k.used = 0
 	}
-	names := l.Keys()
-	for _, n := range names {
-		k := l.keys[n]
-		if k.active {
+	// Every key held, in map order (no sort of every key per tick: the
+	// writes are sorted below); retireStep may forget k.
+	for _, k := range l.keys {
+		if k.active && !k.retiring() {
 			l.give(k, now)
 			l.maybeIdle(k, now)
 		}
 		if w, ok := l.write(k, now); ok {
 			out.Writes = append(out.Writes, w)
 		}
+		l.retireStep(k, now) // retire.go: may forget k
 	}
+	sort.Slice(out.Writes, func(a, b int) bool { return out.Writes[a].Key < out.Writes[b].Key })
 	if w, ok := l.marker(now); ok {
 		out.Writes = append(out.Writes, w)
 	}
@@ -130,11 +132,12 @@ func (l *Ledger) give(k *key, now time.Duration) {
 	if len(idx) < 2 || pool <= 0 {
 		return
 	}
+	rest := l.restWants(idx, wants) // retire.go: nobody wants more than its floor
 	tg := l.cfg.Allocate(pool, wants)
 	if len(tg) != len(idx) {
 		return
 	}
-	if l.cfg.Quantum > 1 {
+	if l.cfg.Quantum > 1 && !rest { // whole tokens, by demand (nothing to round when nobody wants more than its floor)
 		fl, dem := make([]int64, len(idx)), make([]int64, len(idx))
 		for j, i := range idx {
 			fl[j], dem[j] = l.floor[i], wants[j].Demand
@@ -232,7 +235,7 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 			continue
 		}
 		k.dirty = false
-		kr := KeyReport{Key: n, Demand: int64(k.demand), Position: l.position(k)}
+		kr := KeyReport{Key: n, Demand: int64(k.demand), Position: l.position(k), Retire: k.retireSeq()}
 		for i := range k.pairs {
 			if i == l.self {
 				continue
@@ -248,5 +251,6 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 		sort.Slice(kr.Applied, func(a, b int) bool { return kr.Applied[a].Region < kr.Applied[b].Region })
 		r.Keys = append(r.Keys, kr)
 	}
+	r.Closes = l.closures()
 	return r
 }

@@ -70,6 +70,10 @@ type Report struct {
 	Base int64
 	Acks []Ack
 	Keys []KeyReport
+	// Closes lists the sender's closures of peers' key retirements not yet
+	// acknowledged (retire.go), sorted by Key, Region, Inc. Like Acks it
+	// belongs to the report as a whole (a split report repeats it).
+	Closes []Closure
 }
 
 // Ack acknowledges the highest report sequence heard from one incarnation of
@@ -89,6 +93,20 @@ type KeyReport struct {
 	Position int64 // the units the sender enforces
 	Gave     []Counter
 	Applied  []Counter
+	// Retire, when not zero, says the sender is retiring the key (retire.go):
+	// its counters above are final, and the number names this retirement.
+	Retire uint64
+}
+
+// Closure tells incarnation Inc of Region that the sender has closed its
+// pair with it on Key for retirement number Retire: from the report that
+// first carried the closure on, the sender's counters for that pair count
+// afresh (retire.go).
+type Closure struct {
+	Key    string
+	Region string
+	Inc    uint64
+	Retire uint64
 }
 
 // Counter is a cumulative, monotone count of units for a peer incarnation:

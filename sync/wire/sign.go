@@ -15,7 +15,7 @@ import (
 // # Signed envelope (format version 1)
 //
 //	magic    byte 0xB5
-//	message  a version-1 message (Encode's output, starting 0xB1)
+//	message  a report message (Encode's output, starting 0xB2)
 //	sig      64 bytes: Ed25519 signature of sigContext || message
 //
 // The key that verifies a message is the public key configured for the
@@ -205,7 +205,7 @@ func (v *Verifier) Open(from string, data []byte) (Message, error) {
 	key, haveKey := v.keys[from]
 	var msg []byte
 	switch data[0] {
-	case magicV1:
+	case magicV2:
 		if haveKey || !v.unsigned {
 			return Message{}, fmt.Errorf("%w from %q", ErrUnsigned, from)
 		}

@@ -18,9 +18,9 @@
 //     them (a zero incarnation or an unsorted key list decodes fine and is
 //     rejected by ledger.Receive, which changes nothing on rejection).
 //
-// # Format (version 1)
+// # Format (version 2)
 //
-//	magic    byte 0xB1 (format version 1; other values are rejected)
+//	magic    byte 0xB2 (format version 2; other values are rejected)
 //	from     string                the sending region
 //	nregions uvarint               region table: sorted, unique, each used
 //	nregions x region string       acks and counters name regions by index
@@ -32,6 +32,8 @@
 //	  base   varint
 //	  nacks  uvarint
 //	  nacks x: region uvarint (index), inc uvarint, seq uvarint, frozen byte (0|1)
+//	  ncloses uvarint
+//	  ncloses x: key string, region uvarint (index), inc uvarint, retire uvarint
 //	  nkeys  uvarint
 //	  nkeys x:
 //	    key      string
@@ -39,6 +41,7 @@
 //	    position varint
 //	    ngave    uvarint, ngave x counter
 //	    napplied uvarint, napplied x counter
+//	    retire   uvarint
 //	counter: region uvarint (index), inc uvarint, units varint
 //
 // string is a uvarint length (at most MaxStringLen) and the bytes; varint is
@@ -47,7 +50,7 @@
 // report is the message's from; Decode sets Report.From to it.
 //
 // Size: a key named like "rl:{user:000042}:orders" (22 bytes) with a gift
-// counter and an applied counter and units below 2^20 costs 41 bytes
+// counter and an applied counter and units below 2^20 costs 42 bytes
 // (BenchmarkEncode); the agent's apportion_sync_report_bytes_total gives
 // bytes per active key per second in a live system.
 package wire
@@ -76,8 +79,9 @@ type RuleReport struct {
 }
 
 const (
-	// magicV1 opens every version-1 message. A new format gets a new byte.
-	magicV1 = 0xB1
+	// magicV2 opens every version-2 message. A new format gets a new byte
+	// (version 1, 0xB1, had no retirement fields).
+	magicV2 = 0xB2
 	// MaxStringLen bounds a region, rule or key.
 	MaxStringLen = 4096
 	// MaxMessageSize bounds an encoded message (the NATS hard payload limit).
@@ -98,9 +102,10 @@ var (
 // Minimal encoded sizes, used to bound counts before allocating.
 const (
 	minRegion  = 1 // empty string
-	minRule    = 6 // rule, inc, seq, base, nacks, nkeys
+	minRule    = 7 // rule, inc, seq, base, nacks, ncloses, nkeys
 	minAck     = 4
-	minKey     = 5 // key, demand, position, ngave, napplied
+	minClose   = 4 // key, region, inc, retire
+	minKey     = 6 // key, demand, position, ngave, napplied, retire
 	minCounter = 3
 )
 
@@ -138,6 +143,9 @@ func EncodeSplit(m Message, maxSize int) ([][]byte, error) {
 			continue
 		}
 		keys := rr.Report.Keys
+		if len(keys) == 0 { // a header (acks, closures) alone too large
+			return nil, fmt.Errorf("%w: rule %q header does not fit in %d bytes", ErrTooLarge, rr.Rule, maxSize)
+		}
 		for len(keys) > 0 {
 			part := rr
 			part.Report.Keys = keys[:1]
@@ -213,6 +221,11 @@ func validate(m Message) error {
 				return fmt.Errorf("%w: region longer than %d bytes", ErrInvalid, MaxStringLen)
 			}
 		}
+		for _, c := range r.Closes {
+			if long(c.Region) || long(c.Key) {
+				return fmt.Errorf("%w: closure key or region longer than %d bytes", ErrInvalid, MaxStringLen)
+			}
+		}
 		for _, k := range r.Keys {
 			if long(k.Key) {
 				return fmt.Errorf("%w: rule %q: key longer than %d bytes", ErrInvalid, rr.Rule, MaxStringLen)
@@ -233,6 +246,9 @@ func regionTable(m Message) []string {
 	for _, rr := range m.Rules {
 		for _, a := range rr.Report.Acks {
 			tab = append(tab, a.Region)
+		}
+		for _, c := range rr.Report.Closes {
+			tab = append(tab, c.Region)
 		}
 		for _, k := range rr.Report.Keys {
 			for _, c := range k.Gave {
@@ -261,7 +277,7 @@ func appendMessage(buf []byte, from string, tab []string, rs []RuleReport) []byt
 		}
 		return buf
 	}
-	buf = append(buf, magicV1)
+	buf = append(buf, magicV2)
 	buf = bincode.AppendString(buf, from)
 	buf = binary.AppendUvarint(buf, uint64(len(tab)))
 	for _, r := range tab {
@@ -285,6 +301,13 @@ func appendMessage(buf []byte, from string, tab []string, rs []RuleReport) []byt
 			}
 			buf = append(buf, f)
 		}
+		buf = binary.AppendUvarint(buf, uint64(len(r.Closes)))
+		for _, c := range r.Closes {
+			buf = bincode.AppendString(buf, c.Key)
+			buf = binary.AppendUvarint(buf, idx(c.Region))
+			buf = binary.AppendUvarint(buf, c.Inc)
+			buf = binary.AppendUvarint(buf, c.Retire)
+		}
 		buf = binary.AppendUvarint(buf, uint64(len(r.Keys)))
 		for _, k := range r.Keys {
 			buf = bincode.AppendString(buf, k.Key)
@@ -292,6 +315,7 @@ func appendMessage(buf []byte, from string, tab []string, rs []RuleReport) []byt
 			buf = binary.AppendVarint(buf, k.Position)
 			buf = counters(buf, k.Gave)
 			buf = counters(buf, k.Applied)
+			buf = binary.AppendUvarint(buf, k.Retire)
 		}
 	}
 	return buf
@@ -305,7 +329,7 @@ func Decode(data []byte) (Message, error) {
 	if len(data) == 0 {
 		return Message{}, fmt.Errorf("%w: empty", ErrMalformed)
 	}
-	if data[0] != magicV1 {
+	if data[0] != magicV2 {
 		return Message{}, fmt.Errorf("%w: unknown format byte 0x%02x", ErrMalformed, data[0])
 	}
 	d := bincode.New(string(data), 1, ErrMalformed, MaxStringLen)
@@ -366,6 +390,14 @@ func Decode(data []byte) (Message, error) {
 				}
 			}
 		}
+		if nc := d.Count(minClose); nc > 0 {
+			r.Closes = make([]ledger.Closure, nc)
+			for j := range r.Closes {
+				c := &r.Closes[j]
+				c.Key = d.Str()
+				c.Region, c.Inc, c.Retire = region(), d.Uvarint(), d.Uvarint()
+			}
+		}
 		if nk := d.Count(minKey); nk > 0 {
 			r.Keys = make([]ledger.KeyReport, nk)
 			for j := range r.Keys {
@@ -373,6 +405,7 @@ func Decode(data []byte) (Message, error) {
 				k.Key, k.Demand, k.Position = d.Str(), d.Varint(), d.Varint()
 				k.Gave = counters()
 				k.Applied = counters()
+				k.Retire = d.Uvarint()
 			}
 		}
 		if d.Err() != nil {

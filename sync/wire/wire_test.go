@@ -44,7 +44,12 @@ func randMessage(rng *rand.Rand) Message {
 				Position: rng.Int63() >> uint(rng.Intn(63)),
 				Gave:     randCounters(rng),
 				Applied:  randCounters(rng),
+				Retire:   uint64(rng.Intn(3)) * rng.Uint64() >> uint(rng.Intn(64)),
 			})
+		}
+		for k := rng.Intn(3); k > 0; k-- {
+			r.Closes = append(r.Closes, ledger.Closure{Key: fmt.Sprintf("rl:{user:%d}:orders", rng.Intn(1000)),
+				Region: regionNames[rng.Intn(len(regionNames))], Inc: uint64(rng.Intn(4)), Retire: rng.Uint64() >> uint(rng.Intn(64))})
 		}
 		m.Rules = append(m.Rules, RuleReport{Rule: fmt.Sprintf("rule-%d", rng.Intn(10)), Report: r})
 	}
@@ -98,19 +103,19 @@ func TestDecodeMalformed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// good: B1 01 'a' | 01 01 'b' | 01 | 01 'r' 01 01 00 | 01 00 01 03 00 | 00
+	// good: B2 01 'a' | 01 01 'b' | 01 | 01 'r' 01 01 00 | 01 00 01 03 00 | 00 | 00
 	for _, tc := range []struct {
 		name string
 		data []byte
 	}{
 		{"empty", nil},
-		{"bad magic", append([]byte{0xB2}, good[1:]...)},
-		{"huge string", []byte{magicV1, 0xff, 0xff, 0x03}},
-		{"huge count", []byte{magicV1, 0x00, 0xff, 0xff, 0xff, 0xff, 0x0f}},
-		{"non-minimal uvarint", []byte{magicV1, 0x80, 0x00, 0x00, 0x00}},
-		{"uvarint overflow", []byte{magicV1, 0x00, 0x00, 0x01, 0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02, 0x00, 0x00, 0x00, 0x00}},
-		{"unsorted table", []byte{magicV1, 0x00, 0x02, 0x01, 'b', 0x01, 'a', 0x00}},
-		{"unused table entry", []byte{magicV1, 0x00, 0x01, 0x01, 'b', 0x00}},
+		{"version 1", append([]byte{0xB1}, good[1:]...)},
+		{"huge string", []byte{magicV2, 0xff, 0xff, 0x03}},
+		{"huge count", []byte{magicV2, 0x00, 0xff, 0xff, 0xff, 0xff, 0x0f}},
+		{"non-minimal uvarint", []byte{magicV2, 0x80, 0x00, 0x00, 0x00}},
+		{"uvarint overflow", []byte{magicV2, 0x00, 0x00, 0x01, 0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02, 0x00, 0x00, 0x00, 0x00}},
+		{"unsorted table", []byte{magicV2, 0x00, 0x02, 0x01, 'b', 0x01, 'a', 0x00}},
+		{"unused table entry", []byte{magicV2, 0x00, 0x01, 0x01, 'b', 0x00}},
 		{"bad region index", bytes.Replace(good, []byte{0x01, 0x00, 0x01, 0x03}, []byte{0x01, 0x05, 0x01, 0x03}, 1)},
 		{"bad frozen flag", bytes.Replace(good, []byte{0x01, 0x03, 0x00}, []byte{0x01, 0x03, 0x02}, 1)},
 		{"trailing", append(append([]byte{}, good...), 0)},
@@ -197,7 +202,7 @@ func FuzzDecode(f *testing.F) {
 		b, _ := Encode(randMessage(rng))
 		f.Add(b)
 	}
-	f.Add([]byte{magicV1})
+	f.Add([]byte{magicV2})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := Decode(data)
 		if err != nil {

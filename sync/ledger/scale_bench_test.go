@@ -1,0 +1,113 @@
+package ledger
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// The ledger at scale: a region of three holding n active keys, each with
+// gifts both ways (pairs, confirmed writes, the peers' positions), the way
+// a global rule with n active keys sits in the agent. Reported: heap per
+// key (after GC, names included), and the time of one Tick with usage on
+// every key.
+//
+//	go test -run '^$' -bench 'BenchmarkLedger(100k|1M)Keys' -benchtime 5x ./sync/ledger
+
+func BenchmarkLedger100kKeys(b *testing.B) { benchLedger(b, 100_000) }
+func BenchmarkLedger1MKeys(b *testing.B)   { benchLedger(b, 1_000_000) }
+
+func heapNow() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+func benchLedger(b *testing.B, n int) {
+	cfg := DefaultConfig()
+	regions := []RegionSpec{{"r0", 1}, {"r1", 1}, {"r2", 1}}
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("rl:{user:%07d}:orders", i)
+	}
+	before := heapNow()
+	now := time.Duration(0)
+	l, err := New(cfg, "r0", regions, Start{Inc: 1, RunID: "run"}, now)
+	if err != nil {
+		b.Fatal(err)
+	}
+	confirm := func(out Output) {
+		var cs []Confirmation
+		for _, w := range out.Writes {
+			cs = append(cs, Confirmation{w.Key, w.Version})
+		}
+		if o := l.SharesApplied(now, cs); len(o.Writes) > 0 {
+			b.Fatal("writes from a confirmation")
+		}
+	}
+	tick := func() Output {
+		now += cfg.Interval
+		for _, name := range names {
+			l.Usage(now, name, 1000, 10, 0)
+		}
+		out := l.Tick(now)
+		confirm(out)
+		return out
+	}
+	for _, w := range l.Tick(now).Writes {
+		if w.Key == MarkerKey {
+			l.ShareApplied(now, w.Key, w.Version)
+		}
+	}
+	// The peers: r1 has demand on every key and gives nothing, r2 has none
+	// and gives r0 1000 units of each: r0 gives to r1 and takes from r2.
+	peer := func(from string, seq uint64, demand, pos int64, gave []Counter) Report {
+		r := Report{From: from, Inc: 1, Seq: seq, Base: l.initial[1] + l.floor[1],
+			Acks: []Ack{{Region: "r0", Inc: 1, Seq: l.rseq}}}
+		for _, name := range sortedCopy(names) {
+			r.Keys = append(r.Keys, KeyReport{Key: name, Demand: demand, Position: pos, Gave: gave})
+		}
+		return r
+	}
+	tick()
+	base := l.initial[1] + l.floor[1]
+	for _, r := range []Report{
+		peer("r1", 1, 3*base, base, nil),
+		peer("r2", 1, 0, base-1000, []Counter{{"r0", 1, 1000}}),
+	} {
+		out, err := l.Receive(now, r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		confirm(out)
+	}
+	for i := 0; i < 3; i++ {
+		tick()
+	}
+	k := l.keys[names[0]]
+	if k.pairs[1].conf == 0 || k.pairs[2].recv != 1000 {
+		b.Fatalf("setup: want gifts both ways, got %+v", k.pairs)
+	}
+	perKey := float64(heapNow()-before) / float64(n)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		tick()
+	}
+	b.StopTimer()
+	b.ReportMetric(perKey, "B/key")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/key/tick")
+	runtime.KeepAlive(l)
+}
+
+func sortedCopy(s []string) []string {
+	out := append([]string(nil), s...)
+	for i := 1; i < len(out); i++ {
+		if out[i-1] > out[i] {
+			panic("names must be generated sorted")
+		}
+	}
+	return out
+}
