@@ -146,6 +146,9 @@ const EmbeddedRunID = "embedded"
 // supported has the fixed run id EmbeddedRunID (the scripts read it the
 // same way); any other error, a network one included, is returned.
 func (s *Store) RunID(ctx context.Context) (string, error) {
+	if s.cluster != nil {
+		return s.clusterRunID(ctx)
+	}
 	info, err := s.client.Info(ctx, "server").Result()
 	if infoUnsupported(err) {
 		return EmbeddedRunID, nil
@@ -194,6 +197,9 @@ func (s *Store) WriteMarker(ctx context.Context, rule string, m Marker) (Version
 	if err != nil {
 		return Version{}, err
 	}
+	if s.cluster != nil {
+		return s.writeMarkerCluster(ctx, rule, m, now)
+	}
 	create := 0
 	if m.Create {
 		create = 1
@@ -237,7 +243,6 @@ func (s *Store) WriteShares(ctx context.Context, rule string, recs []ShareRecord
 	if err != nil {
 		return nil, err
 	}
-	mk := MarkerKey(rule)
 	argsOf := func(r ShareRecord) []any {
 		rel := 0
 		if r.Release {
@@ -245,7 +250,7 @@ func (s *Store) WriteShares(ctx context.Context, rule string, recs []ShareRecord
 		}
 		return []any{r.Inc, r.Seq, r.Units, rel, r.Capacity, r.Rate, r.Total, r.Floor, r.TTL.Milliseconds(), now, s.slackMs}
 	}
-	cmds := s.evalShas(ctx, s.shares, len(recs), func(i int) []string { return []string{recs[i].Key, mk} },
+	cmds := s.evalShas(ctx, s.shares, len(recs), func(i int) []string { return []string{recs[i].Key, s.markerKeyFor(rule, recs[i].Key)} },
 		func(i int) []any { return argsOf(recs[i]) })
 	out := make([]Version, len(recs))
 	for i, c := range cmds {

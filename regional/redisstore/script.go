@@ -444,7 +444,9 @@ return {inc, seq}
 // markerSrc writes a rule's marker (WriteMarker).
 //
 // KEYS[1]: the marker key. ARGV: inc, seq, units, lease ms, create (0/1),
-// run id, now ms or "" for TIME.
+// run id, now ms or "" for TIME; in a Cluster also (else absent) the
+// latest lease end in ms on this master's clock ("" none: the lease ends at
+// now + lease) and the run id of the master the copy must be on.
 // Reply: {inc, seq}, the version of the marker the store holds afterwards
 // ({0, 0}: none, or one of another server run, which counts as none).
 const markerSrc = prelude + `
@@ -456,7 +458,10 @@ local cur = currentrun()
 local m = loadmarker(key)
 if m and m.run ~= cur then m = nil end
 local ok
-if create then
+if ARGV[9] and ARGV[9] ~= '' and ARGV[9] ~= cur then
+  -- a Cluster copy on another master than the caller read (see WriteMarker)
+  ok = false
+elseif create then
   ok = run == cur and (m == nil or inc > m.inc or (inc == m.inc and seq > m.seq))
 else
   ok = m ~= nil and inc == m.inc and seq >= m.seq
@@ -465,6 +470,12 @@ if not ok then
   if m then return {m.inc, m.seq} end
   return {0, 0}
 end
-redis.call('SET', key, putle({inc, seq, units, now, now + lease}, f6[5], w6) .. cur)
+local exp = now + lease
+if ARGV[8] and ARGV[8] ~= '' then
+  local cap = tonumber(ARGV[8])
+  if cap < exp then exp = cap end
+  if exp < now then exp = now end
+end
+redis.call('SET', key, putle({inc, seq, units, now, exp}, f6[5], w6) .. cur)
 return {inc, seq}
 `

@@ -16,6 +16,8 @@ import (
 // Store and stopped by Close.
 type Store struct {
 	client          redis.UniversalClient
+	cluster         *redis.ClusterClient // set when client is a Cluster client
+	cs              clusterState
 	check           *redis.Script
 	marker          *redis.Script
 	shares          *redis.Script
@@ -129,6 +131,11 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 		cancel:  cancel,
 		done:    make(chan struct{}),
 		stopped: make(chan struct{}),
+	}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		s.cluster = cc
+		s.cs.views = map[string]*clusterView{}
+		s.cs.fanned = map[string]fanout{}
 	}
 	s.busy = make([]atomic.Int64, o.workers)
 	s.wg.Add(o.workers + 1)
@@ -337,6 +344,7 @@ wait:
 		a := &out[it.out]
 		if it.err != nil {
 			a.Err = it.err
+			s.clusterTrouble(it.err)
 			continue
 		}
 		a.Allowed, a.Results, a.Err = parseCheck(it.val, len(calls[it.out].Buckets))
@@ -367,7 +375,7 @@ func (s *Store) scriptArgs(cost int64, now any, buckets []Bucket) ([]string, []a
 			args = append(args, alg, x, y, shadow)
 			continue
 		}
-		mk := MarkerKey(b.Global.Rule)
+		mk := s.markerKeyFor(b.Global.Rule, buckets[0].Key)
 		idx := slices.Index(keys[len(buckets):], mk)
 		if idx < 0 {
 			idx = len(keys) - len(buckets)
