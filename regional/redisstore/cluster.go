@@ -28,6 +28,9 @@ const Slots = 16384
 // between leave the copies' earlier, shorter leases in place.
 const FanoutEvery = time.Second
 
+// fanoutTimeout bounds one marker fan-out to every slot's copy.
+const fanoutTimeout = 10 * time.Second
+
 // crc16 is CRC-16/XMODEM, the Redis Cluster key hash.
 func crc16(s string) uint16 {
 	var crc uint16
@@ -107,7 +110,8 @@ type clusterView struct {
 type fanout struct {
 	ver   Version
 	units int64
-	at    time.Time // local clock, when it was sent
+	at    time.Time // local clock, when it started (its leases count from before then)
+	done  time.Time // local clock, when every copy had answered
 	lease time.Duration
 }
 
@@ -237,7 +241,7 @@ func (s *Store) writeMarkerCluster(ctx context.Context, rule string, m Marker, n
 		return Version{}, nil
 	}
 	if !m.Create && had && last.ver.Inc == m.Inc && !m.Version().Less(last.ver) && last.units == m.Units &&
-		start.Sub(last.at) < FanoutEvery && last.at.Add(last.lease).Sub(start) >= m.Lease/2 {
+		start.Sub(last.done) < FanoutEvery && last.at.Add(last.lease).Sub(start) >= m.Lease/2 {
 		return last.ver, nil
 	}
 	if view == nil {
@@ -279,6 +283,12 @@ func (s *Store) writeMarkerCluster(ctx context.Context, rule string, m Marker, n
 	if m.Create {
 		create = 1
 	}
+	// The copies may take longer than the caller's budget for one write
+	// (16384 script calls): every lease is already capped by its anchor
+	// and every copy is ordered by its version, so a copy applied late
+	// grants nothing an on-time write would not.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fanoutTimeout)
+	defer cancel()
 	cmds := s.evalShas(ctx, s.marker, Slots, func(i int) []string { return []string{slotMarkerKey(rule, i)} },
 		func(i int) []any {
 			o := view.owner[i]
@@ -300,7 +310,7 @@ func (s *Store) writeMarkerCluster(ctx context.Context, rule string, m Marker, n
 	}
 	if low == m.Version() {
 		cs.mu.Lock()
-		cs.fanned[rule] = fanout{ver: low, units: m.Units, at: start, lease: m.Lease}
+		cs.fanned[rule] = fanout{ver: low, units: m.Units, at: start, done: time.Now(), lease: m.Lease}
 		cs.mu.Unlock()
 	}
 	return low, nil

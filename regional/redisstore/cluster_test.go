@@ -159,7 +159,7 @@ func TestClusterGlobal(t *testing.T) {
 	}
 	t0 := time.Now()
 	v, err := e.store.WriteMarker(ctx, rule, Marker{Inc: 1, Seq: 1, Units: 300, Lease: 10 * time.Second, Create: true, RunID: run})
-	t.Logf("marker create on %d copies took %v", Slots, time.Since(t0))
+	t.Logf("marker create on %d copies took %v; %s", Slots, time.Since(t0), evalshaCost(t, e.c.Masters[0].Addr))
 	if err != nil || v != (Version{1, 1}) {
 		t.Fatalf("create: %v %v", v, err)
 	}
@@ -521,3 +521,18 @@ func TestClusterFaults(t *testing.T) {
 type quietLogger struct{}
 
 func (quietLogger) Printf(context.Context, string, ...any) {}
+
+// evalshaCost reads the Redis CPU time per EVALSHA on the node at addr
+// (INFO commandstats).
+func evalshaCost(t *testing.T, addr string) string {
+	v, err := launch.NodeCommand(ctxT(t), addr, "INFO", "commandstats")
+	if err != nil {
+		return err.Error()
+	}
+	for _, line := range strings.Split(fmt.Sprint(v), "\n") {
+		if strings.HasPrefix(line, "cmdstat_evalsha:") {
+			return strings.TrimSpace(line)
+		}
+	}
+	return "no evalsha stats"
+}
