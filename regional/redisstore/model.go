@@ -158,7 +158,7 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 		case algTokenBucket:
 			capacity, rate := b.Capacity, b.Rate
 			t, okt := m.field(k, "t")
-			l, _ := m.field(k, "l")
+			l := tbLast(k, nowMs)
 			if g := b.Global; g != nil {
 				p.global = true
 				mk, okm := m.markers[MarkerKey(g.Rule)]
@@ -358,6 +358,9 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 					v = append(v, p.rec...)
 				}
 				m.setTB(nowMs, key, v, p.ttl)
+				if !p.global && compactTB(p.capU, p.ttl) {
+					m.keys[key].h = map[string]int64{"t": t, "m": nowMs % compactPeriod}
+				}
 			}
 			if p.alg == algTokenBucket {
 				rem = floorDiv(t, micro)
@@ -440,6 +443,33 @@ func refill(t, el, capU, rate int64) int64 {
 func shareOf(x, u, total int64) int64 {
 	q := floorDiv(x, total)
 	return q*u + floorDiv((x-q*total)*u, total)
+}
+
+// The decimal layout of a regional token bucket (see doc.go): its
+// capacity at most compactMaxU millionths and its TTL below half of
+// compactPeriod ms, it stores l modulo compactPeriod (field "m").
+const (
+	compactPeriod = 1_000_000_000
+	compactMaxU   = 8_000_000_000
+)
+
+func compactTB(capU, ttl int64) bool { return capU <= compactMaxU && ttl > 0 && ttl < compactPeriod/2 }
+
+// tbLast is a token bucket's last refill time: l, or for the decimal
+// layout the time within half of compactPeriod of nowMs that is m modulo it.
+func tbLast(k *modelKey, nowMs int64) int64 {
+	if k == nil {
+		return 0
+	}
+	m, ok := k.h["m"]
+	if !ok {
+		return k.h["l"]
+	}
+	d := ((nowMs%compactPeriod-m)%compactPeriod + compactPeriod) % compactPeriod
+	if d >= compactPeriod/2 {
+		d -= compactPeriod
+	}
+	return nowMs - d
 }
 
 // tbFields names the token-bucket state values in order (see doc.go).
@@ -538,7 +568,7 @@ func (m *Model) WriteShares(nowMs int64, rule string, recs []ShareRecord) ([]Ver
 			t = capU
 		} else {
 			if oc, ok := m.field(k, "c"); ok {
-				t = refill(t, nowMs-k.h["l"], oc*1000, k.h["r"])
+				t = refill(t, nowMs-tbLast(k, nowMs), oc*1000, k.h["r"])
 			}
 			t = min(t, capU)
 		}

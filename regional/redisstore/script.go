@@ -84,16 +84,33 @@ end
 local tbfmt = {[2] = '<I6I6', [4] = '<I6I6I6I6', [7] = '<I6I6I6I6I3I5I4'}
 local tbn = {[12] = 2, [24] = 4, [36] = 7}
 local tbw = {6, 6, 6, 6, 3, 5, 4}
-local function loadtb(key)
+-- a regional token bucket small enough is one 19-digit decimal (Redis
+-- keeps it as an integer: no string allocation): 10^18 + t*10^9 + l mod
+-- 10^9; l is the one within half of 10^9 ms of now (see doc.go)
+local CP, CMAX = 1000000000, 8000000000
+local function loadtb(key, now)
   local s = redis.call('GET', key)
   if not s then return nil end
+  if #s == 19 then
+    local t, m = tonumber(string.sub(s, 1, 10)), tonumber(string.sub(s, 11))
+    if not t or not m then return error('redisstore: bad state in ' .. key) end
+    local d = (now % CP - m) % CP
+    if d >= CP / 2 then d = d - CP end
+    return {t - CP, now - d}
+  end
   local n = tbn[#s]
   if not n then return error('redisstore: bad state in ' .. key) end
   return getle(s, tbfmt[n], tbw, n)
 end
--- ttl > 0: PX ttl; 0: KEEPTTL; -1: no TTL (persistent)
-local function savetb(key, v, ttl)
-  local s = putle(v, tbfmt[#v], tbw)
+-- ttl > 0: PX ttl; 0: KEEPTTL; -1: no TTL (persistent); capU, for a
+-- regional bucket: its capacity (millionths), for the decimal layout
+local function savetb(key, v, ttl, capU)
+  local s
+  if capU and capU <= CMAX and ttl > 0 and ttl < CP / 2 then
+    s = fmt(CP + v[1]) .. string.format('%09d', v[2] % CP)
+  else
+    s = putle(v, tbfmt[#v], tbw)
+  end
   if ttl > 0 then redis.call('SET', key, s, 'PX', ttl)
   elseif ttl == 0 then redis.call('SET', key, s, 'KEEPTTL')
   else redis.call('SET', key, s) end
@@ -187,7 +204,7 @@ while base < #ARGV do
   local p = {key = key, alg = alg, shadow = ARGV[base + 4] == '1'}
   if alg == 1 or alg == 6 then
     -- token bucket; t in millionths of a token, l in ms
-    local h = loadtb(key)
+    local h = loadtb(key, now)
     local cap, rate = a, b
     local t, l
     if alg == 6 then
@@ -343,7 +360,9 @@ for i = 1, #plans do
         if p.rec then v[5] = p.rec[1]; v[6] = p.rec[2]; v[7] = p.rec[3] end
         savetb(p.key, v, p.ttl)
       else
-        savetb(p.key, {t, now}, p.ttl)
+        local capU
+        if p.alg == 1 then capU = p.cap end
+        savetb(p.key, {t, now}, p.ttl, capU)
       end
     end
     if p.alg ~= 5 then
@@ -414,7 +433,7 @@ local C, R, UN, F = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ton
 local ttl = tonumber(ARGV[9])
 local now = clock(ARGV[10])
 local slack = tonumber(ARGV[11])
-local h = loadtb(key)
+local h = loadtb(key, now)
 if h and h[5] and (inc < h[5] or (inc == h[5] and seq < h[6])) then return {h[5], h[6]} end
 local u = enforced(loadmarker(KEYS[2]) or false, now, UN, F, inc, units)
 local cap, rate = shareOf(C, u, UN), shareOf(R, u, UN)
