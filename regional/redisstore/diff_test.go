@@ -201,9 +201,11 @@ func decodeState(tb testing.TB, alg rules.Algorithm, raw string) map[string]int6
 		return map[string]int64{"t": t - 1e9, "m": m}
 	}
 	switch {
-	case alg == rules.TokenBucket && len(raw) == 36:
-		widths = []int{6, 6, 6, 6, 3, 5, 4}
-	case alg == rules.TokenBucket && len(raw) != 12 && len(raw) != 24:
+	case alg == rules.TokenBucket && len(raw) == 16:
+		widths = []int{6, 6, 4}
+	case alg == rules.TokenBucket && len(raw) == 28:
+		widths = []int{6, 6, 4, 3, 5, 4}
+	case alg == rules.TokenBucket && len(raw) != 12:
 		tb.Fatalf("token bucket state of %d bytes", len(raw))
 	case len(raw)%6 != 0 || len(raw)/6 > len(names):
 		tb.Fatalf("state of %d bytes for %s", len(raw), alg)

@@ -129,7 +129,7 @@ type plan struct {
 	global  bool
 	rec     []int64 // global token bucket: the stored record (inc, seq, units*2+release)
 	changed bool    // global token bucket: the enforced share differs from the stored one
-	rawCap  int64   // token bucket: the enforced capacity (thousandths)
+	units   int64   // global token bucket: the units enforced
 	back    bool    // token/leaky: the clock is behind the stored time
 	ttl     int64
 	t0, t1  int64 // token/leaky: millionths
@@ -174,14 +174,14 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 				if !okt {
 					t, l = capU, nowMs
 				} else {
-					oc, okc := m.field(k, "c")
-					or := k.h["r"]
+					oc, or, okc := lastSeen(k, b.Capacity, b.Rate, g.Units)
 					if okc {
 						t = refill(t, nowMs-l, oc*1000, or)
 					}
 					t = min(t, capU)
 					p.changed = !okc || oc != capacity || or != rate
 				}
+				p.units = u
 			} else {
 				if !okt {
 					t, l = capacity*1000, nowMs
@@ -202,7 +202,7 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 			default:
 				p.retry = ceilDiv(costU-t, rate)
 			}
-			p.capU, p.rate, p.rawCap = capU, rate, capacity
+			p.capU, p.rate = capU, rate
 			p.ttl = m.ttl(ceilDiv(capU, max(rate, 1)))
 			if p.rec != nil && p.rec[2]%2 == 0 {
 				p.ttl = 0 // a record that is not a Release record: persistent
@@ -354,7 +354,7 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 				// the whole state is replaced (a regional write drops a share)
 				v := []int64{t, nowMs}
 				if p.global {
-					v = append(v, p.rawCap, p.rate)
+					v = append(v, p.units)
 					v = append(v, p.rec...)
 				}
 				m.setTB(nowMs, key, v, p.ttl)
@@ -472,10 +472,22 @@ func tbLast(k *modelKey, nowMs int64) int64 {
 	return nowMs - d
 }
 
-// tbFields names the token-bucket state values in order (see doc.go).
-var tbFields = []string{"t", "l", "c", "r", "i", "s", "u"}
+// tbFields names the token-bucket state values in order (see doc.go): e is
+// the units a global bucket last enforced; i, s, u its share record.
+var tbFields = []string{"t", "l", "e", "i", "s", "u"}
 
-// setTB replaces a token bucket's whole state with v (2, 4 or 7 values).
+// lastSeen is the capacity and rate a global state last enforced, for the
+// global capacity c, rate r and total units (ok false: none stored, a
+// regional state).
+func lastSeen(k *modelKey, c, r, total int64) (int64, int64, bool) {
+	e, ok := k.h["e"]
+	if !ok {
+		return 0, 0, false
+	}
+	return shareOf(c, e, total), shareOf(r, e, total), true
+}
+
+// setTB replaces a token bucket's whole state with v (2, 3 or 6 values).
 // ttl > 0 sets the key to expire ttl ms from nowMs, 0 keeps its TTL, -1
 // makes it persistent.
 func (m *Model) setTB(nowMs int64, key string, v []int64, ttl int64) {
@@ -567,8 +579,8 @@ func (m *Model) WriteShares(nowMs int64, rule string, recs []ShareRecord) ([]Ver
 		if !okt {
 			t = capU
 		} else {
-			if oc, ok := m.field(k, "c"); ok {
-				t = refill(t, nowMs-tbLast(k, nowMs), oc*1000, k.h["r"])
+			if oc, or, ok := lastSeen(k, r.Capacity, r.Rate, r.Total); ok {
+				t = refill(t, nowMs-tbLast(k, nowMs), oc*1000, or)
 			}
 			t = min(t, capU)
 		}
@@ -577,7 +589,7 @@ func (m *Model) WriteShares(nowMs int64, rule string, recs []ShareRecord) ([]Ver
 			rel = 1
 			ttl = max(ceilDiv(capU, max(rate, 1))+m.slackMs, r.TTL.Milliseconds(), 1000)
 		}
-		m.setTB(nowMs, r.Key, []int64{t, nowMs, capacity, rate, inc, seq, r.Units*2 + rel}, ttl)
+		m.setTB(nowMs, r.Key, []int64{t, nowMs, u, inc, seq, r.Units*2 + rel}, ttl)
 		out[i] = r.versionOf()
 	}
 	return out, nil
