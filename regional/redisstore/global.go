@@ -142,7 +142,8 @@ func validateRecord(i int, r ShareRecord) error {
 const EmbeddedRunID = "embedded"
 
 // RunID returns the store's current run id (INFO server run_id); it changes
-// when Redis restarts. A server that answers that INFO server is not
+// when Redis restarts. On a Cluster it is a digest of the slot map and every
+// master's run id (see the package doc). A server that answers that INFO server is not
 // supported has the fixed run id EmbeddedRunID (the scripts read it the
 // same way); any other error, a network one included, is returned.
 func (s *Store) RunID(ctx context.Context) (string, error) {
@@ -188,7 +189,9 @@ func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' ||
 // version at most m's. Either sets the default units and the lease (the
 // store's clock when applied, until that plus m.Lease). A marker left by
 // another server run (restored from a snapshot) counts as no marker. It
-// returns the marker version the store holds afterwards (zero: none).
+// returns the marker version the store holds afterwards (zero: none). On a
+// Cluster it writes every slot's copy (see the package doc, "Redis
+// Cluster"), and returns the lowest version a copy holds.
 func (s *Store) WriteMarker(ctx context.Context, rule string, m Marker) (Version, error) {
 	if err := validateMarker(rule, m); err != nil {
 		return Version{}, err

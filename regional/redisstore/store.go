@@ -222,8 +222,8 @@ func (s *Store) nowArg() (any, error) {
 // cost. cost is in whole tokens (>= 1). Buckets must have distinct keys, and
 // in Redis Cluster one hash tag (Key gives that for one client). A bucket
 // with Global set enforces its share of the global capacity and rate (see
-// the package doc); its rule's marker key is read by the same script, so
-// global buckets need standalone Redis.
+// the package doc); its rule's marker (on a Cluster, the copy in the
+// buckets' slot) is read by the same script.
 //
 // Check returns ctx.Err() as soon as ctx is done, whatever Redis does; the
 // script may still run after that. It is Do with one call and no budget.
