@@ -28,7 +28,8 @@ local function clock(arg)
 end
 -- state: a binary string of little-endian unsigned integers (every value
 -- an integer in [0, 2^48)). getle reads n of them from s, putle writes vals;
--- f is the layout's struct format, widths its byte widths. Redis has the
+-- f is the layout's struct format, widths its byte widths (nil: read from
+-- f, once per call, only without struct). Redis has the
 -- struct library and uses it (plain Lua costs it more than 10% of a check);
 -- where it is missing (an embedded server such as miniredis), the same
 -- bytes are read and written in plain Lua: string.byte, string.char and
@@ -39,6 +40,10 @@ local function getle(s, f, widths, n)
     local v = {struct.unpack(f, s)}
     v[n + 1] = nil -- struct.unpack's next position
     return v
+  end
+  if not widths then
+    widths = {}
+    for w in string.gmatch(f, 'I(%d)') do widths[#widths + 1] = tonumber(w) end
   end
   local v, i = {}, 0
   for k = 1, n do
@@ -52,6 +57,10 @@ local function getle(s, f, widths, n)
 end
 local function putle(vals, f, widths)
   if struct then return struct.pack(f, unpack(vals)) end
+  if not widths then
+    widths = {}
+    for w in string.gmatch(f, 'I(%d)') do widths[#widths + 1] = tonumber(w) end
+  end
   local b, n = {}, 0
   for k = 1, #vals do
     local x = vals[k]
@@ -87,9 +96,8 @@ end
 -- a regional token bucket small enough is one decimal (Redis keeps it as
 -- an integer: no string allocation): 10^18 + t*10^9 + l mod 10^9; l is
 -- the one within half of 10^9 ms of now (see doc.go)
-local tbl = {[12] = {'<I6I6', {6, 6}}, [16] = {'<I6I6I4', {6, 6, 4}}, [28] = {'<I6I6I4I3I5I4', {6, 6, 4, 3, 5, 4}},
-  [24] = {'<I6I6I6I6', {6, 6, 6, 6}}, [36] = {'<I6I6I6I6I3I5I4', {6, 6, 6, 6, 3, 5, 4}}}
-local tbv = {[2] = tbl[12], [3] = tbl[16], [6] = tbl[28]}
+local tbl = {[12] = '<I6I6', [16] = '<I6I6I4', [28] = '<I6I6I4I3I5I4', [24] = '<I6I6I6I6', [36] = '<I6I6I6I6I3I5I4'}
+local tbv = {'', '<I6I6', '<I6I6I4', '', '', '<I6I6I4I3I5I4'}
 local CP, CMAX = 1000000000, 8000000000
 -- loadtb returns nil for a missing key, else {t = , l = } and for a global
 -- state e (or c and r) and rec = {inc, seq, units*2+release} if it has one
@@ -105,7 +113,7 @@ local function loadtb(key, now)
   end
   local f = tbl[#s]
   if not f then return error('redisstore: bad state in ' .. key) end
-  local v = getle(s, f[1], f[2], #f[2])
+  local v = getle(s, f, nil, (#f - 1) / 2)
   local h = {t = v[1], l = v[2]}
   if #s == 16 or #s == 28 then
     h.e = v[3]
@@ -124,8 +132,7 @@ local function savetb(key, v, ttl, capU)
   if capU and capU <= CMAX and ttl > 0 and ttl < CP / 2 then
     s = fmt(CP + v[1]) .. string.format('%09d', v[2] % CP)
   else
-    local f = tbv[#v]
-    s = putle(v, f[1], f[2])
+    s = putle(v, tbv[#v])
   end
   if ttl > 0 then redis.call('SET', key, s, 'PX', ttl)
   elseif ttl == 0 then redis.call('SET', key, s, 'KEEPTTL')
