@@ -28,8 +28,12 @@ const Slots = 16384
 // between leave the copies' earlier, shorter leases in place.
 const FanoutEvery = time.Second
 
-// fanoutTimeout bounds one marker fan-out to every slot's copy.
-const fanoutTimeout = 10 * time.Second
+// fanoutTimeout bounds one marker fan-out to every slot's copy, sent
+// fanoutChunk copies per pipeline.
+const (
+	fanoutTimeout = 10 * time.Second
+	fanoutChunk   = 1024
+)
 
 // crc16 is CRC-16/XMODEM, the Redis Cluster key hash.
 func crc16(s string) uint16 {
@@ -289,23 +293,27 @@ func (s *Store) writeMarkerCluster(ctx context.Context, rule string, m Marker, n
 	// grants nothing an on-time write would not.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fanoutTimeout)
 	defer cancel()
-	cmds := s.evalShas(ctx, s.marker, Slots, func(i int) []string { return []string{slotMarkerKey(rule, i)} },
-		func(i int) []any {
-			o := view.owner[i]
-			return []any{m.Inc, m.Seq, m.Units, m.Lease.Milliseconds(), create, view.runs[o], now, caps[o], view.runs[o]}
-		})
+	// In chunks: one pipeline of 16384 scripts would hold a busy master's
+	// connection past the client's write timeout.
 	var low Version
-	for i, c := range cmds {
-		r, err := c.Result()
-		if err != nil {
-			return Version{}, fmt.Errorf("redisstore: write marker of %q, slot %d: %w", rule, i, err)
-		}
-		v, err := parseVersion(r)
-		if err != nil {
-			return Version{}, err
-		}
-		if i == 0 || v.Less(low) {
-			low = v
+	for from := 0; from < Slots; from += fanoutChunk {
+		cmds := s.evalShas(ctx, s.marker, fanoutChunk, func(i int) []string { return []string{slotMarkerKey(rule, from+i)} },
+			func(i int) []any {
+				o := view.owner[from+i]
+				return []any{m.Inc, m.Seq, m.Units, m.Lease.Milliseconds(), create, view.runs[o], now, caps[o], view.runs[o]}
+			})
+		for i, c := range cmds {
+			r, err := c.Result()
+			if err != nil {
+				return Version{}, fmt.Errorf("redisstore: write marker of %q, slot %d: %w", rule, from+i, err)
+			}
+			v, err := parseVersion(r)
+			if err != nil {
+				return Version{}, err
+			}
+			if from+i == 0 || v.Less(low) {
+				low = v
+			}
 		}
 	}
 	if low == m.Version() {

@@ -60,38 +60,44 @@ func newClusterEnv(t *testing.T) *clusterEnv {
 	return &clusterEnv{c: c, client: client, store: s}
 }
 
-// master returns the index of the master serving key.
+// master returns the index of the master serving key, as the live masters
+// see it (CLUSTER SLOTS; all must agree).
 func (e *clusterEnv) master(t *testing.T, key string) int {
 	t.Helper()
-	ctx := ctxT(t)
-	for i, m := range e.c.Masters {
-		if m.PID() == 0 {
-			continue
-		}
-		v, err := launch.NodeCommand(ctx, m.Addr, "CLUSTER", "COUNTKEYSINSLOT", HashSlot(key))
-		if err != nil {
-			continue
-		}
-		_ = v
-		info, err := launch.NodeCommand(ctx, m.Addr, "CLUSTER", "NODES")
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(fmt.Sprint(info), "\n") {
-			f := strings.Fields(line)
-			if len(f) > 8 && strings.Contains(f[2], "myself") && strings.Contains(f[2], "master") {
-				for _, r := range f[8:] {
-					var a, b int
-					if n, _ := fmt.Sscanf(r, "%d-%d", &a, &b); n == 2 && a <= HashSlot(key) && HashSlot(key) <= b {
-						return i
-					} else if n == 1 && a == HashSlot(key) {
-						return i
+	slot := HashSlot(key)
+	var last string
+	for try := 0; try < 50; try++ {
+		owners := map[int]bool{}
+		for _, m := range e.c.Masters {
+			if m.PID() == 0 {
+				continue
+			}
+			c := redis.NewClient(&redis.Options{Addr: m.Addr, MaxRetries: -1, PoolSize: 1})
+			slots, err := c.ClusterSlots(ctxT(t)).Result()
+			c.Close()
+			if err != nil {
+				last = err.Error()
+				continue
+			}
+			for _, r := range slots {
+				if r.Start <= slot && slot <= r.End && len(r.Nodes) > 0 {
+					for i, mm := range e.c.Masters {
+						if mm.Addr == r.Nodes[0].Addr {
+							owners[i] = true
+						}
 					}
 				}
 			}
 		}
+		if len(owners) == 1 {
+			for i := range owners {
+				return i
+			}
+		}
+		last = fmt.Sprintf("owners %v", owners)
+		time.Sleep(100 * time.Millisecond)
 	}
-	t.Fatalf("no master serves %s", key)
+	t.Fatalf("no one master serves %s (slot %d): %s", key, slot, last)
 	return -1
 }
 
@@ -233,6 +239,7 @@ type clusterDriver struct {
 	run      string
 	resets   atomic.Int64
 	errs     atomic.Int64
+	lastErr  atomic.Value // the latest store error, for the failure message
 	creates  atomic.Int64
 	lastLim  sync.Map // key -> int64, the latest limit a check saw
 	hold     sync.Map // keys whose share the toggler leaves alone
@@ -269,6 +276,7 @@ func (d *clusterDriver) marker(ctx context.Context) {
 	run, err := d.s.RunID(ctx)
 	if err != nil {
 		d.errs.Add(1)
+		d.lastErr.Store(err.Error())
 		return
 	}
 	create := run != d.run
@@ -287,6 +295,7 @@ func (d *clusterDriver) marker(ctx context.Context) {
 	v, err := d.s.WriteMarker(ctx, d.rule, Marker{Inc: 1, Seq: d.nextSeq(), Units: d.lo, Lease: d.lease, Create: create, RunID: run})
 	if err != nil {
 		d.errs.Add(1)
+		d.lastErr.Store(err.Error())
 		return
 	}
 	if create && v.Inc == 1 && v.Seq > 0 {
@@ -316,9 +325,11 @@ func TestClusterFaults(t *testing.T) {
 	for _, k := range d.keys {
 		d.bound[k] = d.lo // the marker's default
 	}
-	d.marker(ctx)
+	for i := 0; i < 5 && d.creates.Load() == 0; i++ {
+		d.marker(ctx) // a fresh cluster may still be settling its slot map
+	}
 	if d.creates.Load() != 1 {
-		t.Fatalf("first marker create failed (%d errors)", d.errs.Load())
+		t.Fatalf("first marker create failed (%d errors, the last: %v)", d.errs.Load(), d.lastErr.Load())
 	}
 	for _, k := range d.keys {
 		d.write(ctx, k, d.lo)
