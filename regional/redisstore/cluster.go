@@ -124,7 +124,10 @@ type clusterState struct {
 	mu       sync.Mutex
 	views    map[string]*clusterView // by run id (the newest few)
 	latest   *clusterView
-	fanned   map[string]fanout // by rule
+	fanned   map[string]fanout  // by rule
+	running  map[string]*fanJob // by rule: the fan-out in flight
+	pending  map[string]*fanJob // by rule: the next one
+	wg       sync.WaitGroup     // the fan-outs running
 }
 
 // clusterRunID reads the cluster's masters (INFO server, CLUSTER MYID) and
@@ -283,6 +286,80 @@ func (s *Store) writeMarkerCluster(ctx context.Context, rule string, m Marker, n
 			}
 		}
 	}
+	job := &fanJob{rule: rule, m: m, view: view, caps: caps, now: now, start: start, done: make(chan struct{})}
+	held := Version{}
+	if had {
+		held = last.ver
+	}
+	cs.mu.Lock()
+	if cs.running[rule] != nil {
+		// One fan-out per rule at a time: this one goes next (the newest
+		// waiting one wins; its anchors are already read).
+		if old := cs.pending[rule]; old != nil {
+			old.ver = cs.fanned[rule].ver // superseded: never sent
+			close(old.done)
+		}
+		cs.pending[rule] = job
+	} else {
+		cs.running[rule] = job
+		cs.wg.Add(1)
+		go s.runFanouts(job)
+	}
+	cs.mu.Unlock()
+	// A Create is waited for (the ledger confirms it by the version, and
+	// re-issues it with a newer one after its RetryWrite); a renewal only
+	// within the caller's budget: meanwhile the copies hold held or more.
+	wait := ctx
+	if m.Create {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithTimeout(context.WithoutCancel(ctx), fanoutTimeout)
+		defer cancel()
+	}
+	select {
+	case <-job.done:
+		return job.ver, job.err
+	case <-wait.Done():
+		return held, nil
+	}
+}
+
+// fanJob is one marker write to every slot's copy.
+type fanJob struct {
+	rule  string
+	m     Marker
+	view  *clusterView
+	caps  []any // per master: the latest lease end ("" none)
+	now   any
+	start time.Time
+	done  chan struct{} // closed when ver and err are set
+	ver   Version
+	err   error
+}
+
+// runFanouts runs job, then the rule's pending jobs, one after another.
+func (s *Store) runFanouts(job *fanJob) {
+	cs := &s.cs
+	defer cs.wg.Done()
+	for job != nil {
+		job.ver, job.err = s.fanOut(job)
+		close(job.done)
+		cs.mu.Lock()
+		next := cs.pending[job.rule]
+		delete(cs.pending, job.rule)
+		if next == nil {
+			delete(cs.running, job.rule)
+		} else {
+			cs.running[job.rule] = next
+		}
+		cs.mu.Unlock()
+		job = next
+	}
+}
+
+// fanOut writes job's marker to every slot's copy and returns the lowest
+// version a copy holds afterwards.
+func (s *Store) fanOut(job *fanJob) (Version, error) {
+	m, view, caps, rule := job.m, job.view, job.caps, job.rule
 	create := 0
 	if m.Create {
 		create = 1
@@ -291,7 +368,7 @@ func (s *Store) writeMarkerCluster(ctx context.Context, rule string, m Marker, n
 	// (16384 script calls): every lease is already capped by its anchor
 	// and every copy is ordered by its version, so a copy applied late
 	// grants nothing an on-time write would not.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fanoutTimeout)
+	ctx, cancel := context.WithTimeout(s.ctx, fanoutTimeout)
 	defer cancel()
 	// In chunks: one pipeline of 16384 scripts would hold a busy master's
 	// connection past the client's write timeout.
@@ -300,7 +377,7 @@ func (s *Store) writeMarkerCluster(ctx context.Context, rule string, m Marker, n
 		cmds := s.evalShas(ctx, s.marker, fanoutChunk, func(i int) []string { return []string{slotMarkerKey(rule, from+i)} },
 			func(i int) []any {
 				o := view.owner[from+i]
-				return []any{m.Inc, m.Seq, m.Units, m.Lease.Milliseconds(), create, view.runs[o], now, caps[o], view.runs[o]}
+				return []any{m.Inc, m.Seq, m.Units, m.Lease.Milliseconds(), create, view.runs[o], job.now, caps[o], view.runs[o]}
 			})
 		for i, c := range cmds {
 			r, err := c.Result()
@@ -317,9 +394,9 @@ func (s *Store) writeMarkerCluster(ctx context.Context, rule string, m Marker, n
 		}
 	}
 	if low == m.Version() {
-		cs.mu.Lock()
-		cs.fanned[rule] = fanout{ver: low, units: m.Units, at: start, done: time.Now(), lease: m.Lease}
-		cs.mu.Unlock()
+		s.cs.mu.Lock()
+		s.cs.fanned[rule] = fanout{ver: low, units: m.Units, at: job.start, done: time.Now(), lease: m.Lease}
+		s.cs.mu.Unlock()
 	}
 	return low, nil
 }

@@ -136,6 +136,8 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 		s.cluster = cc
 		s.cs.views = map[string]*clusterView{}
 		s.cs.fanned = map[string]fanout{}
+		s.cs.running = map[string]*fanJob{}
+		s.cs.pending = map[string]*fanJob{}
 	}
 	s.busy = make([]atomic.Int64, o.workers)
 	s.wg.Add(o.workers + 1)
@@ -185,6 +187,7 @@ func (s *Store) Close() error {
 		close(s.done)
 		s.cancel()
 		s.wg.Wait()
+		s.cs.wg.Wait() // Cluster marker fan-outs (canceled with s.ctx)
 		close(s.stopped)
 	})
 	return nil
