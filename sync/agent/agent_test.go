@@ -654,14 +654,7 @@ func TestAgentsWithRedis(t *testing.T) {
 		r := testutil.StartRedis(t)
 		servers[n] = r
 		rc := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
-		t.Cleanup(func() { rc.Close() })
-		st, err := redisstore.New(rc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		stores[n] = st
-		return st, nil
+		return storeOn(t, rc, stores, n), nil
 	})
 	floors := floorsOf(s.regions["a"].agent.specOf(globalRule()))
 	s.probe = redisProbe{s: s, stores: stores, floors: floors}
@@ -705,15 +698,22 @@ func TestAgentsWithRedisCluster(t *testing.T) {
 			r := testutil.StartRedis(t)
 			rc = redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
 		}
-		t.Cleanup(func() { rc.Close() })
-		st, err := redisstore.New(rc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		stores[n] = st
-		return st, nil
+		return storeOn(t, rc, stores, n), nil
 	})
 	s.probe = redisProbe{s: s, stores: stores, floors: floorsOf(s.regions["a"].agent.specOf(globalRule()))}
 	runScenario(t, s)
+}
+
+// storeOn returns a Store on rc as region n's (in stores), both closed when
+// the test ends.
+func storeOn(t *testing.T, rc redis.UniversalClient, stores map[string]*redisstore.Store, n string) *redisstore.Store {
+	t.Helper()
+	t.Cleanup(func() { rc.Close() })
+	st, err := redisstore.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	stores[n] = st
+	return st
 }
