@@ -97,8 +97,12 @@
 // check, and a share record's write, read the copy of their own slot: one
 // script call, no cross-slot access. The store, not the agent, fans a
 // marker out: WriteMarker writes all 16384 copies, one script call per copy
-// (go-redis pipelines them per master), and returns the lowest version any
-// copy holds. Alternatives considered: copies only in the slots that hold
+// (pipelines of 1024, which go-redis splits per master), and returns the
+// lowest version any copy holds. The fan-out runs in the background, one
+// per rule at a time (the newest waiting write next): a Create is waited
+// for, up to 10 s (the ledger confirms it by its version); a renewal only
+// within the caller's budget, after which WriteMarker returns the version
+// the copies already hold, so the agent's tick is never held by it. Alternatives considered: copies only in the slots that hold
 // keys (a key in a new slot would enforce its floor until the agent heard of
 // it); a hash tag per marker shard in the bucket key (breaks the client hash
 // tag users rely on); a cross-slot script (allow-cross-slot-keys, Redis 7:
@@ -111,7 +115,7 @@
 // The lease on the store clock: each copy's lease runs on the clock of the
 // master holding it (the script reads TIME there), and is capped at that
 // master's TIME read before the fan-out plus the lease, so a fan-out that
-// takes longer than one write (it may run past the caller's budget, up to
+// takes longer than one write (it runs past the caller's budget, up to
 // 10 s) never ends a copy's lease later than a write applied at its start.
 //
 // RunID on a Cluster is "cluster-" and a digest of the slot map with every
@@ -129,7 +133,8 @@
 // TRYAGAIN (an error: the failure policy answers). TestClusterFaults runs a
 // region on 3 masters with a replica each and checks that no check enforces
 // more than its key's bound through a slot migration and a master kill that
-// loses a confirmed lowering. On a connection error the store has go-redis
+// loses a confirmed lowering; TestAgentsWithRedisCluster in sync/agent runs
+// the agents' scenario with one region on a Cluster. On a connection error the store has go-redis
 // reload its slot map (at most every 200 ms), so checks follow a promoted
 // replica at once.
 //
