@@ -2,10 +2,13 @@ package launch
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestRedisRestartSamePortNewProcess(t *testing.T) {
@@ -117,4 +120,46 @@ func TestSuperClusterRefusesDuplicateRegion(t *testing.T) {
 	if _, err := StartSuperCluster([]string{"a", "a"}, SuperClusterOptions{}); err == nil {
 		t.Fatal("duplicate region accepted")
 	}
+}
+
+func TestClusterStarts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a redis cluster")
+	}
+	c, err := StartCluster(t.TempDir(), 3, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i, r := range c.Replicas {
+		info, err := NodeCommand(ctx, r.Addr, "INFO", "replication")
+		if err != nil || !strings.Contains(info.(string), "master_port:"+strconv.Itoa(c.Masters[i].Port)) {
+			t.Fatalf("replica %d (%s) does not follow master %s: %v %v", i, r.Addr, c.Masters[i].Addr, info, err)
+		}
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	defer cc.Close()
+	for i := 0; i < 50; i++ {
+		if err := cc.Set(ctx, "k"+strconv.Itoa(i), i, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := 0
+	for _, m := range c.Masters {
+		v, err := NodeCommand(ctx, m.Addr, "DBSIZE")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.(int64) == 0 {
+			t.Errorf("master %s holds none of 50 keys", m.Addr)
+		}
+		n += int(v.(int64))
+	}
+	if n != 50 {
+		t.Fatalf("masters hold %d keys, want 50", n)
+	}
+	c.Stop()
+	c.Stop()
 }

@@ -45,6 +45,12 @@ func RedisServerPath() (string, error) {
 // very process answers there. extraArgs are appended to the command line
 // (e.g. "--cluster-enabled", "yes").
 func StartRedis(dir string, extraArgs ...string) (*Redis, error) {
+	return startRedisIn(dir, func() ([]string, error) { return extraArgs, nil })
+}
+
+// startRedisIn is StartRedis with the extra arguments made afresh for each
+// attempt (a cluster node's bus port is picked free each time too).
+func startRedisIn(dir string, extraArgs func() ([]string, error)) (*Redis, error) {
 	if _, err := RedisServerPath(); err != nil {
 		return nil, err
 	}
@@ -56,10 +62,14 @@ func StartRedis(dir string, extraArgs ...string) (*Redis, error) {
 		if err != nil {
 			return nil, err
 		}
+		extra, err := extraArgs()
+		if err != nil {
+			return nil, err
+		}
 		r := &Redis{Addr: fmt.Sprintf("127.0.0.1:%d", port), Port: port, Dir: dir}
 		r.args = append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 			"--dir", dir, "--daemonize", "no", "--loglevel", "warning",
-			"--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port))}, extraArgs...)
+			"--logfile", filepath.Join(dir, fmt.Sprintf("redis-%d.log", port))}, extra...)
 		if err := r.start(); err != nil {
 			return nil, err
 		}

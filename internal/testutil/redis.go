@@ -79,3 +79,17 @@ func WaitFor(tb testing.TB, timeout time.Duration, msg string, cond func() bool)
 		}
 	}
 }
+
+// StartCluster starts a Redis Cluster of masters masters (and, with
+// replicas, one replica each) through launch.StartCluster, and stops it when
+// the test ends.
+func StartCluster(tb testing.TB, masters int, replicas bool) *launch.Cluster {
+	tb.Helper()
+	RedisServerPath(tb)
+	c, err := launch.StartCluster(tb.TempDir(), masters, replicas)
+	if err != nil {
+		tb.Fatalf("testutil: start redis cluster: %v", err)
+	}
+	tb.Cleanup(c.Stop)
+	return c
+}

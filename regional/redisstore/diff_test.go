@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -190,14 +191,25 @@ func decodeState(tb testing.TB, alg rules.Algorithm, raw string) map[string]int6
 		rules.SlidingWindow: winFields[algSlidingWindow],
 	}[alg]
 	widths := []int{6, 6, 6, 6, 6, 6, 6}
+	if alg == rules.TokenBucket && len(raw) == 19 {
+		// the decimal layout: 10^18 + t*10^9 + l mod 10^9
+		t, err1 := strconv.ParseInt(raw[:10], 10, 64)
+		m, err2 := strconv.ParseInt(raw[10:], 10, 64)
+		if err1 != nil || err2 != nil || t < 1e9 {
+			tb.Fatalf("bad decimal token bucket state %q", raw)
+		}
+		return map[string]int64{"t": t - 1e9, "m": m}
+	}
 	switch {
-	case alg == rules.TokenBucket && len(raw) == 36:
-		widths = []int{6, 6, 6, 6, 3, 5, 4}
+	case alg == rules.TokenBucket && len(raw) == 16:
+		widths = []int{6, 6, 4}
+	case alg == rules.TokenBucket && len(raw) == 28:
+		widths = []int{6, 6, 4, 3, 5, 4}
 	case alg == rules.FixedWindow && len(raw) == 24:
 		widths = []int{6, 6, 3, 5, 4}
 	case alg == rules.SlidingWindow && len(raw) == 30:
 		widths = []int{6, 6, 6, 3, 5, 4}
-	case alg == rules.TokenBucket && len(raw) != 12 && len(raw) != 24:
+	case alg == rules.TokenBucket && len(raw) != 12:
 		tb.Fatalf("token bucket state of %d bytes", len(raw))
 	case len(raw)%6 != 0 || len(raw)/6 > len(names):
 		tb.Fatalf("state of %d bytes for %s", len(raw), alg)
@@ -212,4 +224,38 @@ func decodeState(tb testing.TB, alg rules.Algorithm, raw string) map[string]int6
 		off += widths[i]
 	}
 	return h
+}
+
+// TestDecimalLayoutWrap runs a regional token bucket in the decimal layout
+// (l stored modulo 10^9 ms) across a multiple of 10^9 ms, forward and with
+// clock steps back across it, and requires the script and the model to agree
+// on every result and state.
+func TestDecimalLayoutWrap(t *testing.T) {
+	e := newEnv(t, false)
+	m := NewModel(DefaultTTLSlack)
+	ctx := ctxT(t)
+	b := tokenBucket(Key("wrap", "r"), 5, 2)
+	now := int64(1_796_000_000_000) - 700
+	for i, step := range []int64{0, 300, 300, 200, -400, -300, 900, 100, -1200, 2500, 1, 0, 60_000} {
+		now += step
+		e.clock.ms.Store(now)
+		gotOK, got, err := e.store.Check(ctx, 1, []Bucket{b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantOK, want, err := m.Check(now, 1, []Bucket{b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gotOK != wantOK || !slices.Equal(got, want) {
+			t.Fatalf("step %d now %d: redis %v %+v, model %v %+v", i, now, gotOK, got, wantOK, want)
+		}
+		compareState(t, ctx, e.client, m, now, []Bucket{b}, wantOK, want)
+		if raw := e.client.Get(ctx, b.Key).Val(); len(raw) != 19 {
+			t.Fatalf("step %d: state %q is not the decimal layout", i, raw)
+		}
+		if enc := e.client.ObjectEncoding(ctx, b.Key).Val(); enc != "int" {
+			t.Fatalf("step %d: encoding %s, want int", i, enc)
+		}
+	}
 }

@@ -132,37 +132,91 @@
 // own Redis clock, so with clocks offset by d an observer's calendar window
 // may also see what the regions admit within d of its boundary.
 //
-// Redis Cluster: the marker key is per rule, not in the client's hash slot,
-// so a check of a global bucket (and WriteShares) touches two slots and
-// fails with CROSSSLOT; global rules need standalone Redis (or, future work,
-// one marker copy per slot). RunID asks one server (INFO server; see
-// Embedded servers below).
+// Redis Cluster (a client of type *redis.ClusterClient): a check's keys and
+// the marker it reads must share one hash slot, so a global rule's marker
+// has one copy per slot, ClusterMarkerKey: "rl:marker:{<tag>}:<rule>" with
+// <tag> the shortest base-36 numeral hashing to the slot (precomputed). A
+// check, and a share record's write, read the copy of their own slot: one
+// script call, no cross-slot access. The store, not the agent, fans a
+// marker out: WriteMarker writes all 16384 copies, one script call per copy
+// (pipelines of 1024, which go-redis splits per master), and returns the
+// lowest version any copy holds. The fan-out runs in the background, one
+// per rule at a time (the newest waiting write next): a Create is waited
+// for, up to 10 s (the ledger confirms it by its version); a renewal only
+// within the caller's budget, after which WriteMarker returns the version
+// the copies already hold, so the agent's tick is never held by it. Alternatives considered: copies only in the slots that hold
+// keys (a key in a new slot would enforce its floor until the agent heard of
+// it); a hash tag per marker shard in the bucket key (breaks the client hash
+// tag users rely on); a cross-slot script (allow-cross-slot-keys, Redis 7:
+// fails while a slot migrates). The copies cost writes, not checks:
+// TestClusterGlobal logs one fan-out (EVALSHA per copy, INFO commandstats).
+// So a renewal that changes nothing but the lease is fanned out only once
+// FanoutEvery has passed since the last fan-out or half its lease is gone;
+// in between the copies keep the earlier (earlier ending, so safe) lease.
+//
+// The lease on the store clock: each copy's lease runs on the clock of the
+// master holding it (the script reads TIME there), and is capped at that
+// master's TIME read before the fan-out plus the lease, so a fan-out that
+// takes longer than one write (it runs past the caller's budget, up to
+// 10 s) never ends a copy's lease later than a write applied at its start.
+//
+// RunID on a Cluster is "cluster-" and a digest of the slot map with every
+// master's run id (INFO server per master, CLUSTER SLOTS): it changes on a
+// failover, a master's restart and a slot migration, so the agent treats
+// each as a store reset (StoreReset): it re-asserts every record, then
+// re-creates the marker. A Create names such a run id, and each copy
+// applies only on the master that view put in its slot, with that master's
+// run id. Until then: a promoted replica may lack the last writes its master
+// confirmed (replication is asynchronous; a lowering lost would raise a
+// share), but every marker copy it holds carries the old master's run id,
+// so its slots enforce the floor; a migrated slot's copies arrive with the
+// source master's run id and enforce the floor on the target likewise. Keys
+// move with their values; a check during a migration may get ASK, MOVED or
+// TRYAGAIN (an error: the failure policy answers). TestClusterFaults runs a
+// region on 3 masters with a replica each and checks that no check enforces
+// more than its key's bound through a slot migration and a master kill that
+// loses a confirmed lowering; TestAgentsWithRedisCluster in sync/agent runs
+// the agents' scenario with one region on a Cluster. On a connection error the store has go-redis
+// reload its slot map (at most every 200 ms), so checks follow a promoted
+// replica at once.
 //
 // State layout. Token bucket, leaky bucket, fixed and sliding window state
 // is one Redis string per key of little-endian unsigned integers (6 bytes
-// unless said): token bucket t (millionths of a token), l (last refill, ms);
-// a global token bucket adds c and r (the capacity and rate, thousandths,
-// it last enforced) and, with a share record, the record's incarnation (3
-// bytes), sequence (5 bytes) and units*2+release (4 bytes): 12, 24 or 36
-// bytes. Leaky bucket t (level), l; fixed window w (window index), n
-// (count); sliding window w, c (count in w), p (count in w-1); a global
-// window with a share record adds the record's incarnation, sequence and
-// units*2+release as a token bucket does (24 and 30 bytes). The sliding
-// log is a sorted set. A marker is 5 6-byte integers and the run id.
+// unless said): token bucket t (millionths of a token), l (last refill, ms),
+// 12 bytes; a global token bucket t, l, e (4 bytes: the units it last
+// enforced; its capacity and rate are those units' share of the rule's
+// global ones), 16 bytes, and with a share record also the record's
+// incarnation (3 bytes), sequence (5 bytes) and units*2+release (4 bytes),
+// 28 bytes. (The 24- and 36-byte global layouts of earlier versions, with
+// the capacity and rate instead of e, are still read.) A regional token
+// bucket of at most 8000 tokens (8*10^9 millionths) whose TTL is under
+// 5*10^8 ms (5.8 days) is instead one 19-digit decimal, 10^18 + t*10^9 +
+// (l mod 10^9), which Redis keeps as an integer (no string allocation); l
+// is read back as the time within 5*10^8 ms of now congruent to it, which
+// is l itself since the key expires first (a clock step back by more than
+// that reads as a step forward: it mints at most a capacity, as one does).
+// Leaky bucket t (level), l; fixed window w (window index), n (count);
+// sliding window w, c (count in w), p (count in w-1); a global window
+// with a share record adds the record's incarnation, sequence and
+// units*2+release as a token bucket does (24 and 30 bytes). The sliding log
+// is a sorted set. A marker is 5 6-byte integers and the run id.
 //
-// Why not a hash with short field names (the obvious layout):
-// measured with MEMORY USAGE on Redis 7.0 (jemalloc) for the typical key
-// rl:{user:42}:orders-free, a hash {t, l} takes 104 bytes whatever the field
-// names, because its listpack (28 bytes) falls in jemalloc's 32-byte class;
-// the 12-byte string takes 88 (an embedded string of at most 12 bytes fits
-// the 32-byte class with its object header). TestMemoryUsage requires < 100
-// and logs the figures: token, leaky and fixed window keys 88 bytes, sliding
-// window 104, a global token bucket 104 without and 120 with a share record
-// (required < 130), a sliding log 120 after one request (one member per
-// token), a marker 152. Writes are one SET with PX (KEEPTTL for a persistent
-// record key), so Redis 6.0 or later is needed.
-// A rule whose algorithm changes should get a new key (for example a rule
-// version in Key's extras): the layouts differ and a mismatch is an error.
+// Memory, measured with MEMORY USAGE on Redis 7.0 (jemalloc) for the
+// typical key rl:{user:42}:orders-free (go test -v -run TestMemoryUsage
+// ./regional/redisstore/): a token bucket 72 bytes (88 in the 12-byte
+// layout), leaky bucket and fixed window 88, sliding window 104, a global
+// token bucket 104 with or without a share record (120 in the 36-byte
+// layout), a sliding log 120 after one request (one member per token), a
+// marker 152. What sets them: the key entry (24) and the key (32 for this
+// one) are fixed; an integer-encoded value costs 16, an embedded string of
+// n bytes the jemalloc class of 20+n (32 up to 12 bytes, 48 up to 28, 64
+// up to 44). A share record within 100 bytes would need its whole state in
+// 12 bytes, and the record's version alone takes 8. A hash {t, l} takes
+// 104 whatever the field names (its listpack falls in the 32-byte class).
+// Writes are one SET with PX (KEEPTTL for a persistent record key), so
+// Redis 6.0 or later is needed. A rule whose algorithm changes should get
+// a new key (for example a rule version in Key's extras): the layouts
+// differ and a mismatch is an error.
 //
 // Concurrent Check and Do calls are pipelined: a channel feeds a fixed
 // number of worker goroutines, each draining up to the batch size of pending

@@ -143,10 +143,14 @@ func validateRecord(i int, r ShareRecord) error {
 const EmbeddedRunID = "embedded"
 
 // RunID returns the store's current run id (INFO server run_id); it changes
-// when Redis restarts. A server that answers that INFO server is not
+// when Redis restarts. On a Cluster it is a digest of the slot map and every
+// master's run id (see the package doc). A server that answers that INFO server is not
 // supported has the fixed run id EmbeddedRunID (the scripts read it the
 // same way); any other error, a network one included, is returned.
 func (s *Store) RunID(ctx context.Context) (string, error) {
+	if s.cluster != nil {
+		return s.clusterRunID(ctx)
+	}
 	info, err := s.client.Info(ctx, "server").Result()
 	if infoUnsupported(err) {
 		return EmbeddedRunID, nil
@@ -186,7 +190,9 @@ func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' ||
 // version at most m's. Either sets the default units and the lease (the
 // store's clock when applied, until that plus m.Lease). A marker left by
 // another server run (restored from a snapshot) counts as no marker. It
-// returns the marker version the store holds afterwards (zero: none).
+// returns the marker version the store holds afterwards (zero: none). On a
+// Cluster it writes every slot's copy (see the package doc, "Redis
+// Cluster"), and returns the lowest version a copy holds.
 func (s *Store) WriteMarker(ctx context.Context, rule string, m Marker) (Version, error) {
 	if err := validateMarker(rule, m); err != nil {
 		return Version{}, err
@@ -194,6 +200,9 @@ func (s *Store) WriteMarker(ctx context.Context, rule string, m Marker) (Version
 	now, err := s.nowArg()
 	if err != nil {
 		return Version{}, err
+	}
+	if s.cluster != nil {
+		return s.writeMarkerCluster(ctx, rule, m, now)
 	}
 	create := 0
 	if m.Create {
@@ -241,7 +250,6 @@ func (s *Store) WriteShares(ctx context.Context, rule string, recs []ShareRecord
 	if err != nil {
 		return nil, err
 	}
-	mk := MarkerKey(rule)
 	argsOf := func(r ShareRecord) []any {
 		rel := 0
 		if r.Release {
@@ -249,7 +257,7 @@ func (s *Store) WriteShares(ctx context.Context, rule string, recs []ShareRecord
 		}
 		return []any{r.Inc, r.Seq, r.Units, rel, r.Capacity, r.Rate, r.Total, r.Floor, r.TTL.Milliseconds(), now, s.slackMs}
 	}
-	cmds := s.evalShas(ctx, s.shares, len(recs), func(i int) []string { return []string{recs[i].Key, mk} },
+	cmds := s.evalShas(ctx, s.shares, len(recs), func(i int) []string { return []string{recs[i].Key, s.markerKeyFor(rule, recs[i].Key)} },
 		func(i int) []any { return argsOf(recs[i]) })
 	out := make([]Version, len(recs))
 	for i, c := range cmds {

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -273,5 +274,52 @@ func TestGlobalValidation(t *testing.T) {
 	}
 	if got := MarkerKey("a:b{c}"); got != "rl:marker:a%3Ab%7Bc%7D" {
 		t.Errorf("MarkerKey = %q", got)
+	}
+}
+
+// TestLegacyGlobalLayout reads the global layouts written before e (24 and
+// 36 bytes, holding the capacity and rate last enforced): a check settles
+// at that rate, and writes the state back in the 28-byte layout.
+func TestLegacyGlobalLayout(t *testing.T) {
+	e := newEnv(t, false)
+	ctx := ctxT(t)
+	e.clock.ms.Store(t0)
+	run, err := e.store.RunID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.WriteMarker(ctx, gRule, Marker{Inc: 1, Seq: 1, Units: 300, Lease: time.Minute, Create: true, RunID: run}); err != nil {
+		t.Fatal(err)
+	}
+	le := func(x int64, n int) string {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(x >> (8 * i))
+		}
+		return string(b)
+	}
+	b := globalBucket(gRule, Key("legacy", gRule))
+	// Empty at t0-1000, last enforcing 600 tokens of capacity at 1 token/s
+	// (not the 600 tokens/s its record now gives): a second later it holds
+	// one token, not a full bucket.
+	raw := le(0, 6) + le(t0-1000, 6) + le(600_000, 6) + le(1000, 6) + le(1, 3) + le(5, 5) + le(600*2, 4)
+	if err := e.client.Set(ctx, b.Key, raw, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ok, res, err := e.store.Check(ctx, 1, []Bucket{b})
+	if err != nil || !ok || res[0].Limit != 600 || res[0].Remaining != 0 {
+		t.Fatalf("legacy 36-byte state: %v %+v %v, want allowed, limit 600, nothing left", ok, res, err)
+	}
+	got := decodeState(t, rules.TokenBucket, e.client.Get(ctx, b.Key).Val())
+	if want := map[string]int64{"t": 0, "l": t0, "e": 600, "i": 1, "s": 5, "u": 1200}; !maps.Equal(got, want) {
+		t.Fatalf("rewritten state %v, want %v", got, want)
+	}
+	// 24 bytes: no record, the marker's default 300.
+	b = globalBucket(gRule, Key("legacy24", gRule))
+	if err := e.client.Set(ctx, b.Key, le(0, 6)+le(t0-1000, 6)+le(300_000, 6)+le(1000, 6), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, res, err := e.store.Check(ctx, 1, []Bucket{b}); err != nil || !ok || res[0].Limit != 300 || res[0].Remaining != 0 {
+		t.Fatalf("legacy 24-byte state: %v %+v %v", ok, res, err)
 	}
 }

@@ -107,7 +107,6 @@ func (s *Store) WriteWindowShares(ctx context.Context, rule string, recs []Share
 	if err != nil {
 		return nil, err
 	}
-	mk := MarkerKey(rule)
 	argsOf := func(r ShareRecord) []any {
 		rel := 0
 		if r.Release {
@@ -116,7 +115,7 @@ func (s *Store) WriteWindowShares(ctx context.Context, rule string, recs []Share
 		return []any{r.Inc, r.Seq, r.Units, rel, algCode(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Total, r.Floor,
 			r.TTL.Milliseconds(), now, s.slackMs}
 	}
-	cmds := s.evalShas(ctx, s.winShares, len(recs), func(i int) []string { return []string{recs[i].Key, mk} },
+	cmds := s.evalShas(ctx, s.winShares, len(recs), func(i int) []string { return []string{recs[i].Key, s.markerKeyFor(rule, recs[i].Key)} },
 		func(i int) []any { return argsOf(recs[i]) })
 	out := make([]WindowApplied, len(recs))
 	for i, c := range cmds {

@@ -135,7 +135,7 @@ func TestMiniredisState(t *testing.T) {
 		}
 	}
 	got := decodeState(t, b.Algorithm, e.client.Get(ctx, b.Key).Val())
-	want := map[string]int64{"t": 590_000_000, "l": now, "c": 600_000, "r": 600_000, "i": 3, "s": 1<<40 - 1, "u": 600*2 + 1}
+	want := map[string]int64{"t": 590_000_000, "l": now, "e": 600, "i": 3, "s": 1<<40 - 1, "u": 600*2 + 1}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("state %v, want %v", got, want)
 	}

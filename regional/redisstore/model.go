@@ -129,7 +129,7 @@ type plan struct {
 	global  bool
 	rec     []int64 // global bucket or window: the stored record (inc, seq, units*2+release)
 	changed bool    // global token bucket: the enforced share differs from the stored one
-	rawCap  int64   // token bucket: the enforced capacity (thousandths)
+	units   int64   // global token bucket: the units enforced
 	back    bool    // token/leaky: the clock is behind the stored time
 	ttl     int64
 	t0, t1  int64 // token/leaky: millionths
@@ -158,7 +158,7 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 		case algTokenBucket:
 			capacity, rate := b.Capacity, b.Rate
 			t, okt := m.field(k, "t")
-			l, _ := m.field(k, "l")
+			l := tbLast(k, nowMs)
 			if g := b.Global; g != nil {
 				p.global = true
 				mk, okm := m.markers[MarkerKey(g.Rule)]
@@ -174,14 +174,14 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 				if !okt {
 					t, l = capU, nowMs
 				} else {
-					oc, okc := m.field(k, "c")
-					or := k.h["r"]
+					oc, or, okc := lastSeen(k, b.Capacity, b.Rate, g.Units)
 					if okc {
 						t = refill(t, nowMs-l, oc*1000, or)
 					}
 					t = min(t, capU)
 					p.changed = !okc || oc != capacity || or != rate
 				}
+				p.units = u
 			} else {
 				if !okt {
 					t, l = capacity*1000, nowMs
@@ -202,7 +202,7 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 			default:
 				p.retry = ceilDiv(costU-t, rate)
 			}
-			p.capU, p.rate, p.rawCap = capU, rate, capacity
+			p.capU, p.rate = capU, rate
 			p.ttl = m.ttl(ceilDiv(capU, max(rate, 1)))
 			if p.rec != nil && p.rec[2]%2 == 0 {
 				p.ttl = 0 // a record that is not a Release record: persistent
@@ -366,10 +366,13 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 				// the whole state is replaced (a regional write drops a share)
 				v := []int64{t, nowMs}
 				if p.global {
-					v = append(v, p.rawCap, p.rate)
+					v = append(v, p.units)
 					v = append(v, p.rec...)
 				}
 				m.setTB(nowMs, key, v, p.ttl)
+				if !p.global && compactTB(p.capU, p.ttl) {
+					m.keys[key].h = map[string]int64{"t": t, "m": nowMs % compactPeriod}
+				}
 			}
 			if p.alg == algTokenBucket {
 				rem = floorDiv(t, micro)
@@ -454,10 +457,49 @@ func shareOf(x, u, total int64) int64 {
 	return q*u + floorDiv((x-q*total)*u, total)
 }
 
-// tbFields names the token-bucket state values in order (see doc.go).
-var tbFields = []string{"t", "l", "c", "r", "i", "s", "u"}
+// The decimal layout of a regional token bucket (see doc.go): its
+// capacity at most compactMaxU millionths and its TTL below half of
+// compactPeriod ms, it stores l modulo compactPeriod (field "m").
+const (
+	compactPeriod = 1_000_000_000
+	compactMaxU   = 8_000_000_000
+)
 
-// setTB replaces a token bucket's whole state with v (2, 4 or 7 values).
+func compactTB(capU, ttl int64) bool { return capU <= compactMaxU && ttl > 0 && ttl < compactPeriod/2 }
+
+// tbLast is a token bucket's last refill time: l, or for the decimal
+// layout the time within half of compactPeriod of nowMs that is m modulo it.
+func tbLast(k *modelKey, nowMs int64) int64 {
+	if k == nil {
+		return 0
+	}
+	m, ok := k.h["m"]
+	if !ok {
+		return k.h["l"]
+	}
+	d := ((nowMs%compactPeriod-m)%compactPeriod + compactPeriod) % compactPeriod
+	if d >= compactPeriod/2 {
+		d -= compactPeriod
+	}
+	return nowMs - d
+}
+
+// tbFields names the token-bucket state values in order (see doc.go): e is
+// the units a global bucket last enforced; i, s, u its share record.
+var tbFields = []string{"t", "l", "e", "i", "s", "u"}
+
+// lastSeen is the capacity and rate a global state last enforced, for the
+// global capacity c, rate r and total units (ok false: none stored, a
+// regional state).
+func lastSeen(k *modelKey, c, r, total int64) (int64, int64, bool) {
+	e, ok := k.h["e"]
+	if !ok {
+		return 0, 0, false
+	}
+	return shareOf(c, e, total), shareOf(r, e, total), true
+}
+
+// setTB replaces a token bucket's whole state with v (2, 3 or 6 values).
 // ttl > 0 sets the key to expire ttl ms from nowMs, 0 keeps its TTL, -1
 // makes it persistent.
 func (m *Model) setTB(nowMs int64, key string, v []int64, ttl int64) {
@@ -552,8 +594,8 @@ func (m *Model) WriteShares(nowMs int64, rule string, recs []ShareRecord) ([]Ver
 		if !okt {
 			t = capU
 		} else {
-			if oc, ok := m.field(k, "c"); ok {
-				t = refill(t, nowMs-k.h["l"], oc*1000, k.h["r"])
+			if oc, or, ok := lastSeen(k, r.Capacity, r.Rate, r.Total); ok {
+				t = refill(t, nowMs-tbLast(k, nowMs), oc*1000, or)
 			}
 			t = min(t, capU)
 		}
@@ -562,7 +604,7 @@ func (m *Model) WriteShares(nowMs int64, rule string, recs []ShareRecord) ([]Ver
 			rel = 1
 			ttl = max(ceilDiv(capU, max(rate, 1))+m.slackMs, r.TTL.Milliseconds(), 1000)
 		}
-		m.setTB(nowMs, r.Key, []int64{t, nowMs, capacity, rate, inc, seq, r.Units*2 + rel}, ttl)
+		m.setTB(nowMs, r.Key, []int64{t, nowMs, u, inc, seq, r.Units*2 + rel}, ttl)
 		out[i] = r.versionOf()
 	}
 	return out, nil

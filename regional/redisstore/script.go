@@ -28,7 +28,8 @@ local function clock(arg)
 end
 -- state: a binary string of little-endian unsigned integers (every value
 -- an integer in [0, 2^48)). getle reads n of them from s, putle writes vals;
--- f is the layout's struct format, widths its byte widths. Redis has the
+-- f is the layout's struct format, widths its byte widths (nil: read from
+-- f, once per call, only without struct). Redis has the
 -- struct library and uses it (plain Lua costs it more than 10% of a check);
 -- where it is missing (an embedded server such as miniredis), the same
 -- bytes are read and written in plain Lua: string.byte, string.char and
@@ -39,6 +40,10 @@ local function getle(s, f, widths, n)
     local v = {struct.unpack(f, s)}
     v[n + 1] = nil -- struct.unpack's next position
     return v
+  end
+  if not widths then
+    widths = {}
+    for w in string.gmatch(f, 'I(%d)') do widths[#widths + 1] = tonumber(w) end
   end
   local v, i = {}, 0
   for k = 1, n do
@@ -52,6 +57,10 @@ local function getle(s, f, widths, n)
 end
 local function putle(vals, f, widths)
   if struct then return struct.pack(f, unpack(vals)) end
+  if not widths then
+    widths = {}
+    for w in string.gmatch(f, 'I(%d)') do widths[#widths + 1] = tonumber(w) end
+  end
   local b, n = {}, 0
   for k = 1, #vals do
     local x = vals[k]
@@ -75,21 +84,52 @@ local function load(key, n1, n2)
   if n ~= n1 and n ~= n2 then return error('redisstore: bad state in ' .. key) end
   return getle(s, f6[n], w6, n)
 end
--- token bucket state: t, l (regional); t, l, c, r (global); t, l, c, r,
--- record inc, seq, units*2+release (global with a share record)
-local tbfmt = {[2] = '<I6I6', [4] = '<I6I6I6I6', [7] = '<I6I6I6I6I3I5I4'}
-local tbn = {[12] = 2, [24] = 4, [36] = 7}
-local tbw = {6, 6, 6, 6, 3, 5, 4}
-local function loadtb(key)
+-- token bucket state, by length: 12 bytes t, l (regional); 16 t, l, e
+-- (global: e the units it last enforced); 28 t, l, e, then its share
+-- record's inc, seq, units*2+release. Also read, never written: 24 t, l,
+-- c, r and 36 t, l, c, r, inc, seq, units*2+release (the earlier global
+-- layouts: c, r the capacity and rate it last enforced). And 19 digits:
+-- a regional token bucket small enough is one decimal (Redis keeps it as
+-- an integer: no string allocation): 10^18 + t*10^9 + l mod 10^9; l is
+-- the one within half of 10^9 ms of now (see doc.go)
+local tbl = {[12] = '<I6I6', [16] = '<I6I6I4', [28] = '<I6I6I4I3I5I4', [24] = '<I6I6I6I6', [36] = '<I6I6I6I6I3I5I4'}
+local tbv = {'', '<I6I6', '<I6I6I4', '', '', '<I6I6I4I3I5I4'}
+local CP, CMAX = 1000000000, 8000000000
+-- loadtb returns nil for a missing key, else {t = , l = } and for a global
+-- state e (or c and r) and rec = {inc, seq, units*2+release} if it has one
+local function loadtb(key, now)
   local s = redis.call('GET', key)
   if not s then return nil end
-  local n = tbn[#s]
-  if not n then return error('redisstore: bad state in ' .. key) end
-  return getle(s, tbfmt[n], tbw, n)
+  if #s == 19 then
+    local t, m = tonumber(string.sub(s, 1, 10)), tonumber(string.sub(s, 11))
+    if not t or not m then return error('redisstore: bad state in ' .. key) end
+    local d = (now % CP - m) % CP
+    if d >= CP / 2 then d = d - CP end
+    return {t = t - CP, l = now - d}
+  end
+  local f = tbl[#s]
+  if not f then return error('redisstore: bad state in ' .. key) end
+  local v = getle(s, f, nil, (#f - 1) / 2)
+  local h = {t = v[1], l = v[2]}
+  if #s == 16 or #s == 28 then
+    h.e = v[3]
+    if #s == 28 then h.rec = {v[4], v[5], v[6]} end
+  elseif #s == 24 or #s == 36 then
+    h.c, h.r = v[3], v[4]
+    if #s == 36 then h.rec = {v[5], v[6], v[7]} end
+  end
+  return h
 end
--- ttl > 0: PX ttl; 0: KEEPTTL; -1: no TTL (persistent)
-local function savetb(key, v, ttl)
-  local s = putle(v, tbfmt[#v], tbw)
+-- v: {t, l}, {t, l, e} or {t, l, e, inc, seq, units*2+release}; ttl > 0:
+-- PX ttl; 0: KEEPTTL; -1: no TTL (persistent); capU, for a regional
+-- bucket: its capacity (millionths), for the decimal layout
+local function savetb(key, v, ttl, capU)
+  local s
+  if capU and capU <= CMAX and ttl > 0 and ttl < CP / 2 then
+    s = fmt(CP + v[1]) .. string.format('%09d', v[2] % CP)
+  else
+    s = putle(v, tbv[#v])
+  end
   if ttl > 0 then redis.call('SET', key, s, 'PX', ttl)
   elseif ttl == 0 then redis.call('SET', key, s, 'KEEPTTL')
   else redis.call('SET', key, s) end
@@ -108,6 +148,12 @@ end
 local function shareOf(x, u, UN)
   local q = idiv(x, UN)
   return q * u + idiv((x - q * UN) * u, UN)
+end
+-- the capacity and rate a global state h last enforced, for the global
+-- capacity C, rate R and total units UN (nil: none stored)
+local function lastseen(h, C, R, UN)
+  if h.e then return shareOf(C, h.e, UN), shareOf(R, h.e, UN) end
+  return h.c, h.r
 end
 -- marker: inc, seq, units, applied at, lease expiry (ms), then the run id
 local function loadmarker(key)
@@ -191,7 +237,7 @@ while base < #ARGV do
   local p = {key = key, alg = alg, shadow = ARGV[base + 4] == '1'}
   if alg == 1 or alg == 6 then
     -- token bucket; t in millionths of a token, l in ms
-    local h = loadtb(key)
+    local h = loadtb(key, now)
     local cap, rate = a, b
     local t, l
     if alg == 6 then
@@ -199,23 +245,24 @@ while base < #ARGV do
       local UN, F, mk = tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
       local m = markers[mk]
       if m == nil then m = loadmarker(KEYS[mk]) or false; markers[mk] = m end
-      if h and h[5] then p.rec = {h[5], h[6], h[7]} end
+      if h and h.rec then p.rec = h.rec end
       local u
-      if p.rec then u = enforced(m, now, UN, F, h[5], idiv(h[7], 2)) else u = enforced(m, now, UN, F, nil, 0) end
+      if p.rec then u = enforced(m, now, UN, F, p.rec[1], idiv(p.rec[3], 2)) else u = enforced(m, now, UN, F, nil, 0) end
       cap = shareOf(a, u, UN); rate = shareOf(b, u, UN)
       local capU = cap * 1000
       if h == nil then t = capU; l = now
       else
-        t, l = h[1], h[2]
+        t, l = h.t, h.l
         -- settle at the rate and capacity the bucket last saw (none: no
         -- credit), then clamp to the new capacity
-        if h[3] then t = refill(t, now - l, h[3] * 1000, h[4]) end
+        local oc, orate = lastseen(h, a, b, UN)
+        if oc then t = refill(t, now - l, oc * 1000, orate) end
         if t > capU then t = capU end
-        p.changed = h[3] ~= cap or h[4] ~= rate
+        p.changed = oc ~= cap or orate ~= rate
       end
-      p.global = true
+      p.global = true; p.u = u
     else
-      if h then t, l = h[1], h[2] else t = cap * 1000; l = now end
+      if h then t, l = h.t, h.l else t = cap * 1000; l = now end
       t = refill(t, now - l, cap * 1000, rate)
     end
     local capU = cap * 1000
@@ -227,7 +274,7 @@ while base < #ARGV do
     if p.ok then p.t1 = t - costU; p.retry = 0
     elseif costU > capU or rate == 0 then p.t1 = t; p.retry = -1
     else p.t1 = t; p.retry = cdiv(costU - t, rate) end
-    p.cap = capU; p.rate = rate; p.rawcap = cap
+    p.cap = capU; p.rate = rate
     local r1 = rate
     if r1 < 1 then r1 = 1 end
     p.ttl = ttlms(cdiv(capU, r1))
@@ -358,11 +405,13 @@ for i = 1, #plans do
       -- (settled level, nothing consumed), so refill resumes at once; and
       -- after a share change, so the next check settles at the new rate
       if p.global then
-        local v = {t, now, p.rawcap, p.rate}
-        if p.rec then v[5] = p.rec[1]; v[6] = p.rec[2]; v[7] = p.rec[3] end
+        local v = {t, now, p.u}
+        if p.rec then v[4] = p.rec[1]; v[5] = p.rec[2]; v[6] = p.rec[3] end
         savetb(p.key, v, p.ttl)
       else
-        savetb(p.key, {t, now}, p.ttl)
+        local capU
+        if p.alg == 1 then capU = p.cap end
+        savetb(p.key, {t, now}, p.ttl, capU)
       end
     end
     if p.alg ~= 5 then
@@ -433,20 +482,21 @@ local C, R, UN, F = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ton
 local ttl = tonumber(ARGV[9])
 local now = clock(ARGV[10])
 local slack = tonumber(ARGV[11])
-local h = loadtb(key)
-if h and h[5] and (inc < h[5] or (inc == h[5] and seq < h[6])) then return {h[5], h[6]} end
+local h = loadtb(key, now)
+if h and h.rec and (inc < h.rec[1] or (inc == h.rec[1] and seq < h.rec[2])) then return {h.rec[1], h.rec[2]} end
 local u = enforced(loadmarker(KEYS[2]) or false, now, UN, F, inc, units)
 local cap, rate = shareOf(C, u, UN), shareOf(R, u, UN)
 local capU = cap * 1000
 local t
 if h == nil then t = capU
 else
-  t = h[1]
+  t = h.t
   -- settle at the rate and capacity the bucket last saw (none: no credit)
-  if h[3] then t = refill(t, now - h[2], h[3] * 1000, h[4]) end
+  local oc, orate = lastseen(h, C, R, UN)
+  if oc then t = refill(t, now - h.l, oc * 1000, orate) end
   if t > capU then t = capU end
 end
-local v = {t, now, cap, rate, inc, seq, units * 2 + rel}
+local v = {t, now, u, inc, seq, units * 2 + rel}
 if rel == 1 then
   local r1 = rate
   if r1 < 1 then r1 = 1 end
@@ -463,7 +513,9 @@ return {inc, seq}
 // markerSrc writes a rule's marker (WriteMarker).
 //
 // KEYS[1]: the marker key. ARGV: inc, seq, units, lease ms, create (0/1),
-// run id, now ms or "" for TIME.
+// run id, now ms or "" for TIME; in a Cluster also (else absent) the
+// latest lease end in ms on this master's clock ("" none: the lease ends at
+// now + lease) and the run id of the master the copy must be on.
 // Reply: {inc, seq}, the version of the marker the store holds afterwards
 // ({0, 0}: none, or one of another server run, which counts as none).
 const markerSrc = prelude + `
@@ -475,7 +527,10 @@ local cur = currentrun()
 local m = loadmarker(key)
 if m and m.run ~= cur then m = nil end
 local ok
-if create then
+if ARGV[9] and ARGV[9] ~= '' and ARGV[9] ~= cur then
+  -- a Cluster copy on another master than the caller read (see WriteMarker)
+  ok = false
+elseif create then
   ok = run == cur and (m == nil or inc > m.inc or (inc == m.inc and seq > m.seq))
 else
   ok = m ~= nil and inc == m.inc and seq >= m.seq
@@ -484,6 +539,12 @@ if not ok then
   if m then return {m.inc, m.seq} end
   return {0, 0}
 end
-redis.call('SET', key, putle({inc, seq, units, now, now + lease}, f6[5], w6) .. cur)
+local exp = now + lease
+if ARGV[8] and ARGV[8] ~= '' then
+  local cap = tonumber(ARGV[8])
+  if cap < exp then exp = cap end
+  if exp < now then exp = now end
+end
+redis.call('SET', key, putle({inc, seq, units, now, exp}, f6[5], w6) .. cur)
 return {inc, seq}
 `

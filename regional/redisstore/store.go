@@ -16,6 +16,8 @@ import (
 // Store and stopped by Close.
 type Store struct {
 	client          redis.UniversalClient
+	cluster         *redis.ClusterClient // set when client is a Cluster client
+	cs              clusterState
 	check           *redis.Script
 	marker          *redis.Script
 	shares          *redis.Script
@@ -132,6 +134,13 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 		stopped: make(chan struct{}),
 	}
 	s.winShares = redis.NewScript(winSharesSrc)
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		s.cluster = cc
+		s.cs.views = map[string]*clusterView{}
+		s.cs.fanned = map[string]fanout{}
+		s.cs.running = map[string]*fanJob{}
+		s.cs.pending = map[string]*fanJob{}
+	}
 	s.busy = make([]atomic.Int64, o.workers)
 	s.wg.Add(o.workers + 1)
 	for i := 0; i < o.workers; i++ {
@@ -180,6 +189,7 @@ func (s *Store) Close() error {
 		close(s.done)
 		s.cancel()
 		s.wg.Wait()
+		s.cs.wg.Wait() // Cluster marker fan-outs (canceled with s.ctx)
 		close(s.stopped)
 	})
 	return nil
@@ -217,8 +227,8 @@ func (s *Store) nowArg() (any, error) {
 // cost. cost is in whole tokens (>= 1). Buckets must have distinct keys, and
 // in Redis Cluster one hash tag (Key gives that for one client). A bucket
 // with Global set enforces its share of the global capacity and rate (see
-// the package doc); its rule's marker key is read by the same script, so
-// global buckets need standalone Redis.
+// the package doc); its rule's marker (on a Cluster, the copy in the
+// buckets' slot) is read by the same script.
 //
 // Check returns ctx.Err() as soon as ctx is done, whatever Redis does; the
 // script may still run after that. It is Do with one call and no budget.
@@ -339,6 +349,7 @@ wait:
 		a := &out[it.out]
 		if it.err != nil {
 			a.Err = it.err
+			s.clusterTrouble(it.err)
 			continue
 		}
 		a.Allowed, a.Results, a.Err = parseCheck(it.val, len(calls[it.out].Buckets))
@@ -369,7 +380,7 @@ func (s *Store) scriptArgs(cost int64, now any, buckets []Bucket) ([]string, []a
 			args = append(args, alg, x, y, shadow)
 			continue
 		}
-		mk := MarkerKey(b.Global.Rule)
+		mk := s.markerKeyFor(b.Global.Rule, buckets[0].Key)
 		idx := slices.Index(keys[len(buckets):], mk)
 		if idx < 0 {
 			idx = len(keys) - len(buckets)

@@ -141,7 +141,8 @@ func TestValidation(t *testing.T) {
 	}
 }
 
-// TestMemoryUsage measures a typical token-bucket key, with and without a share.
+// TestMemoryUsage measures a typical token-bucket key, with and without a
+// share (Redis 7.0, jemalloc; the figures are in the package doc).
 func TestMemoryUsage(t *testing.T) {
 	e := newEnv(t, true)
 	ctx := ctxT(t)
@@ -154,8 +155,8 @@ func TestMemoryUsage(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("MEMORY USAGE %s = %d bytes (state %v)", key, n, decodeState(t, rules.TokenBucket, e.client.Get(ctx, key).Val()))
-	if n >= 100 {
-		t.Fatalf("token bucket key uses %d bytes, want < 100", n)
+	if n > 80 {
+		t.Fatalf("token bucket key uses %d bytes, want <= 80 (the decimal layout, int-encoded)", n)
 	}
 	// The other layouts, for the record (same key length).
 	for _, b := range []Bucket{
@@ -191,8 +192,8 @@ func TestMemoryUsage(t *testing.T) {
 	}
 	n, _ = e.client.MemoryUsage(ctx, key).Result()
 	t.Logf("MEMORY USAGE %s global, with a share record = %d bytes (state %v)", key, n, decodeState(t, rules.TokenBucket, e.client.Get(ctx, key).Val()))
-	if n >= 130 {
-		t.Fatalf("token bucket key with a share record uses %d bytes, want < 130", n)
+	if n > 104 {
+		t.Fatalf("token bucket key with a share record uses %d bytes, want <= 104 (28 bytes of state)", n)
 	}
 	mk := MarkerKey("orders-free")
 	t.Logf("MEMORY USAGE %s (marker) = %d bytes", mk, e.client.MemoryUsage(ctx, mk).Val())

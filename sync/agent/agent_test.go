@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -670,4 +671,42 @@ func TestAgentsWithRedis(t *testing.T) {
 	if v := sm.violations.Load(); v > 0 {
 		t.Fatalf("after the restart the sum exceeded the limit in %d of %d samples (worst %d)", v, sm.samples.Load(), sm.worst.Load())
 	}
+}
+
+// TestAgentsWithRedisCluster runs the scenario with region a's store on a
+// Redis Cluster of 3 masters (its marker copied to every slot by the
+// store), b and c on standalone Redis: the sum of the enforced shares stays
+// within the limit and the shares converge as on standalone Redis.
+func TestAgentsWithRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	stores := map[string]*redisstore.Store{}
+	s := newStack(t, func(n string) (Store, *memStore) {
+		var rc redis.UniversalClient
+		if n == "a" {
+			c := testutil.StartCluster(t, 3, false)
+			rc = redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRetries: -1})
+		} else {
+			r := testutil.StartRedis(t)
+			rc = redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
+		}
+		return storeOn(t, rc, stores, n), nil
+	})
+	s.probe = redisProbe{s: s, stores: stores, floors: floorsOf(s.regions["a"].agent.specOf(globalRule()))}
+	runScenario(t, s)
+}
+
+// storeOn returns a Store on rc as region n's (in stores), both closed when
+// the test ends.
+func storeOn(t *testing.T, rc redis.UniversalClient, stores map[string]*redisstore.Store, n string) *redisstore.Store {
+	t.Helper()
+	t.Cleanup(func() { rc.Close() })
+	st, err := redisstore.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	stores[n] = st
+	return st
 }

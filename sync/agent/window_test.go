@@ -21,14 +21,7 @@ func redisStack(t *testing.T) (*stack, map[string]*redisstore.Store, map[string]
 		r := testutil.StartRedis(t)
 		servers[n] = r
 		rc := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
-		t.Cleanup(func() { rc.Close() })
-		st, err := redisstore.New(rc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		stores[n] = st
-		return st, nil
+		return storeOn(t, rc, stores, n), nil
 	})
 	return s, stores, servers
 }
