@@ -58,9 +58,14 @@
 //
 // # Time and goroutines
 //
+// The order of the ledgers' calls and outputs (collect, flush, confirmations,
+// publish, registry feeding, fencing) is sync/driver's: the agent runs one
+// driver.Driver and implements its ports (ports.go) with Redis, NATS and
+// etcd; the simulator runs the same driver on a virtual clock.
+//
 // The ledgers' clock is time.Since(agent start): monotonic, never the wall
-// clock. The ledgers and all per-rule state belong to one goroutine (the
-// loop): it runs ticks, merges received reports, and runs the closures that
+// clock. The driver, the ledgers and all per-rule state belong to one
+// goroutine (the loop): it runs ticks, merges received reports, and runs the closures that
 // registry calls (on goroutines the agent owns, bounded by EtcdTimeout) post
 // back. Store writes of one tick run in parallel across rules and are awaited
 // before the confirmations go back to the ledgers. The loop never waits on

@@ -58,14 +58,15 @@ func (a *Agent) setRules(rs []rules.Rule) {
 		if _, ok := want[id]; !ok {
 			a.log.Info("rule no longer coordinated here; dropping its ledger", logKeyRule, id)
 			delete(a.rules, id)
+			a.drv.Remove(id)
 		}
 	}
 	for id, r := range want {
 		st := a.rules[id]
 		if st == nil {
-			st = &ruleState{id: id, written: map[string]int64{}, fresh: map[string]freshness{}}
+			st = &ruleState{Rule: a.drv.Add(id), written: map[string]int64{}}
 			a.rules[id] = st
-		} else if st.led != nil && !a.specOf(r).equal(st.spec) {
+		} else if st.Led != nil && !a.specOf(r).equal(st.spec) {
 			a.logs.Log(slog.LevelWarn, "spec/"+id, "rule's regions, weights or min_share changed; coordination keeps the spec it started with (use a new rule id to change it)", logKeyRule, id)
 		}
 		st.rule = r
@@ -77,11 +78,11 @@ func (a *Agent) setRules(rs []rules.Rule) {
 
 // maybeStart asks the registry for a new incarnation of st's rule.
 func (a *Agent) maybeStart(ctx context.Context, st *ruleState) {
-	if st.led != nil || st.starting || a.runID == "" || time.Now().Before(st.retryAt) {
+	if st.Led != nil || st.starting || a.runID == "" || time.Now().Before(st.retryAt) {
 		return
 	}
 	st.starting = true
-	id, spec := st.id, a.specOf(st.rule)
+	id, spec := st.ID, a.specOf(st.rule)
 	a.goOwned(func() {
 		cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
 		start, used, err := a.reg.Start(cctx, id, spec, a.cfg.Region)
@@ -93,12 +94,12 @@ func (a *Agent) maybeStart(ctx context.Context, st *ruleState) {
 func (a *Agent) failStart(st *ruleState, err error) {
 	st.backoff = min(max(2*st.backoff, 200*time.Millisecond), maxBackoff)
 	st.retryAt = time.Now().Add(st.backoff)
-	a.logs.Log(slog.LevelError, "start/"+st.id, "cannot start an incarnation; retrying", logKeyRule, st.id, logKeyErr, err, "retry_in", st.backoff)
+	a.logs.Log(slog.LevelError, "start/"+st.ID, "cannot start an incarnation; retrying", logKeyRule, st.ID, logKeyErr, err, "retry_in", st.backoff)
 }
 
 func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, spec Spec, err error) {
 	st.starting = false
-	if a.rules[st.id] != st {
+	if a.rules[st.ID] != st {
 		return // the rule went away meanwhile
 	}
 	if err != nil {
@@ -119,19 +120,9 @@ func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, 
 			st.floor = floors[i]
 		}
 	}
-	st.led, st.spec, st.backoff, st.fedRev = led, spec, 0, 0
+	a.drv.Started(st.Rule, led)
+	st.spec, st.backoff = spec, 0
 	clear(st.written)
-	a.log.Info("ledger started", logKeyRule, st.id, logKeyInc, start.Inc)
+	a.log.Info("ledger started", logKeyRule, st.ID, logKeyInc, start.Inc)
 	a.publishSnapshot()
-}
-
-// fence drops a fenced ledger and starts a new incarnation.
-func (a *Agent) fence(ctx context.Context, st *ruleState) {
-	if st.led == nil {
-		return
-	}
-	a.log.Warn("ledger fenced; starting a new incarnation", logKeyRule, st.id, logKeyInc, st.led.Incarnation().Inc)
-	st.led = nil
-	a.fencedSeen = true
-	a.maybeStart(ctx, st)
 }
