@@ -202,10 +202,11 @@ var layers = []struct {
 	{4, []string{"regional/envoy", "regional/middleware", "regional/client"}},
 	{5, []string{"regional/enforcerd"}},
 	{6, []string{"sync/ledger", "sync/wire"}},
-	{7, []string{"sync/agent"}},
-	{8, []string{"sync/agentd"}},
-	{9, []string{"simulations"}},
-	{10, []string{"cmd/"}},
+	{7, []string{"sync/driver"}},
+	{8, []string{"sync/agent"}},
+	{9, []string{"sync/agentd"}},
+	{10, []string{"simulations"}},
+	{11, []string{"cmd/"}},
 }
 
 // pure packages import nothing that does I/O, reads the clock's wall
@@ -213,6 +214,7 @@ var layers = []struct {
 var pure = map[string][]string{
 	"allocation":  {"net", "os", "io", "math/rand", "math/rand/v2", "sync", "time"},
 	"sync/ledger": {"net", "os", "io", "math/rand", "math/rand/v2", "sync"},
+	"sync/driver": {"net", "os", "io", "math/rand", "math/rand/v2", "sync"},
 }
 
 func rankOf(pkg string) (int, bool) {

@@ -71,6 +71,7 @@ func Table(res *sim.Result) string {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "scenario %s  seed %d  %v  %d regions  rate %g/s  burst %g  keys %d  shifts %d\n",
 		res.Scenario, res.Seed, time.Duration(res.DurationS*1e9), len(res.Regions), res.Rate, res.Burst, res.Keys, len(res.Targets))
+	b.WriteString(clockNote(res))
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "strategy\tovershoot 1s\t10s\t60s\tutilization\twrongly rejected\tconvergence\tsync B/key/s\tactive keys")
 	for _, s := range res.Strategies {
@@ -100,9 +101,20 @@ func quotaLine(res *sim.Result) string {
 	return fmt.Sprintf("quota %g per %v: most admitted in one window: %s\n", res.Burst, time.Duration(res.RuleWindowS*1e9), strings.Join(parts, ", "))
 }
 
+// clockNote says when the scenario runs clocks outside the clock guarantee.
+func clockNote(res *sim.Result) string {
+	if len(res.OutsideClockGuarantee) == 0 {
+		return ""
+	}
+	return "outside the clock guarantee (the ledger's bounds do not apply): " + strings.Join(res.OutsideClockGuarantee, "; ") + "\n"
+}
+
 // Markdown writes the comparison table as a Markdown table.
 func Markdown(res *sim.Result) string {
 	var b strings.Builder
+	if n := clockNote(res); n != "" {
+		b.WriteString(n + "\n")
+	}
 	b.WriteString("| strategy | overshoot 1 s | 10 s | 60 s | utilization | wrongly rejected | convergence | sync B/key/s |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range res.Strategies {

@@ -2,6 +2,9 @@ package scenario
 
 import (
 	"time"
+
+	"github.com/apportion/apportion/sync/driver"
+	"github.com/apportion/apportion/sync/ledger"
 )
 
 func fptr(v float64) *float64 { return &v }
@@ -32,29 +35,33 @@ func (sc *Scenario) defaults() {
 		sc.Network.RegistryMs = fptr(20)
 	}
 	s := &sc.Sync
+	lc := ledger.DefaultConfig()
 	if s.Interval == 0 {
-		s.Interval = Duration(250 * time.Millisecond)
+		s.Interval = Duration(driver.DefaultInterval)
 	}
 	if s.Lease == 0 {
-		s.Lease = Duration(3 * time.Second)
+		s.Lease = Duration(lc.Lease)
 	}
 	if s.ClockError == nil {
-		s.ClockError = fptr(0.01)
+		s.ClockError = fptr(lc.Rho)
 	}
 	if s.Margin == 0 {
-		s.Margin = Duration(500 * time.Millisecond)
+		s.Margin = Duration(lc.Margin)
 	}
 	if s.StoreTimeout == 0 {
-		s.StoreTimeout = Duration(100 * time.Millisecond)
+		s.StoreTimeout = Duration(lc.StoreTimeout)
+	}
+	if s.RegistryPoll == 0 {
+		s.RegistryPoll = Duration(driver.DefaultRegistryPoll)
+	}
+	if s.EtcdTimeout == 0 {
+		s.EtcdTimeout = Duration(driver.DefaultEtcdTimeout)
 	}
 	if s.StoreMs == nil {
 		s.StoreMs = fptr(1)
 	}
-	if s.ActivateAbove == nil {
-		s.ActivateAbove = fptr(0.25)
-	}
 	if s.Alpha == nil {
-		s.Alpha = fptr(0.5)
+		s.Alpha = fptr(lc.Alpha)
 	}
 	for i := range sc.Demand {
 		d := &sc.Demand[i]

@@ -11,6 +11,7 @@ package scenario
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -131,21 +132,19 @@ type Rule struct {
 	Window Duration `yaml:"window"`
 }
 
-// Sync holds the sync agent's settings (the ledger's Config) and the usage
-// sync interval of the async strategy.
+// Sync holds the sync agent's settings (the ledger's Config and the agent's
+// own) and the usage sync interval of the async strategy. Every default is
+// the production default (sync/agent.DefaultConfig).
 type Sync struct {
-	Interval     Duration `yaml:"interval"`      // default 250ms
+	Interval     Duration `yaml:"interval"`      // default 100ms
 	Lease        Duration `yaml:"lease"`         // default 3s
 	ClockError   *float64 `yaml:"clock_error"`   // the ledger's Rho: agent clock rate bound (default 0.01)
 	Margin       Duration `yaml:"margin"`        // reclaim margin (default 500ms)
 	StoreTimeout Duration `yaml:"store_timeout"` // default 100ms
+	RegistryPoll Duration `yaml:"registry_poll"` // how often an agent reads the reclaim registry (default 500ms)
+	EtcdTimeout  Duration `yaml:"etcd_timeout"`  // a registry call without a reply is given up after it (default 5s)
 	// StoreMs is the delay of a store write and of its confirmation (default 1).
 	StoreMs *float64 `yaml:"store_ms"`
-	// ActivateAbove: a key's usage reaches the ledger (and the key becomes
-	// coordinated) once a region used more than this fraction of its static
-	// share of the key in one interval (default 0.25). Keys below it run on
-	// static shares: only keys with traffic are coordinated (docs/design.md section 7).
-	ActivateAbove *float64 `yaml:"activate_above"`
 	// Alpha is the weight of the newest interval in the ledger's demand
 	// estimate (an EWMA; default 0.5, the agent's): higher follows shifts
 	// faster, lower is steadier under noisy arrivals.
@@ -241,4 +240,20 @@ func (sc *Scenario) Weights() []float64 {
 		w[i] = sc.Rule.Weights[r.Name]
 	}
 	return w
+}
+
+// OutsideClockGuarantee lists the clocks of the scenario that run outside
+// the guarantee the ledger's bounds rest on (docs/design.md section 8:
+// every agent and store clock within sync.clock_error of real time). Agent
+// clocks are validated to be within it; a store clock may be set outside
+// it, to show what happens then. Empty: the bounds apply.
+func (sc *Scenario) OutsideClockGuarantee() []string {
+	var out []string
+	rho := *sc.Sync.ClockError
+	for i, r := range sc.Regions {
+		if math.Abs(r.StoreClock) > rho {
+			out = append(out, fmt.Sprintf("regions[%d] %s: store_clock %v outside sync.clock_error %v", i, r.Name, r.StoreClock, rho))
+		}
+	}
+	return out
 }

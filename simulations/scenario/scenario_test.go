@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/apportion/apportion/sync/agent"
 )
 
 const good = `name: t
@@ -28,11 +30,42 @@ func TestParseGood(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sc.Rule.Burst != 100 || sc.Sync.Interval.D().String() != "250ms" || sc.Demand[0].Key != "k0" {
+	if sc.Rule.Burst != 100 || sc.Sync.Interval.D().String() != "100ms" || sc.Demand[0].Key != "k0" {
 		t.Fatalf("defaults not applied: %+v", sc)
 	}
 	if d := sc.Delay(1, 0); d.Milliseconds() != 40 {
 		t.Fatalf("delay b->a = %v, want 40ms both ways", d)
+	}
+}
+
+// TestDefaultsAreProduction: a scenario that sets nothing runs the sync
+// agent's production defaults.
+func TestDefaultsAreProduction(t *testing.T) {
+	sc, err := Parse("good.yaml", []byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, s := agent.DefaultConfig(), sc.Sync
+	if s.Interval.D() != c.Interval || s.Lease.D() != c.Lease || *s.ClockError != c.Rho || s.Margin.D() != c.Margin ||
+		s.StoreTimeout.D() != c.StoreTimeout || s.RegistryPoll.D() != c.RegistryPoll || s.EtcdTimeout.D() != c.EtcdTimeout ||
+		*s.Alpha != c.Alpha || sc.Rule.MinShare != 0 || sc.Rule.Allocation != c.Strategy {
+		t.Errorf("scenario defaults %+v (min_share %v, allocation %s) differ from the agent's %+v", s, sc.Rule.MinShare, sc.Rule.Allocation, c)
+	}
+}
+
+// TestOutsideClockGuarantee: a store clock beyond sync.clock_error is named.
+func TestOutsideClockGuarantee(t *testing.T) {
+	sc, err := Parse("good.yaml", []byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := sc.OutsideClockGuarantee(); len(n) != 0 {
+		t.Fatalf("default clocks reported outside the guarantee: %v", n)
+	}
+	sc.Regions[1].StoreClock = 0.02
+	n := sc.OutsideClockGuarantee()
+	if len(n) != 1 || !strings.Contains(n[0], "b: store_clock 0.02") {
+		t.Fatalf("OutsideClockGuarantee = %v, want region b's store clock", n)
 	}
 }
 

@@ -115,7 +115,7 @@ func (sc *Scenario) Validate() error {
 	}
 	// Sync.
 	s := &sc.Sync
-	if s.Interval <= 0 || s.Lease <= 0 || s.Margin < 0 || s.StoreTimeout < 0 {
+	if s.Interval <= 0 || s.Lease <= 0 || s.Margin < 0 || s.StoreTimeout < 0 || s.RegistryPoll <= 0 || s.EtcdTimeout <= 0 {
 		return bad("sync", "durations must be positive")
 	}
 	if !(*s.ClockError >= 0 && *s.ClockError < 0.5) {
@@ -130,9 +130,6 @@ func (sc *Scenario) Validate() error {
 	}
 	if !(*s.Alpha > 0 && *s.Alpha <= 1) {
 		return bad("sync.alpha", "must be in (0,1]")
-	}
-	if !(*s.ActivateAbove >= 0) {
-		return bad("sync.activate_above", "must be >= 0")
 	}
 	// Demand.
 	if len(sc.Demand) == 0 {

@@ -204,7 +204,8 @@ func round(x float64, digits int) float64 {
 func (m *metrics) result(seed uint64, dur time.Duration, events int) *Result {
 	sc := m.w.sc
 	res := &Result{Scenario: sc.Name, Seed: seed, DurationS: dur.Seconds(), Rate: sc.Rule.Rate, Burst: sc.Rule.Burst, RuleWindowS: sc.Rule.Window.D().Seconds(),
-		SampleS: sc.Sample.D().Seconds(), Events: events, TrackedKey: m.w.keys[0].Name, Keys: len(m.w.keys)}
+		SampleS: sc.Sample.D().Seconds(), Events: events, TrackedKey: m.w.keys[0].Name, Keys: len(m.w.keys),
+		OutsideClockGuarantee: sc.OutsideClockGuarantee()}
 	for _, r := range sc.Regions {
 		res.Regions = append(res.Regions, r.Name)
 	}

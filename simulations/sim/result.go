@@ -17,6 +17,9 @@ type Result struct {
 	WindowsS    []float64 `json:"windows_s"`
 	SampleS     float64   `json:"sample_s"`
 	Events      int       `json:"events"` // events the simulator processed
+	// OutsideClockGuarantee lists the clocks set outside the clock guarantee
+	// (Scenario.OutsideClockGuarantee); the ledger's bounds do not apply then.
+	OutsideClockGuarantee []string `json:"outside_clock_guarantee,omitempty"`
 	// Targets: demand shifts of the tracked key and the allocation's targets.
 	Targets    []Shift          `json:"shifts"`
 	Demand     []float64        `json:"demand"` // offered rate of the tracked key

@@ -2,11 +2,13 @@
 // that the simulator compares, one file each: the centralized ideal (the
 // reference), a static split, independent regions, async usage sync without a
 // ledger (the common industry approach) and the share ledger of this project
-// (sync/ledger driven as the sync agent drives it).
+// (sync/ledger driven by the sync agent's own loop, sync/driver).
 //
-// Invariant: every strategy enforces each region's requests with the same
-// token bucket arithmetic as the enforcer's Redis script (sim.Bucket), so the
-// strategies differ only in how they set and feed those buckets.
+// Invariant: every strategy enforces each region's requests with the token
+// bucket arithmetic of the enforcer's Redis script: the ledger with the
+// script's Go reference model itself (regional/redisstore.Model), the others
+// with sim.Bucket, which a test holds to that model; so the strategies differ
+// only in how they set and feed those buckets.
 package strategy
 
 import "github.com/apportion/apportion/simulations/sim"

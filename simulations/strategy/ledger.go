@@ -6,76 +6,84 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/allocation"
-	"github.com/apportion/apportion/internal/bincode"
+	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/simulations/sim"
+	"github.com/apportion/apportion/sync/driver"
 	"github.com/apportion/apportion/sync/ledger"
+	"github.com/apportion/apportion/sync/wire"
 )
 
-// Ledger is this project: in every region a sync agent runs the real share
-// ledger (sync/ledger.Ledger, the production state machine) on its own
-// drifting clock, fed with its enforcers' usage every interval; its reports
-// cross the virtual WAN; its store writes go to a model of the region's Redis
-// that implements the store contract of sync/ledger/doc.go (marker with a
-// lease on the store clock, per-key records, floor fallback, versioned
-// writes, settle-then-clamp share changes); the reclaim registry is the real
-// ledger.Registry, reached with the registry delay as etcd would be. Targets
-// come from allocation.SplitUnits with the rule's allocation.
+// ruleID names the scenario's one global rule (its marker, its registry).
+const ruleID = "global"
+
+// natsMaxPayload is the NATS server's default max_payload: the agent splits
+// a report message above it (wire.EncodeSplit).
+const natsMaxPayload = 1 << 20
+
+// Ledger is this project: in every region a sync agent runs the production
+// driver (sync/driver: the agent's loop, with the real share ledger) on its
+// own drifting clock, with ports that stand for Redis, NATS and etcd:
 //
-// The store model is written here from the contract (regional/redisstore.Model
-// implements the same contract for the Lua scripts; it settles a global bucket
-// lazily at its next check, while this model settles at the instant of a
-// change or lease lapse): each key's bucket is a sim.Bucket whose share is
-// floor(R*u/U), floor(C*u/U) for the units u the contract says the store
-// enforces. Release records are kept (their units equal the marker's default,
-// so their expiry would change nothing here).
+//   - the store is the store's Go reference model (regional/redisstore.Model,
+//     differentially tested against the Lua scripts) on the region's store
+//     clock; the enforcers' checks are Model.Check calls of the global token
+//     bucket (or, for a rule with a window, the global fixed window: a
+//     quota), the agent's writes the records and markers the agent writes
+//     (driver.StoreWrites; a window's records through WriteWindowShares,
+//     whose refusals of a record below the key's use of its window the
+//     driver hands to Ledger.Hold), each write and its answer sync.store_ms
+//     away;
+//   - reports are the real wire encoding (wire.EncodeSplit), each part sent
+//     to every other region over the virtual WAN and decoded there; sync
+//     bytes are the encoded length plus the signature (wire.Overhead) and
+//     NATS framing;
+//   - the reclaim registry is the real ledger.Registry, reached with the
+//     registry delay as etcd would be: Start, Contribute and Close round
+//     trips and a poll every RegistryPoll, each given up after EtcdTimeout
+//     (then Start backs off as the agent does).
 //
-// For a fixed-window rule (a quota) the buckets are fixed windows of the
-// share floor(L*u/U), and the store refuses a record below what the key has
-// used of its window, answering the ledger with Ledger.Hold, as the script
-// does (regional/redisstore, "Global windows").
+// Every key with usage reaches the ledger, as in the agent. Targets come
+// from allocation.SplitUnits with the rule's allocation.
 type Ledger struct {
-	env      *sim.Env
-	cfg      ledger.Config
-	specs    []ledger.RegionSpec
-	floor    []int64
-	base     []int64
-	reg      *ledger.Registry
-	rs       []*lregion
-	keyIdx   map[string]int
-	activate float64
+	env     *sim.Env
+	cfg     ledger.Config
+	specs   []ledger.RegionSpec
+	floor   []int64
+	reg     *ledger.Registry
+	rev     int64 // the registry's revision: bumped by every change
+	rs      []*lregion
+	buckets []redisstore.Bucket // per key: the global token bucket (Floor set per region)
+	poll    time.Duration
+	timeout time.Duration
+	srule   driver.StoreRule // the rule as the store needs it (Floor set per region)
 }
 
+// lregion is one region: its store and its agent (nil while down).
 type lregion struct {
 	idx   int
 	name  string
-	led   *ledger.Ledger
-	gen   int // bumped at every agent life and death: stale events are dropped
-	st    *lstore
+	store *redisstore.Model // nil while the region is lost
 	runs  int
-	used  map[int]*[2]int64 // key -> admitted, rejected cost since the last tick
-	fed   map[int]bool      // keys whose usage reaches the ledger
-	fedL  []int
-	start bool // a start is in progress
+	ag    *lagent
 }
 
-type lmarker struct {
-	ver        ledger.Version
-	units      int64
-	leaseUntil int64 // store ms
-}
+// lagent is one life of a region's agent: the driver and the agent's own
+// state around it (as sync/agent's Agent and ruleState hold it).
+type lagent struct {
+	s    *Ledger
+	r    *lregion
+	drv  *driver.Driver
+	rule *driver.Rule
+	used map[int]*[2]int64 // key -> admitted, rejected cost since the last tick
 
-type lrec struct {
-	units   int64
-	ver     ledger.Version
-	release bool
-}
-
-type lstore struct {
-	runID  string
-	marker *lmarker
-	recs   map[int]*lrec
-	b      buckets
-	inited []int
+	runID     string
+	starting  bool
+	retryAt   time.Duration // real time
+	backoff   time.Duration
+	polling   bool
+	lastPoll  time.Duration
+	pollFails int
 }
 
 func (s *Ledger) Name() string { return "ledger" }
@@ -92,6 +100,9 @@ func ledgerConfig(env *sim.Env) (ledger.Config, []ledger.RegionSpec) {
 	cfg.StoreTimeout = sc.Sync.StoreTimeout.D()
 	cfg.Alpha = *sc.Sync.Alpha
 	cfg.Quantum = ledger.QuantumOf(cfg.Units, sc.Rule.Burst)
+	if w := sc.Rule.Window.D(); w > 0 {
+		cfg.Margin += driver.WindowWait(w, cfg.Rho) // as the agent's ledger of a window rule
+	}
 	f, _ := allocation.ByName(sc.Rule.Allocation)
 	cfg.Allocate = ledger.AllocatorOf(f)
 	var specs []ledger.RegionSpec
@@ -104,358 +115,306 @@ func ledgerConfig(env *sim.Env) (ledger.Config, []ledger.RegionSpec) {
 func (s *Ledger) Start(env *sim.Env) error {
 	s.env = env
 	s.cfg, s.specs = ledgerConfig(env)
-	var initial []int64
-	s.floor, initial = ledger.Split(s.cfg, s.specs)
-	for i := range s.floor {
-		s.base = append(s.base, s.floor[i]+initial[i])
-	}
+	s.floor, _ = ledger.Split(s.cfg, s.specs)
 	var err error
 	if s.reg, err = ledger.NewRegistry(s.cfg, s.specs); err != nil {
 		return err
 	}
-	s.activate = *env.Scenario().Sync.ActivateAbove
-	s.keyIdx = make(map[string]int, len(env.Keys()))
-	for i, k := range env.Keys() {
-		s.keyIdx[k.Name] = i
+	sc := env.Scenario()
+	s.poll, s.timeout = sc.Sync.RegistryPoll.D(), sc.Sync.EtcdTimeout.D()
+	s.srule = driver.StoreRule{Capacity: int64(sc.Rule.Burst * 1000), Rate: sc.Rule.Rate, Total: s.cfg.Units}
+	if w := sc.Rule.Window.D(); w > 0 {
+		s.srule = driver.StoreRule{Algorithm: rules.FixedWindow, Limit: int64(sc.Rule.Burst), Window: w, Total: s.cfg.Units}
+	}
+	for _, k := range env.Keys() {
+		b := redisstore.Bucket{Key: k.Name, Algorithm: rules.TokenBucket,
+			Capacity: int64(k.Burst * 1000), Rate: allocation.Thousandths(k.Rate),
+			Global: &redisstore.Global{Rule: ruleID, Units: s.cfg.Units}}
+		if k.WindowMs > 0 {
+			b.Algorithm, b.Capacity, b.Rate = rules.FixedWindow, 0, 0
+			b.Limit, b.Window = int64(k.Burst), time.Duration(k.WindowMs)*time.Millisecond
+		}
+		s.buckets = append(s.buckets, b)
 	}
 	for i, sp := range s.specs {
 		r := &lregion{idx: i, name: sp.Name}
-		r.st = s.newStore(r)
+		s.newStore(r)
 		s.rs = append(s.rs, r)
 		s.startAgent(r)
 	}
 	return nil
 }
 
-func (s *Ledger) newStore(r *lregion) *lstore {
+// newStore gives r an empty store with a new run id.
+func (s *Ledger) newStore(r *lregion) {
 	r.runs++
-	return &lstore{runID: "run" + strconv.Itoa(r.runs), recs: map[int]*lrec{}, b: newBuckets(s.env.Keys())}
+	r.store = redisstore.NewModel(0)
+	r.store.Restart(r.name + "-run" + strconv.Itoa(r.runs))
 }
 
-// startAgent starts a new incarnation: a registry round trip (retried while
-// the registry is out of reach), then the first tick one interval later.
+// startAgent starts a new agent life; it ticks every interval on the
+// region's agent clock from one interval on.
 func (s *Ledger) startAgent(r *lregion) {
-	if r.led != nil || r.start || r.st == nil {
+	if r.ag != nil || r.store == nil {
 		return
 	}
-	if !s.env.RegistryReachable(r.idx) {
-		s.env.After(time.Second, func() { s.startAgent(r) })
-		return
-	}
-	r.start = true
-	gen := r.gen
-	s.env.Registry(r.idx, func() func() {
-		st, err := s.reg.Start(r.name)
-		if err != nil {
-			return nil
-		}
-		return func() {
-			r.start = false
-			if r.gen != gen || r.st == nil {
-				return
-			}
-			st.RunID = r.st.runID
-			led, err := ledger.New(s.cfg, r.name, s.specs, st, s.env.AgentNow(r.idx))
-			if err != nil {
-				return
-			}
-			r.gen++
-			r.led, r.used, r.fed, r.fedL = led, map[int]*[2]int64{}, map[int]bool{}, nil
-			g := r.gen
-			s.env.AgentAfter(r.idx, s.cfg.Interval, func() { s.tick(r, g) })
-		}
-	})
-	// A registry reply lost to a partition must not block restarts forever.
-	s.env.After(2*s.env.RegistryDelay()+time.Second, func() {
-		if r.gen == gen && r.start {
-			r.start = false
-			s.startAgent(r)
-		}
-	})
+	a := &lagent{s: s, r: r, used: map[int]*[2]int64{}, lastPoll: -time.Hour}
+	a.drv = driver.New(r.name, a)
+	a.rule = a.drv.Add(ruleID)
+	r.ag = a
+	s.env.AgentAfter(r.idx, s.cfg.Interval, a.tick)
 }
 
-func (s *Ledger) stopAgent(r *lregion) {
-	r.led = nil
-	r.gen++
-}
+func (a *lagent) alive() bool { return a.r.ag == a }
 
-func (s *Ledger) tick(r *lregion, gen int) {
-	if r.gen != gen || r.led == nil {
+// tick is the agent's tick: the store's run id, usage, the driver's tick,
+// the registry poll.
+func (a *lagent) tick() {
+	if !a.alive() {
 		return
 	}
-	now := s.env.AgentNow(r.idx)
-	keys := s.env.Keys()
-	ks := make([]int, 0, len(r.used))
-	for k := range r.used {
+	s, env := a.s, a.s.env
+	if id := a.r.store.RunID(); id != a.runID {
+		if a.runID != "" {
+			a.drv.StoreReset(id)
+		}
+		a.runID = id
+	}
+	keys := env.Keys()
+	ks := make([]int, 0, len(a.used))
+	for k := range a.used {
 		ks = append(ks, k)
 	}
 	slices.Sort(ks)
-	for _, k := range ks {
-		u := r.used[k]
-		if !r.fed[k] {
-			static := keys[k].Rate * float64(s.base[r.idx]) / float64(s.cfg.Units) * s.cfg.Interval.Seconds()
-			if float64(u[0]+u[1]) > s.activate*static || r.led.Position(keys[k].Name).Active {
-				r.fed[k] = true
-				r.fedL = append(r.fedL, k)
-			}
-		}
-		if r.fed[k] {
-			r.led.Usage(now, keys[k].Name, keys[k].Rate, u[0], u[1])
-		}
+	us := make([]driver.Usage, len(ks))
+	for i, k := range ks {
+		u := a.used[k]
+		us[i] = driver.Usage{Rule: ruleID, Key: keys[k].Name, Rate: keys[k].Rate, Admitted: u[0], Rejected: u[1]}
 	}
-	clear(r.used)
-	s.handle(r, gen, r.led.Tick(now))
-	if r.gen == gen {
-		s.env.AgentAfter(r.idx, s.cfg.Interval, func() { s.tick(r, gen) })
+	clear(a.used)
+	a.drv.Tick(us)
+	a.pollRegistry()
+	if a.alive() {
+		env.AgentAfter(a.r.idx, s.cfg.Interval, a.tick)
 	}
 }
 
-// handle carries out a ledger Output: store writes, the report to every
-// other region, contributions to the registry, and fencing.
-func (s *Ledger) handle(r *lregion, gen int, out ledger.Output) {
-	if r.gen != gen || r.led == nil {
-		return
-	}
-	for _, w := range out.Writes {
-		s.issueWrite(r, gen, w)
-	}
-	if rep := out.Report; rep != nil {
-		size := natsOverhead + ReportSize(rep)
-		for q := range s.rs {
-			if q == r.idx {
-				continue
-			}
-			to := s.rs[q]
-			s.env.Send(r.idx, q, size, func() {
-				if to.led == nil {
-					return
-				}
-				g := to.gen
-				o, err := to.led.Receive(s.env.AgentNow(to.idx), *rep)
-				if err == nil || len(o.Writes) > 0 || o.Fenced {
-					s.handle(to, g, o)
-				}
-			})
-		}
-	}
-	for _, c := range out.Contributions {
-		c := c
-		s.env.Registry(r.idx, func() func() {
-			if _, err := s.reg.Contribute(c); err != nil {
-				return nil
-			}
-			s.pushRecords()
-			return nil
-		})
-	}
-	if by := out.Close; by != (ledger.Incarnation{}) {
-		s.env.Registry(r.idx, func() func() {
-			if s.reg.Close(by) == nil {
-				s.pushRecords()
-			}
-			return nil
-		})
-	}
-	if out.Fenced {
-		s.stopAgent(r)
-		s.env.After(time.Second, func() { s.startAgent(r) })
-	}
-}
-
-// pushRecords delivers every record of the registry to every region, as
-// the agents' registry poll would: a reclaim's payments are in the
-// recipients' own records.
-func (s *Ledger) pushRecords() {
-	recs := s.reg.Records()
-	for _, q := range s.rs {
-		q := q
-		s.env.After(s.env.RegistryDelay(), func() {
-			if q.led == nil || !s.env.RegistryReachable(q.idx) {
-				return
-			}
-			for _, rec := range recs {
-				g := q.gen
-				s.handle(q, g, q.led.ReclaimRecorded(s.env.AgentNow(q.idx), rec))
-			}
-		})
-	}
-}
+// Now implements driver.Ports: the region's agent clock.
+func (a *lagent) Now() time.Duration { return a.s.env.AgentNow(a.r.idx) }
 
 func (s *Ledger) storeDelay() time.Duration {
 	return time.Duration(*s.env.Scenario().Sync.StoreMs * 1e6)
 }
 
-func (s *Ledger) issueWrite(r *lregion, gen int, w ledger.Write) {
-	s.env.After(s.storeDelay(), func() {
-		if r.st == nil {
-			return
-		}
-		if need, until, no := s.refused(r, w); no {
-			// A fixed window's lowering below its use: not applied, and
-			// the answer goes back to the ledger (Ledger.Hold).
+// Write implements driver.Ports: the writes reach the store after the store
+// delay (applied there even if the agent died meanwhile, as a sent Redis
+// command is), their answers (confirmations, a window's refusals) the agent
+// after as long again.
+func (a *lagent) Write(writes map[*driver.Rule][]ledger.Write) map[*driver.Rule]driver.Applied {
+	s, st := a.s, a.r.store
+	for r, ws := range writes {
+		p := s.srule
+		p.Floor = s.floor[a.r.idx]
+		recs, markers := driver.StoreWrites(ws, p)
+		s.env.After(s.storeDelay(), func() {
+			if a.r.store != st {
+				return // the region was lost meanwhile
+			}
+			ms := s.env.StoreMs(a.r.idx)
+			var vs []redisstore.WindowApplied
+			var mvs []redisstore.Version
+			switch {
+			case len(recs) > 0 && p.IsWindow():
+				vs, _ = st.WriteWindowShares(ms, ruleID, recs)
+			case len(recs) > 0:
+				v, _ := st.WriteShares(ms, ruleID, recs)
+				vs = driver.Versions(v)
+			}
+			for _, m := range markers {
+				if v, err := st.WriteMarker(ms, ruleID, m); err == nil {
+					mvs = append(mvs, v)
+				}
+			}
+			cs := driver.Confirmations(recs, vs, mvs)
 			s.env.After(s.storeDelay(), func() {
-				if r.gen == gen && r.led != nil {
-					r.led.Hold(s.env.AgentNow(r.idx), w.Key, need, until)
+				if a.alive() {
+					a.drv.Confirmed(r, cs)
 				}
 			})
-			return
-		}
-		if !s.applyWrite(r, w) {
-			return
-		}
-		s.env.After(s.storeDelay(), func() {
-			if r.gen == gen && r.led != nil {
-				s.handle(r, gen, r.led.ShareApplied(s.env.AgentNow(r.idx), w.Key, w.Version))
-			}
 		})
+	}
+	return nil
+}
+
+// Publish implements driver.Ports: every part of the message to every
+// other region, decoded at the receiver.
+func (a *lagent) Publish(m wire.Message) {
+	s := a.s
+	parts, err := wire.EncodeSplit(m, natsMaxPayload-wire.Overhead)
+	if err != nil {
+		return
+	}
+	for _, p := range parts {
+		size := natsOverhead + len(p) + wire.Overhead
+		for _, to := range s.rs {
+			if to == a.r {
+				continue
+			}
+			s.env.Send(a.r.idx, to.idx, size, func() {
+				ag := to.ag
+				if ag == nil {
+					return
+				}
+				msg, err := wire.Decode(p)
+				if err != nil {
+					return
+				}
+				ag.drv.Receive(msg)
+			})
+		}
+	}
+}
+
+// registry runs op at the registry and reply at the agent if this life is
+// still alive; if no reply came within the etcd timeout, timeout runs
+// instead (the agent's context timeout).
+func (a *lagent) registry(op func() (reply func()), timeout func()) {
+	s := a.s
+	done := false
+	s.env.Registry(a.r.idx, func() func() {
+		reply := op()
+		return func() {
+			if done || !a.alive() {
+				return
+			}
+			done = true
+			if reply != nil {
+				reply()
+			}
+		}
+	})
+	s.env.After(s.timeout, func() {
+		if done || !a.alive() {
+			return
+		}
+		done = true
+		timeout()
 	})
 }
 
-// refused reports whether the store refuses record w of a fixed-window key
-// because the key has used more of its window than w would allow (the
-// script's rule: the allowance of min(w's units, the units it would
-// enforce)), and then the fewest units it could take and the time to the
-// window's end.
-func (s *Ledger) refused(r *lregion, w ledger.Write) (int64, time.Duration, bool) {
-	k, ok := s.keyIdx[w.Key]
-	if !ok || s.env.Keys()[k].WindowMs == 0 {
-		return 0, 0, false
+// Start implements driver.Ports as the agent's maybeStart does.
+func (a *lagent) Start(r *driver.Rule) {
+	s := a.s
+	if r.Led != nil || a.starting || a.runID == "" || s.env.Now() < a.retryAt {
+		return
 	}
-	key := s.env.Keys()[k]
-	st, ms := r.st, s.env.StoreMs(r.idx)
-	if x := st.recs[k]; x != nil && !x.ver.Less(w.Version) {
-		return 0, 0, false
-	}
-	u := s.floor[r.idx]
-	if m := st.marker; m != nil && ms < m.leaseUntil && m.ver.Inc == w.Version.Inc {
-		u = w.Units
-	}
-	u = min(u, w.Units)
-	used := s.bucket(r, k, ms).Used(ms) * 1000
-	if used <= key.CapMilli(u, s.cfg.Units) {
-		return 0, 0, false
-	}
-	need := min((used*s.cfg.Units+int64(key.Burst*1000)-1)/int64(key.Burst*1000), s.cfg.Units)
-	for need < s.cfg.Units && key.CapMilli(need, s.cfg.Units) < used {
-		need++
-	}
-	for need > 0 && key.CapMilli(need-1, s.cfg.Units) >= used {
-		need--
-	}
-	return need, time.Duration(key.WindowMs-ms%key.WindowMs) * time.Millisecond, true
-}
-
-// enforced returns the units the store enforces for key at store time ms
-// (the store contract).
-func (s *Ledger) enforced(r *lregion, key int, ms int64) int64 {
-	st := r.st
-	m := st.marker
-	if m == nil || ms >= m.leaseUntil {
-		return s.floor[r.idx]
-	}
-	if x := st.recs[key]; x != nil {
-		if x.ver.Inc != m.ver.Inc {
-			return s.floor[r.idx]
+	a.starting = true
+	runID := a.runID
+	var st ledger.Start
+	var err error
+	a.registry(func() func() {
+		st, err = s.reg.Start(a.r.name)
+		if err == nil {
+			s.rev++
 		}
-		return x.units
-	}
-	return m.units
-}
-
-func (s *Ledger) params(key int, u int64) (int64, int64) {
-	k := s.env.Keys()[key]
-	return k.CapMilli(u, s.cfg.Units), k.RateMilli(u, s.cfg.Units)
-}
-
-// bucket returns key's bucket settled to ms: if the marker's lease lapsed
-// since the last refill, the bucket is settled at the old share up to the
-// lapse, then set to the floor and clamped.
-func (s *Ledger) bucket(r *lregion, key int, ms int64) *sim.Bucket {
-	st := r.st
-	b := &st.b[key]
-	if !b.Init {
-		u := s.enforced(r, key, ms)
-		c, rt := s.params(key, u)
-		b.Start(ms, c, rt)
-		b.Units = u
-		st.inited = append(st.inited, key)
-		return b
-	}
-	if m := st.marker; m != nil && b.Last < m.leaseUntil && m.leaseUntil <= ms && b.Units != s.floor[r.idx] {
-		c, rt := s.params(key, s.floor[r.idx])
-		b.Set(m.leaseUntil, c, rt)
-		b.Units = s.floor[r.idx]
-	}
-	if u := s.enforced(r, key, ms); u != b.Units {
-		c, rt := s.params(key, u)
-		b.Set(ms, c, rt)
-		b.Units = u
-	}
-	return b
-}
-
-func (s *Ledger) settleAll(r *lregion, ms int64) {
-	for _, k := range r.st.inited {
-		s.bucket(r, k, ms).Refill(ms)
-	}
-}
-
-// applyWrite is the store script; it reports whether the store now holds a
-// version >= w.Version for the key (the confirmation condition).
-func (s *Ledger) applyWrite(r *lregion, w ledger.Write) bool {
-	st, ms := r.st, s.env.StoreMs(r.idx)
-	if w.Key == ledger.MarkerKey {
-		m := st.marker
-		if w.Create {
-			if w.RunID != st.runID {
-				return false
+		return func() {
+			a.starting = false
+			if err != nil {
+				a.failStart()
+				return
 			}
-			if m != nil && !m.ver.Less(w.Version) {
-				return true
+			st.RunID = runID
+			led, err := ledger.New(s.cfg, a.r.name, s.specs, st, a.Now())
+			if err != nil {
+				a.failStart()
+				return
 			}
-			s.settleAll(r, ms)
-			st.marker = &lmarker{ver: w.Version, units: w.Units, leaseUntil: ms + w.Lease.Milliseconds()}
-			s.settleAll(r, ms)
-			return true
+			a.drv.Started(r, led)
+			a.backoff = 0
 		}
-		if m == nil || m.ver.Inc != w.Version.Inc || !m.ver.Less(w.Version) {
-			return false
+	}, func() {
+		a.starting = false
+		a.failStart()
+	})
+}
+
+// failStart backs off as the agent's failStart does.
+func (a *lagent) failStart() {
+	a.backoff = min(max(2*a.backoff, 200*time.Millisecond), 10*time.Second)
+	a.retryAt = a.s.env.Now() + a.backoff
+}
+
+// Fenced implements driver.Ports: the agent starts a new incarnation at once.
+func (a *lagent) Fenced(r *driver.Rule, _ ledger.Incarnation) { a.Start(r) }
+
+// Contribute implements driver.Ports.
+func (a *lagent) Contribute(r *driver.Rule, cs []ledger.Contribution) {
+	s := a.s
+	a.registry(func() func() {
+		var recs []ledger.Record
+		for _, c := range cs {
+			if rec, err := s.reg.Contribute(c); err == nil {
+				recs = append(recs, rec)
+				s.rev++
+			}
 		}
-		changes := ms >= m.leaseUntil || m.units != w.Units
-		if changes {
-			s.settleAll(r, ms)
+		return func() { a.drv.Contributed(r, recs) }
+	}, func() { a.drv.Contributed(r, nil) })
+}
+
+// Close implements driver.Ports.
+func (a *lagent) Close(r *driver.Rule, by ledger.Incarnation) {
+	s := a.s
+	a.registry(func() func() {
+		if s.reg.Close(by) == nil {
+			s.rev++
 		}
-		m.ver, m.units, m.leaseUntil = w.Version, w.Units, ms+w.Lease.Milliseconds()
-		if changes {
-			s.settleAll(r, ms)
-		}
-		return true
+		return func() { a.drv.Closed(r) }
+	}, func() { a.drv.Closed(r) })
+}
+
+func (a *lagent) Rejected(reason, peer, rule string, err error) {}
+
+func (a *lagent) Reclaimed(r *driver.Rule, rec ledger.Record) {}
+
+// pollRegistry reads the registry every RegistryPoll (backing off after
+// failures) and feeds a changed revision to the driver, as the agent does.
+func (a *lagent) pollRegistry() {
+	s := a.s
+	if a.polling || s.env.Now()-a.lastPoll < s.poll*time.Duration(1<<min(a.pollFails, 4)) {
+		return
 	}
-	k, ok := s.keyIdx[w.Key]
-	if !ok {
-		return false
-	}
-	if x := st.recs[k]; x != nil && !x.ver.Less(w.Version) {
-		return true
-	}
-	s.bucket(r, k, ms)
-	st.recs[k] = &lrec{units: w.Units, ver: w.Version, release: w.Release}
-	s.bucket(r, k, ms)
-	return true
+	a.polling, a.lastPoll = true, s.env.Now()
+	a.registry(func() func() {
+		recs := map[string]driver.RuleRecords{ruleID: {Revision: s.rev, Records: s.reg.Records()}}
+		return func() {
+			a.polling, a.pollFails = false, 0
+			a.drv.Records(recs)
+		}
+	}, func() {
+		a.polling = false
+		a.pollFails++
+	})
 }
 
 func (s *Ledger) Admit(region, key int, cost int64) bool {
 	r := s.rs[region]
-	if r.st == nil {
+	if r.store == nil {
 		return false
 	}
-	ms := s.env.StoreMs(region)
-	ok := s.bucket(r, key, ms).Take(ms, cost)
-	if r.led != nil {
-		u := r.used[key]
+	b := s.buckets[key]
+	g := *b.Global
+	g.Floor = s.floor[region]
+	b.Global = &g
+	ok, _, err := r.store.Check(s.env.StoreMs(region), cost, []redisstore.Bucket{b})
+	if err != nil {
+		return false
+	}
+	if a := r.ag; a != nil {
+		u := a.used[key]
 		if u == nil {
 			u = new([2]int64)
-			r.used[key] = u
+			a.used[key] = u
 		}
 		if ok {
 			u[0] += cost
@@ -469,22 +428,23 @@ func (s *Ledger) Admit(region, key int, cost int64) bool {
 // Share returns the fraction of the limit region's store enforces for key.
 func (s *Ledger) Share(region, key int) float64 {
 	r := s.rs[region]
-	if r.st == nil {
+	if r.store == nil {
 		return 0
 	}
-	return float64(s.enforced(r, key, s.env.StoreMs(region))) / float64(s.cfg.Units)
+	g := redisstore.Global{Rule: ruleID, Units: s.cfg.Units, Floor: s.floor[region]}
+	return float64(r.store.Enforced(s.env.StoreMs(region), s.env.Keys()[key].Name, g)) / float64(s.cfg.Units)
 }
 
 // ActiveKeys counts the keys coordinated (active) in at least one region.
 func (s *Ledger) ActiveKeys() int {
-	seen := map[int]bool{}
-	keys := s.env.Keys()
+	seen := map[string]bool{}
 	for _, r := range s.rs {
-		if r.led == nil {
+		if r.ag == nil || r.ag.rule.Led == nil {
 			continue
 		}
-		for _, k := range r.fedL {
-			if !seen[k] && r.led.Position(keys[k].Name).Active {
+		led := r.ag.rule.Led
+		for _, k := range led.Keys() {
+			if !seen[k] && led.Position(k).Active {
 				seen[k] = true
 			}
 		}
@@ -494,45 +454,16 @@ func (s *Ledger) ActiveKeys() int {
 
 func (s *Ledger) RegionLost(region int) {
 	r := s.rs[region]
-	s.stopAgent(r)
-	r.st = nil
+	r.ag = nil
+	r.store = nil
 }
 
 func (s *Ledger) RegionBack(region int) {
 	r := s.rs[region]
-	r.st = s.newStore(r)
+	s.newStore(r)
 	s.startAgent(r)
 }
 
-func (s *Ledger) AgentDown(region int) { s.stopAgent(s.rs[region]) }
+func (s *Ledger) AgentDown(region int) { s.rs[region].ag = nil }
 
 func (s *Ledger) AgentUp(region int) { s.startAgent(s.rs[region]) }
-
-// ReportSize estimates the bytes of a report in a compact binary encoding:
-// a version byte; strings as a uvarint length and the bytes; integers as
-// (zigzag for signed) uvarints; a region named by its index in the rule's
-// region list (one byte); per key its name, demand, position and the Gave and
-// Applied counters (region byte, incarnation and units).
-func ReportSize(rep *ledger.Report) int {
-	n := 1 + str(rep.From) + uv(rep.Inc) + uv(rep.Seq) + sv(rep.Base) + uv(uint64(len(rep.Acks)))
-	for _, a := range rep.Acks {
-		n += 1 + uv(a.Inc) + uv(a.Seq) + 1
-	}
-	n += uv(uint64(len(rep.Keys)))
-	for _, k := range rep.Keys {
-		n += str(k.Key) + sv(k.Demand) + sv(k.Position) + uv(uint64(len(k.Gave))) + uv(uint64(len(k.Applied)))
-		for _, c := range k.Gave {
-			n += 1 + uv(c.Inc) + sv(c.Units)
-		}
-		for _, c := range k.Applied {
-			n += 1 + uv(c.Inc) + sv(c.Units)
-		}
-	}
-	return n
-}
-
-func uv(x uint64) int { return bincode.UvarintLen(x) }
-
-func sv(x int64) int { return uv(uint64(x<<1) ^ uint64(x>>63)) }
-
-func str(s string) int { return bincode.StringLen(s) }

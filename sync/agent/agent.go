@@ -12,6 +12,7 @@ import (
 	"github.com/apportion/apportion/internal/logsample"
 	"github.com/apportion/apportion/regional/usage"
 	"github.com/apportion/apportion/rules"
+	"github.com/apportion/apportion/sync/driver"
 	"github.com/apportion/apportion/sync/ledger"
 	"github.com/apportion/apportion/sync/wire"
 	"github.com/nats-io/nats.go"
@@ -79,6 +80,8 @@ type Agent struct {
 	ready  atomic.Bool
 
 	// Loop state: owned by the loop goroutine.
+	ctx        context.Context // the loop's, set by Start
+	drv        *driver.Driver
 	rules      map[string]*ruleState
 	runID      string
 	peers      map[string]time.Time // peer region -> last accepted report
@@ -94,21 +97,17 @@ type bucketID struct{ rule, key string }
 
 type usageCounts struct{ admitted, rejected int64 }
 
-// ruleState is the loop goroutine's state of one coordinated rule.
+// ruleState is the loop goroutine's state of one coordinated rule: the
+// driver's (its ID and ledger, Led) and the agent's.
 type ruleState struct {
-	id           string
-	rule         rules.Rule
-	spec         Spec // in force for led (from the registry)
-	led          *ledger.Ledger
-	floor        int64
-	starting     bool
-	retryAt      time.Time
-	backoff      time.Duration
-	contributing bool
-	closing      bool
-	fedRev       int64
-	written      map[string]int64     // last units written per key (gift metric)
-	fresh        map[string]freshness // peer region -> newest report accepted (verify.go)
+	*driver.Rule
+	rule     rules.Rule
+	spec     Spec // in force for Led (from the registry)
+	floor    int64
+	starting bool
+	retryAt  time.Time
+	backoff  time.Duration
+	written  map[string]int64 // last units written per key (gift metric)
 }
 
 // New returns an agent. It does nothing until Start. store is the region's
@@ -140,6 +139,7 @@ func New(cfg Config, store Store, nc *nats.Conn, reg Registry, src rules.Source)
 		peers:     map[string]time.Time{},
 		reclaimed: map[string]bool{},
 	}
+	a.drv = driver.New(cfg.Region, ports{a})
 	a.m = newMetrics(cfg.Region, cfg.Metrics, a)
 	return a, nil
 }
@@ -171,7 +171,7 @@ func (a *Agent) Start() error {
 	}
 	a.start = time.Now()
 	ctx, cancel := context.WithCancel(context.Background())
-	a.cancel = cancel
+	a.cancel, a.ctx = cancel, ctx
 	a.wg.Add(2)
 	go a.runRules(ctx)
 	go a.loop(ctx)

@@ -30,8 +30,9 @@
 //     bucket key) as the ledger key and the rule's refill_per_second (a
 //     window's limit / window).
 //   - Refusals: the store refuses a window record below what the key has
-//     used of its window and answers the fewest units it can take; the agent
-//     passes that to Ledger.Hold before the batch's confirmations.
+//     used of its window and answers the fewest units it can take; the
+//     agent's store port returns it with the confirmations (driver.Applied)
+//     and the driver passes it to Ledger.Hold before them.
 //   - Reports: one message per tick on "ratelimit.report.<region>" carrying the
 //     report of every ledger that has one (sync/wire; split by EncodeSplit
 //     when larger than the connection's max payload); the agent subscribes
@@ -66,9 +67,14 @@
 //
 // # Time and goroutines
 //
+// The order of the ledgers' calls and outputs (collect, flush, confirmations,
+// publish, registry feeding, fencing) is sync/driver's: the agent runs one
+// driver.Driver and implements its ports (ports.go) with Redis, NATS and
+// etcd; the simulator runs the same driver on a virtual clock.
+//
 // The ledgers' clock is time.Since(agent start): monotonic, never the wall
-// clock. The ledgers and all per-rule state belong to one goroutine (the
-// loop): it runs ticks, merges received reports, and runs the closures that
+// clock. The driver, the ledgers and all per-rule state belong to one
+// goroutine (the loop): it runs ticks, merges received reports, and runs the closures that
 // registry calls (on goroutines the agent owns, bounded by EtcdTimeout) post
 // back. Store writes of one tick run in parallel across rules and are awaited
 // before the confirmations go back to the ledgers. The loop never waits on

@@ -3,19 +3,22 @@ package agent
 import (
 	"sort"
 
+	"github.com/apportion/apportion/sync/driver"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Reasons of apportion_sync_reports_rejected_total.
+// Reasons of apportion_sync_reports_rejected_total (the driver's, see
+// sync/driver, and the agent's own).
 const (
-	ReasonMalformed   = "malformed"          // does not decode, or its sender is not its subject's region
-	ReasonUnknownRule = "unknown_rule"       // a rule this region does not coordinate
-	ReasonUnknownReg  = "unknown_region"     // sender or a named region not in the rule
-	ReasonStale       = "stale_incarnation"  // an older incarnation than the one paired with
-	ReasonFrozen      = "frozen_incarnation" // an incarnation frozen for reclaim
-	ReasonBackwards   = "backwards"          // a cumulative counter went down
-	ReasonOverflow    = "overflow"           // the agent's input queue was full
-	ReasonOther       = "other"
+	ReasonMalformed   = driver.ReasonMalformed
+	ReasonUnknownRule = driver.ReasonUnknownRule
+	ReasonUnknownReg  = driver.ReasonUnknownReg
+	ReasonStale       = driver.ReasonStale
+	ReasonFrozen      = driver.ReasonFrozen
+	ReasonBackwards   = driver.ReasonBackwards
+	ReasonOverflow    = "overflow" // the agent's input queue was full
+	ReasonOther       = driver.ReasonOther
 )
 
 type metrics struct {

@@ -1,15 +1,11 @@
 package agent
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"time"
 
 	"github.com/apportion/apportion/regional/usage"
-	"github.com/apportion/apportion/sync/ledger"
-	"github.com/apportion/apportion/sync/wire"
 	"github.com/nats-io/nats.go"
 )
 
@@ -59,56 +55,4 @@ func (a *Agent) reject(reason, peer, rule string, err error) {
 		who = "?"
 	}
 	a.logs.Log(slog.LevelWarn, "reject/"+reason+"/"+who, "report dropped", logKeyReason, reason, logKeyPeer, peer, logKeyRule, rule, logKeyErr, err)
-}
-
-func rejectReason(err error) string {
-	switch {
-	case errors.Is(err, ledger.ErrUnknownRegion):
-		return ReasonUnknownReg
-	case errors.Is(err, ledger.ErrMalformed):
-		return ReasonMalformed
-	case errors.Is(err, ledger.ErrStaleIncarnation):
-		return ReasonStale
-	case errors.Is(err, ledger.ErrFrozenIncarnation):
-		return ReasonFrozen
-	case errors.Is(err, ledger.ErrBackwards):
-		return ReasonBackwards
-	case errors.Is(err, ledger.ErrImplausible):
-		return ReasonImplausible
-	}
-	return ReasonOther
-}
-
-// receive merges a peer's message into the ledgers.
-func (a *Agent) receive(ctx context.Context, m wire.Message) {
-	now := a.now()
-	b := &batch{}
-	accepted := false
-	for _, rr := range m.Rules {
-		st := a.rules[rr.Rule]
-		if st == nil {
-			a.reject(ReasonUnknownRule, m.From, rr.Rule, errors.New("rule not coordinated here"))
-			continue
-		}
-		if st.led == nil {
-			continue // starting: the peer repeats itself
-		}
-		if err := st.fresh[m.From].check(rr.Report); err != nil {
-			a.reject(ReasonReplayed, m.From, rr.Rule, err)
-			continue
-		}
-		out, err := st.led.Receive(now, rr.Report)
-		if err != nil && !errors.Is(err, ledger.ErrFenced) {
-			a.reject(rejectReason(err), m.From, rr.Rule, err)
-		}
-		if err == nil {
-			accepted = true
-			st.fresh[m.From] = st.fresh[m.From].accepted(rr.Report)
-		}
-		a.collect(ctx, b, st, out)
-	}
-	if accepted {
-		a.peers[m.From] = time.Now()
-	}
-	a.flush(ctx, b)
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/sync/driver"
 	"github.com/apportion/apportion/sync/ledger"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -96,10 +97,7 @@ type Registry interface {
 }
 
 // RuleRecords is one rule's registry as Records sees it.
-type RuleRecords struct {
-	Revision int64
-	Records  []ledger.Record
-}
+type RuleRecords = driver.RuleRecords
 
 // registryDoc is the JSON document of one rule's registry.
 type registryDoc struct {

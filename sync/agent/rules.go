@@ -3,12 +3,11 @@ package agent
 import (
 	"context"
 	"log/slog"
-	"math"
 	"time"
 
-	"github.com/apportion/apportion/allocation"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
+	"github.com/apportion/apportion/sync/driver"
 	"github.com/apportion/apportion/sync/ledger"
 )
 
@@ -69,36 +68,25 @@ func wholeLimit(r rules.Rule) int64 {
 }
 
 // windowWait is how much longer than a token bucket's a survivor waits
-// before it reclaims a silent region's share of a window rule: one window
-// on the silent region's store clock, W(1+rho)/(1-rho) on the survivor's.
-// The silent store falls to its floor when its lease lapses, but what it
-// admitted in that window stays admitted; its units may be used elsewhere
-// only once that window is over (docs/design.md, "Global windows").
+// before it reclaims a silent region's share of a window rule
+// (driver.WindowWait; docs/design.md, "Global windows").
 func windowWait(r rules.Rule, rho float64) time.Duration {
 	if r.Algorithm == rules.TokenBucket {
 		return 0
 	}
-	return time.Duration(math.Ceil(float64(r.Window) * (1 + rho) / (1 - rho)))
+	return driver.WindowWait(time.Duration(r.Window), rho)
 }
 
-// shareRecord is the store write of a ledger write w of st's rule (not the
-// marker): the record with the rule's global limit, and a TTL for Release
-// records of the time the bucket needs to forget its use (a token bucket:
-// to refill from empty; a window: two windows), plus a second.
-func shareRecord(st *ruleState, w ledger.Write) redisstore.ShareRecord {
-	rec := redisstore.ShareRecord{Key: w.Key, Inc: w.Version.Inc, Seq: w.Version.Seq, Units: w.Units,
-		Release: w.Release, Total: st.spec.Units, Floor: st.floor}
-	var ttl time.Duration
+// storeRule is what the store needs of st's rule (driver.StoreWrites): a
+// token bucket's capacity and refill, or a window's limit and window.
+func storeRule(st *ruleState) driver.StoreRule {
+	p := driver.StoreRule{Total: st.spec.Units, Floor: st.floor}
 	if r := st.rule; r.Algorithm == rules.TokenBucket {
-		rec.Capacity = r.Capacity * 1000
-		rec.Rate = allocation.Thousandths(r.RefillPerSecond)
-		ttl = time.Duration(float64(rec.Capacity) / float64(rec.Rate) * float64(time.Second))
+		p.Capacity, p.Rate = r.Capacity*1000, r.RefillPerSecond
 	} else {
-		rec.Algorithm, rec.Limit, rec.Window = r.Algorithm, r.Limit, time.Duration(r.Window)
-		ttl = 2 * rec.Window
+		p.Algorithm, p.Limit, p.Window = r.Algorithm, r.Limit, time.Duration(r.Window)
 	}
-	rec.TTL = min(ttl+time.Second, 365*24*time.Hour)
-	return rec
+	return p
 }
 
 func (a *Agent) specOf(r rules.Rule) Spec {
@@ -116,14 +104,15 @@ func (a *Agent) setRules(rs []rules.Rule) {
 		if _, ok := want[id]; !ok {
 			a.log.Info("rule no longer coordinated here; dropping its ledger", logKeyRule, id)
 			delete(a.rules, id)
+			a.drv.Remove(id)
 		}
 	}
 	for id, r := range want {
 		st := a.rules[id]
 		if st == nil {
-			st = &ruleState{id: id, written: map[string]int64{}, fresh: map[string]freshness{}}
+			st = &ruleState{Rule: a.drv.Add(id), written: map[string]int64{}}
 			a.rules[id] = st
-		} else if st.led != nil && !a.specOf(r).equal(st.spec) {
+		} else if st.Led != nil && !a.specOf(r).equal(st.spec) {
 			a.logs.Log(slog.LevelWarn, "spec/"+id, "rule's regions, weights or min_share changed; coordination keeps the spec it started with (use a new rule id to change it)", logKeyRule, id)
 		}
 		st.rule = r
@@ -135,11 +124,11 @@ func (a *Agent) setRules(rs []rules.Rule) {
 
 // maybeStart asks the registry for a new incarnation of st's rule.
 func (a *Agent) maybeStart(ctx context.Context, st *ruleState) {
-	if st.led != nil || st.starting || a.runID == "" || time.Now().Before(st.retryAt) {
+	if st.Led != nil || st.starting || a.runID == "" || time.Now().Before(st.retryAt) {
 		return
 	}
 	st.starting = true
-	id, spec := st.id, a.specOf(st.rule)
+	id, spec := st.ID, a.specOf(st.rule)
 	a.goOwned(func() {
 		cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
 		start, used, err := a.reg.Start(cctx, id, spec, a.cfg.Region)
@@ -151,12 +140,12 @@ func (a *Agent) maybeStart(ctx context.Context, st *ruleState) {
 func (a *Agent) failStart(st *ruleState, err error) {
 	st.backoff = min(max(2*st.backoff, 200*time.Millisecond), maxBackoff)
 	st.retryAt = time.Now().Add(st.backoff)
-	a.logs.Log(slog.LevelError, "start/"+st.id, "cannot start an incarnation; retrying", logKeyRule, st.id, logKeyErr, err, "retry_in", st.backoff)
+	a.logs.Log(slog.LevelError, "start/"+st.ID, "cannot start an incarnation; retrying", logKeyRule, st.ID, logKeyErr, err, "retry_in", st.backoff)
 }
 
 func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, spec Spec, err error) {
 	st.starting = false
-	if a.rules[st.id] != st {
+	if a.rules[st.ID] != st {
 		return // the rule went away meanwhile
 	}
 	if err != nil {
@@ -178,21 +167,11 @@ func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, 
 			st.floor = floors[i]
 		}
 	}
-	st.led, st.spec, st.backoff, st.fedRev = led, spec, 0, 0
+	a.drv.Started(st.Rule, led)
+	st.spec, st.backoff = spec, 0
 	clear(st.written)
-	a.log.Info("ledger started", logKeyRule, st.id, logKeyInc, start.Inc)
+	a.log.Info("ledger started", logKeyRule, st.ID, logKeyInc, start.Inc)
 	a.publishSnapshot()
-}
-
-// fence drops a fenced ledger and starts a new incarnation.
-func (a *Agent) fence(ctx context.Context, st *ruleState) {
-	if st.led == nil {
-		return
-	}
-	a.log.Warn("ledger fenced; starting a new incarnation", logKeyRule, st.id, logKeyInc, st.led.Incarnation().Inc)
-	st.led = nil
-	a.fencedSeen = true
-	a.maybeStart(ctx, st)
 }
 
 // windowStore is a Store that answers how far it could lower a global
@@ -203,26 +182,12 @@ type windowStore interface {
 
 // writeShares writes recs of rule: a window rule's records through
 // WriteWindowShares where the store has it, so refusals come with their
-// answer; any other through WriteShares.
+// answer (the driver holds them, Ledger.Hold); any other through
+// WriteShares.
 func (a *Agent) writeShares(ctx context.Context, rule string, recs []redisstore.ShareRecord) ([]redisstore.WindowApplied, error) {
 	if ws, ok := a.store.(windowStore); ok && recs[0].Algorithm != "" && recs[0].Algorithm != rules.TokenBucket {
 		return ws.WriteWindowShares(ctx, rule, recs)
 	}
 	vs, err := a.store.WriteShares(ctx, rule, recs)
-	out := make([]redisstore.WindowApplied, len(vs))
-	for i, v := range vs {
-		out[i].Version = v
-	}
-	return out, err
-}
-
-// holdRefused tells st's ledger of every record the store refused as below
-// what its window key has used (Ledger.Hold): before the confirmations, so
-// a confirmation never publishes a gift the store could not make.
-func holdRefused(st *ruleState, now time.Duration, res []applied) {
-	for _, ap := range res {
-		if ap.need > 0 {
-			st.led.Hold(now, ap.key, ap.need, ap.until)
-		}
-	}
+	return driver.Versions(vs), err
 }

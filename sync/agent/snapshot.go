@@ -50,16 +50,16 @@ func (a *Agent) publishSnapshot() {
 	incs := make(map[string]uint64, len(a.rules))
 	active, fenced := 0, 0
 	for id, st := range a.rules {
-		if st.led == nil {
+		if st.Led == nil {
 			fenced++
 			incs[id] = 0
 			snap[id] = nil
 			continue
 		}
-		incs[id] = st.led.Incarnation().Inc
+		incs[id] = st.Led.Incarnation().Inc
 		var ks []KeyShare
-		for _, k := range st.led.Keys() {
-			p := st.led.Position(k)
+		for _, k := range st.Led.Keys() {
+			p := st.Led.Position(k)
 			ks = append(ks, KeyShare{Rule: id, Key: k, Units: p.Units, Demand: p.Demand, Active: p.Active})
 			if p.Active {
 				active++

@@ -4,47 +4,39 @@ import (
 	"context"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/sync/driver"
 	"github.com/apportion/apportion/sync/ledger"
 )
 
-type applied struct {
-	key   string
-	v     ledger.Version
-	need  int64         // a refused window record: the fewest units the key can take (Ledger.Hold)
-	until time.Duration // and for how long
-}
-
 // applyWrites runs every rule's writes on the store, rules in parallel.
-func (a *Agent) applyWrites(ctx context.Context, writes map[*ruleState][]ledger.Write) map[*ruleState][]applied {
+func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledger.Write) map[*driver.Rule]driver.Applied {
 	type job struct {
 		st      *ruleState
 		recs    []redisstore.ShareRecord
 		markers []redisstore.Marker
 	}
 	var jobs []job
-	for st, ws := range writes {
-		if st.led == nil {
+	for r, ws := range writes {
+		st := a.state(r)
+		if st == nil {
 			continue
 		}
-		j := job{st: st}
 		for _, w := range ws {
 			if w.Key == ledger.MarkerKey {
-				j.markers = append(j.markers, redisstore.Marker{Inc: w.Version.Inc, Seq: w.Version.Seq, Units: w.Units,
-					Lease: w.Lease.Truncate(time.Millisecond), Create: w.Create, RunID: w.RunID})
 				continue
 			}
 			if prev, ok := st.written[w.Key]; ok && w.Units < prev && !w.Release {
 				a.m.gifts.Inc()
 			}
 			st.written[w.Key] = w.Units
-			j.recs = append(j.recs, shareRecord(st, w))
 		}
+		j := job{st: st}
+		j.recs, j.markers = driver.StoreWrites(ws, storeRule(st))
 		jobs = append(jobs, j)
 	}
-	out := make(map[*ruleState][]applied, len(jobs))
+	out := make(map[*driver.Rule]driver.Applied, len(jobs))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, writeWorkers)
@@ -53,34 +45,32 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*ruleState][]ledger.
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			var res []applied
+			var vs []redisstore.WindowApplied
+			var mvs []redisstore.Version
 			if len(j.recs) > 0 {
 				cctx, cancel := context.WithTimeout(ctx, max(a.cfg.StoreTimeout, a.cfg.Interval))
-				vs, err := a.writeShares(cctx, j.st.id, j.recs)
+				var err error
+				vs, err = a.writeShares(cctx, j.st.ID, j.recs)
 				cancel()
 				if err != nil {
 					a.m.storeErrors.Inc()
-					a.logs.Log(slog.LevelWarn, "write-shares", "share writes failed; the ledger retries them", logKeyRule, j.st.id, logKeyErr, err)
-				}
-				for i, v := range vs {
-					if i < len(j.recs) {
-						res = append(res, applied{j.recs[i].Key, ledger.Version{Inc: v.Version.Inc, Seq: v.Version.Seq}, v.Need, v.Until})
-					}
+					a.logs.Log(slog.LevelWarn, "write-shares", "share writes failed; the ledger retries them", logKeyRule, j.st.ID, logKeyErr, err)
 				}
 			}
 			for _, m := range j.markers {
 				cctx, cancel := context.WithTimeout(ctx, a.cfg.StoreTimeout)
-				v, err := a.store.WriteMarker(cctx, j.st.id, m)
+				v, err := a.store.WriteMarker(cctx, j.st.ID, m)
 				cancel()
 				if err != nil {
 					a.m.storeErrors.Inc()
-					a.logs.Log(slog.LevelWarn, "write-marker", "marker write failed", logKeyRule, j.st.id, logKeyErr, err)
+					a.logs.Log(slog.LevelWarn, "write-marker", "marker write failed", logKeyRule, j.st.ID, logKeyErr, err)
 					continue
 				}
-				res = append(res, applied{key: ledger.MarkerKey, v: ledger.Version{Inc: v.Inc, Seq: v.Seq}})
+				mvs = append(mvs, v)
 			}
+			res := driver.Confirmations(j.recs, vs, mvs)
 			mu.Lock()
-			out[j.st] = res
+			out[j.st.Rule] = res
 			mu.Unlock()
 		}()
 	}

@@ -1,0 +1,140 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/apportion/apportion/sync/driver"
+	"github.com/apportion/apportion/sync/ledger"
+	"github.com/apportion/apportion/sync/wire"
+)
+
+// ports are the driver's ports in production: Redis (store.go), NATS and
+// etcd, the registry calls on goroutines the agent owns whose results come
+// back to the loop goroutine (post).
+type ports struct{ a *Agent }
+
+var _ driver.Ports = ports{}
+
+func (p ports) Now() time.Duration { return p.a.now() }
+
+// state returns the agent's state of r, or nil if r is no longer its rule.
+func (a *Agent) state(r *driver.Rule) *ruleState {
+	if st := a.rules[r.ID]; st != nil && st.Rule == r {
+		return st
+	}
+	return nil
+}
+
+func (p ports) Write(writes map[*driver.Rule][]ledger.Write) map[*driver.Rule]driver.Applied {
+	return p.a.applyWrites(p.a.ctx, writes)
+}
+
+func (p ports) Publish(m wire.Message) {
+	a := p.a
+	parts, err := wire.EncodeSplit(m, int(a.nc.MaxPayload())-wire.Overhead)
+	if err != nil {
+		a.logs.Log(slog.LevelError, "encode", "cannot encode reports", logKeyErr, err)
+		return
+	}
+	for _, part := range parts {
+		if a.cfg.Signer != nil {
+			part = a.cfg.Signer.Seal(part)
+		}
+		if err := a.nc.Publish(ReportSubject(a.cfg.Region), part); err != nil {
+			a.logs.Log(slog.LevelWarn, "publish", "report publish failed (the ledger tolerates loss)", logKeyErr, err)
+			continue
+		}
+		a.m.reports.WithLabelValues("sent").Inc()
+		a.m.bytes.WithLabelValues("sent").Add(float64(len(part)))
+	}
+}
+
+// Contribute submits a frozen incarnation's contributions to the registry
+// (the driver keeps one batch per rule in flight; the ledger re-emits
+// pending ones).
+func (p ports) Contribute(r *driver.Rule, cs []ledger.Contribution) {
+	a, ctx, id := p.a, p.a.ctx, r.ID
+	a.goOwned(func() {
+		var recs []ledger.Record
+		for _, c := range cs {
+			cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
+			rec, err := a.reg.Contribute(cctx, id, c)
+			cancel()
+			if err != nil {
+				a.logs.Log(slog.LevelWarn, "contribute/"+id, "reclaim contribution failed; it is retried", logKeyRule, id, logKeyErr, err)
+				continue
+			}
+			recs = append(recs, rec)
+		}
+		a.post(ctx, func(context.Context) { a.drv.Contributed(r, recs) })
+	})
+}
+
+// Close records in the registry that this incarnation's marker is confirmed
+// (the ledger repeats the request until it sees it recorded).
+func (p ports) Close(r *driver.Rule, by ledger.Incarnation) {
+	a, ctx, id := p.a, p.a.ctx, r.ID
+	a.goOwned(func() {
+		cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
+		err := a.reg.Close(cctx, id, by)
+		cancel()
+		if err != nil {
+			a.logs.Log(slog.LevelWarn, "close/"+id, "recording the end of earlier incarnations failed; it is retried", logKeyRule, id, logKeyErr, err)
+		}
+		a.post(ctx, func(context.Context) { a.drv.Closed(r) })
+	})
+}
+
+func (p ports) Start(r *driver.Rule) {
+	if st := p.a.state(r); st != nil {
+		p.a.maybeStart(p.a.ctx, st)
+	}
+}
+
+// Fenced starts a new incarnation of a fenced rule.
+func (p ports) Fenced(r *driver.Rule, inc ledger.Incarnation) {
+	a := p.a
+	a.log.Warn("ledger fenced; starting a new incarnation", logKeyRule, r.ID, logKeyInc, inc.Inc)
+	a.fencedSeen = true
+	if st := a.state(r); st != nil {
+		a.maybeStart(a.ctx, st)
+	}
+}
+
+func (p ports) Rejected(reason, peer, rule string, err error) { p.a.reject(reason, peer, rule, err) }
+
+func (p ports) Reclaimed(r *driver.Rule, rec ledger.Record) {
+	a := p.a
+	k := r.ID + "/" + rec.Of.Region + "/" + fmt.Sprint(rec.Of.Inc)
+	if !a.reclaimed[k] {
+		a.reclaimed[k] = true
+		a.m.reclaims.Inc()
+		a.log.Info("reclaim recorded", logKeyRule, r.ID, "of", fmt.Sprintf("%s/%d", rec.Of.Region, rec.Of.Inc))
+	}
+}
+
+// pollRegistry reads every rule's registry and feeds changed ones to the ledgers.
+func (a *Agent) pollRegistry(ctx context.Context) {
+	if a.polling || time.Since(a.lastPoll) < a.cfg.RegistryPoll*time.Duration(1<<min(a.pollFails, 4)) {
+		return
+	}
+	a.polling, a.lastPoll = true, time.Now()
+	a.goOwned(func() {
+		cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
+		recs, err := a.reg.Records(cctx)
+		cancel()
+		a.post(ctx, func(context.Context) {
+			a.polling = false
+			if err != nil {
+				a.pollFails++
+				a.logs.Log(slog.LevelWarn, "registry-poll", "reading the reclaim registry failed", logKeyErr, err)
+				return
+			}
+			a.pollFails = 0
+			a.drv.Records(recs)
+		})
+	})
+}

@@ -1,0 +1,382 @@
+// Package driver is the sync agent's ordering logic without I/O: one region's
+// ledgers (one per coordinated rule) and the order in which their outputs
+// reach the store, the network and the reclaim registry. Production
+// (sync/agent: Redis, NATS, etcd) and the simulator (simulations/strategy:
+// the Go reference model of the store, a virtual WAN, a virtual registry) run
+// the same Driver and differ only in their Ports.
+//
+// The sequence, for every call that feeds a ledger (Tick, Receive,
+// Confirmed, Contributed, Records, StoreReset):
+//
+//  1. collect: each ledger Output is split into its parts. Store writes and
+//     reports wait in the pending batch; contributions go to
+//     Ports.Contribute and a close request to Ports.Close (at most one of
+//     each in flight per rule: the ledger repeats them until recorded); a
+//     fenced ledger is dropped and Ports.Fenced starts a new incarnation.
+//  2. flush: the batch's writes go to Ports.Write. What it returns (a store
+//     that answers synchronously) is fed back per rule: first every window
+//     record the store refused as below its key's use (Ledger.Hold), then
+//     the confirmations (ledger.SharesApplied, one call per rule), so a
+//     confirmation never publishes a gift the store refused; their outputs
+//     are collected again, until no write is left. A store that answers
+//     later calls Confirmed. Then every report of the batch leaves in one
+//     message (Ports.Publish).
+//
+// Tick feeds the enforcers' usage of the interval (every key with usage: a
+// key is coordinated from its first usage), ticks every ledger in rule order
+// and asks Ports.Start for an incarnation of every rule without a ledger.
+//
+// A Driver is not safe for concurrent use: it belongs to one goroutine (the
+// agent's loop), and ports hand results back on it. Time comes from
+// Ports.Now, read where the agent reads its clock.
+package driver
+
+import (
+	"errors"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/apportion/apportion/sync/ledger"
+	"github.com/apportion/apportion/sync/wire"
+)
+
+// Production defaults of the agent's own settings (the ledger's are in
+// ledger.DefaultConfig). sync/agent.DefaultConfig and the simulator's
+// scenario defaults both use them.
+const (
+	DefaultInterval     = 100 * time.Millisecond
+	DefaultRegistryPoll = 500 * time.Millisecond
+	DefaultEtcdTimeout  = 5 * time.Second
+)
+
+// Reasons a peer's rule report is dropped (Ports.Rejected).
+const (
+	ReasonMalformed   = "malformed"          // does not decode, or its sender is not its subject's region
+	ReasonUnknownRule = "unknown_rule"       // a rule this region does not coordinate
+	ReasonUnknownReg  = "unknown_region"     // sender or a named region not in the rule
+	ReasonStale       = "stale_incarnation"  // an older incarnation than the one paired with
+	ReasonFrozen      = "frozen_incarnation" // an incarnation frozen for reclaim
+	ReasonBackwards   = "backwards"          // a cumulative counter went down
+	ReasonReplayed    = "replayed"           // older than (or a repeat of) a report already accepted
+	ReasonImplausible = "implausible"        // counters its sender could not hold (ledger.ErrImplausible)
+	ReasonOther       = "other"
+)
+
+// Ports are the driver's I/O. Every method is called on the driver's
+// goroutine and must not call back into the Driver before returning
+// (results come back later through Confirmed, Contributed, Closed, Started,
+// Records).
+type Ports interface {
+	// Now is the region's agent clock: monotonic, since the agent started.
+	Now() time.Duration
+	// Write applies the store writes of one flush, per rule. It returns the
+	// answers it already has: per rule, the version the store holds for
+	// each key written (or the marker, ledger.MarkerKey) and the window
+	// records it refused (Applied). A store that answers later returns nil
+	// and calls Confirmed.
+	Write(writes map[*Rule][]ledger.Write) map[*Rule]Applied
+	// Publish sends one message with the batch's reports to every peer.
+	Publish(m wire.Message)
+	// Contribute adds a frozen incarnation's contributions to r's registry
+	// and then calls Contributed with the records it got (none on failure).
+	Contribute(r *Rule, cs []ledger.Contribution)
+	// Close records in r's registry that by's marker is confirmed, then
+	// calls Closed (whatever the outcome: the ledger asks again).
+	Close(r *Rule, by ledger.Incarnation)
+	// Start obtains an incarnation for r, which has no ledger, and calls
+	// Started with its ledger; it decides when to try (backoff, a store
+	// run id to start with) and ignores calls while one is in flight.
+	Start(r *Rule)
+	// Fenced tells that r's ledger (incarnation inc) was fenced and
+	// dropped; the port usually calls Start.
+	Fenced(r *Rule, inc ledger.Incarnation)
+	// Rejected tells that peer's report of rule was dropped, with a Reason.
+	Rejected(reason, peer, rule string, err error)
+	// Reclaimed tells that a completed reclaim record names r's incarnation
+	// among its recipients (called each time such a record is fed).
+	Reclaimed(r *Rule, rec ledger.Record)
+}
+
+// Rule is one coordinated rule as the driver holds it.
+type Rule struct {
+	ID string
+	// Led is the rule's ledger; nil while an incarnation is being started
+	// (or after fencing).
+	Led *ledger.Ledger
+
+	contributing bool
+	closing      bool
+	fedRev       int64
+	fresh        map[string]freshness // peer region -> newest report accepted
+}
+
+// RuleRecords is one rule's reclaim registry as a poll reads it.
+type RuleRecords struct {
+	Revision int64 // changes whenever the rule's registry does
+	Records  []ledger.Record
+}
+
+// Usage is the usage of one key in one interval.
+type Usage struct {
+	Rule, Key          string
+	Rate               float64 // the rule's rate per second: a token bucket's refill, a window's limit per window
+	Admitted, Rejected int64
+}
+
+// Driver sequences one region's ledgers. See the package doc.
+type Driver struct {
+	region string
+	p      Ports
+	rules  map[string]*Rule
+
+	writes  map[*Rule][]ledger.Write
+	reports []wire.RuleReport
+}
+
+// New returns a driver for region with no rules.
+func New(region string, p Ports) *Driver {
+	return &Driver{region: region, p: p, rules: map[string]*Rule{}}
+}
+
+// Add returns the rule with id, adding it (without a ledger) if absent.
+func (d *Driver) Add(id string) *Rule {
+	if r := d.rules[id]; r != nil {
+		return r
+	}
+	r := &Rule{ID: id, fresh: map[string]freshness{}}
+	d.rules[id] = r
+	return r
+}
+
+// Remove drops rule id and its ledger; late results for it are ignored.
+func (d *Driver) Remove(id string) { delete(d.rules, id) }
+
+// Rule returns rule id, or nil.
+func (d *Driver) Rule(id string) *Rule { return d.rules[id] }
+
+// IDs returns the rules' ids in order.
+func (d *Driver) IDs() []string { return slices.Sorted(maps.Keys(d.rules)) }
+
+// current reports whether r is still the driver's rule of its id.
+func (d *Driver) current(r *Rule) bool { return r != nil && d.rules[r.ID] == r }
+
+// Started installs led as r's ledger (the answer to Ports.Start). It
+// returns false if r is no longer the driver's.
+func (d *Driver) Started(r *Rule, led *ledger.Ledger) bool {
+	if !d.current(r) {
+		return false
+	}
+	r.Led, r.fedRev = led, 0
+	return true
+}
+
+// Tick runs one interval at now: usage, every ledger's Tick, a flush.
+// Usage of a rule without a ledger is dropped.
+func (d *Driver) Tick(usage []Usage) {
+	now := d.p.Now()
+	for _, u := range usage {
+		if r := d.rules[u.Rule]; r != nil && r.Led != nil {
+			r.Led.Usage(now, u.Key, u.Rate, u.Admitted, u.Rejected)
+		}
+	}
+	for _, id := range d.IDs() {
+		r := d.rules[id]
+		if r.Led == nil {
+			d.p.Start(r)
+			continue
+		}
+		d.collect(r, r.Led.Tick(now))
+	}
+	d.Flush()
+}
+
+// StoreReset tells every ledger that the store now has run id runID (it
+// restarted empty). The writes wait for the next flush (Tick calls one).
+func (d *Driver) StoreReset(runID string) {
+	now := d.p.Now()
+	for _, id := range d.IDs() {
+		if r := d.rules[id]; r.Led != nil {
+			d.collect(r, r.Led.StoreReset(now, runID))
+		}
+	}
+}
+
+// Receive merges a peer's message into the ledgers and flushes. It
+// reports whether any rule report of it was accepted.
+func (d *Driver) Receive(m wire.Message) bool {
+	now := d.p.Now()
+	accepted := false
+	for _, rr := range m.Rules {
+		r := d.rules[rr.Rule]
+		if r == nil {
+			d.p.Rejected(ReasonUnknownRule, m.From, rr.Rule, errors.New("rule not coordinated here"))
+			continue
+		}
+		if r.Led == nil {
+			continue // starting: the peer repeats itself
+		}
+		if err := r.fresh[m.From].check(rr.Report); err != nil {
+			d.p.Rejected(ReasonReplayed, m.From, rr.Rule, err)
+			continue
+		}
+		out, err := r.Led.Receive(now, rr.Report)
+		if err != nil && !errors.Is(err, ledger.ErrFenced) {
+			d.p.Rejected(RejectReason(err), m.From, rr.Rule, err)
+		}
+		if err == nil {
+			accepted = true
+			r.fresh[m.From] = r.fresh[m.From].accepted(rr.Report)
+		}
+		d.collect(r, out)
+	}
+	d.Flush()
+	return accepted
+}
+
+// Confirmed feeds a store's answer that arrived after Ports.Write returned
+// and flushes. Confirmations of an earlier incarnation are ignored by the
+// ledger.
+func (d *Driver) Confirmed(r *Rule, ap Applied) {
+	if !d.current(r) || r.Led == nil {
+		return
+	}
+	d.applied(r, d.p.Now(), ap)
+	d.Flush()
+}
+
+// applied feeds r's ledger the store's answer: the refusals (Ledger.Hold)
+// before the confirmations, so that a confirmation never publishes a gift
+// the store refused; one SharesApplied call for the whole answer (one
+// report, not one per confirmed key).
+func (d *Driver) applied(r *Rule, now time.Duration, ap Applied) {
+	for _, f := range ap.Refused {
+		r.Led.Hold(now, f.Key, f.Need, f.Until)
+	}
+	if len(ap.Confirmations) > 0 {
+		d.collect(r, r.Led.SharesApplied(now, ap.Confirmations))
+	}
+}
+
+// Contributed ends r's Ports.Contribute call with the records it got,
+// feeds them and flushes.
+func (d *Driver) Contributed(r *Rule, recs []ledger.Record) {
+	r.contributing = false
+	if !d.current(r) {
+		return
+	}
+	for _, rec := range recs {
+		d.recorded(r, rec)
+	}
+	d.Flush()
+}
+
+// Closed ends r's Ports.Close call.
+func (d *Driver) Closed(r *Rule) { r.closing = false }
+
+// Records feeds a registry poll: the records of every rule whose revision
+// changed since it was last fed. Then it flushes.
+func (d *Driver) Records(recs map[string]RuleRecords) {
+	for _, id := range slices.Sorted(maps.Keys(recs)) {
+		r := d.rules[id]
+		rr := recs[id]
+		if r == nil || r.Led == nil || rr.Revision == r.fedRev {
+			continue
+		}
+		r.fedRev = rr.Revision
+		for _, rec := range rr.Records {
+			d.recorded(r, rec)
+		}
+	}
+	d.Flush()
+}
+
+func (d *Driver) recorded(r *Rule, rec ledger.Record) {
+	if r.Led == nil {
+		return
+	}
+	if rec.Complete && slices.Contains(rec.Recipients, r.Led.Incarnation()) {
+		d.p.Reclaimed(r, rec)
+	}
+	d.collect(r, r.Led.ReclaimRecorded(d.p.Now(), rec))
+}
+
+// collect queues out's writes and report and hands its registry requests
+// and fencing to the ports.
+func (d *Driver) collect(r *Rule, out ledger.Output) {
+	if r.Led == nil {
+		return
+	}
+	if len(out.Writes) > 0 {
+		if d.writes == nil {
+			d.writes = map[*Rule][]ledger.Write{}
+		}
+		d.writes[r] = append(d.writes[r], out.Writes...)
+	}
+	if out.Report != nil {
+		d.reports = append(d.reports, wire.RuleReport{Rule: r.ID, Report: *out.Report})
+	}
+	if len(out.Contributions) > 0 && !r.contributing {
+		r.contributing = true
+		d.p.Contribute(r, slices.Clone(out.Contributions))
+	}
+	if out.Close != (ledger.Incarnation{}) && !r.closing {
+		r.closing = true
+		d.p.Close(r, out.Close)
+	}
+	if out.Fenced {
+		inc := r.Led.Incarnation()
+		r.Led = nil
+		d.p.Fenced(r, inc)
+	}
+}
+
+// Flush applies the pending writes, feeds back the store's answers
+// (refusals, then confirmations), and publishes the pending reports in one message.
+func (d *Driver) Flush() {
+	for len(d.writes) > 0 {
+		writes := d.writes
+		d.writes = nil
+		for r := range writes {
+			if r.Led == nil {
+				delete(writes, r)
+			}
+		}
+		if len(writes) == 0 {
+			break
+		}
+		res := d.p.Write(writes)
+		now := d.p.Now()
+		for _, r := range slices.SortedFunc(maps.Keys(res), func(x, y *Rule) int { return strings.Compare(x.ID, y.ID) }) {
+			if r.Led == nil {
+				continue
+			}
+			d.applied(r, now, res[r])
+		}
+	}
+	if len(d.reports) > 0 {
+		rs := d.reports
+		d.reports = nil
+		d.p.Publish(wire.Message{From: d.region, Rules: rs})
+	}
+}
+
+// RejectReason maps a ledger.Receive error to its Reason.
+func RejectReason(err error) string {
+	switch {
+	case errors.Is(err, ledger.ErrUnknownRegion):
+		return ReasonUnknownReg
+	case errors.Is(err, ledger.ErrMalformed):
+		return ReasonMalformed
+	case errors.Is(err, ledger.ErrStaleIncarnation):
+		return ReasonStale
+	case errors.Is(err, ledger.ErrFrozenIncarnation):
+		return ReasonFrozen
+	case errors.Is(err, ledger.ErrBackwards):
+		return ReasonBackwards
+	case errors.Is(err, ledger.ErrImplausible):
+		return ReasonImplausible
+	}
+	return ReasonOther
+}

@@ -1,0 +1,270 @@
+package driver
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/sync/ledger"
+	"github.com/apportion/apportion/sync/wire"
+)
+
+// fakePorts records every port call; sync confirms writes in Write.
+type fakePorts struct {
+	t        *testing.T
+	now      time.Duration
+	sync     bool
+	writes   []map[string][]ledger.Write
+	msgs     []wire.Message
+	contribs int
+	starts   []string
+	fenced   []ledger.Incarnation
+	rejected []string
+	// refuse: a write of the key below units is refused as a window store
+	// does (Need units, Until holdFor); its confirmation still comes.
+	refuse  map[string]int64
+	holdFor time.Duration
+}
+
+func (f *fakePorts) Now() time.Duration { return f.now }
+
+func (f *fakePorts) Write(ws map[*Rule][]ledger.Write) map[*Rule]Applied {
+	rec := map[string][]ledger.Write{}
+	out := map[*Rule]Applied{}
+	for r, w := range ws {
+		rec[r.ID] = w
+		ap := out[r]
+		for _, x := range w {
+			ap.Confirmations = append(ap.Confirmations, ledger.Confirmation{Key: x.Key, Version: x.Version})
+			if need, ok := f.refuse[x.Key]; ok && x.Units < need {
+				ap.Refused = append(ap.Refused, Refusal{Key: x.Key, Need: need, Until: f.holdFor})
+			}
+		}
+		out[r] = ap
+	}
+	f.writes = append(f.writes, rec)
+	if !f.sync {
+		return nil
+	}
+	return out
+}
+
+func (f *fakePorts) Publish(m wire.Message)                       { f.msgs = append(f.msgs, m) }
+func (f *fakePorts) Contribute(r *Rule, cs []ledger.Contribution) { f.contribs++ }
+func (f *fakePorts) Close(r *Rule, by ledger.Incarnation)         {}
+func (f *fakePorts) Start(r *Rule)                                { f.starts = append(f.starts, r.ID) }
+func (f *fakePorts) Fenced(r *Rule, inc ledger.Incarnation)       { f.fenced = append(f.fenced, inc) }
+func (f *fakePorts) Rejected(reason, peer, rule string, err error) {
+	f.rejected = append(f.rejected, reason)
+}
+func (f *fakePorts) Reclaimed(r *Rule, rec ledger.Record) {}
+
+func newLedger(t *testing.T, self string, reg *ledger.Registry, cfg ledger.Config, specs []ledger.RegionSpec, now time.Duration) *ledger.Ledger {
+	t.Helper()
+	st, err := reg.Start(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.RunID = "run1"
+	led, err := ledger.New(cfg, self, specs, st, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return led
+}
+
+func setup(t *testing.T, sync bool) (*Driver, *fakePorts, *Rule, *ledger.Ledger) {
+	cfg := ledger.DefaultConfig()
+	specs := []ledger.RegionSpec{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}
+	reg, err := ledger.NewRegistry(cfg, specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &fakePorts{t: t, sync: sync}
+	d := New("a", p)
+	r := d.Add("r1")
+	if d.Add("r1") != r {
+		t.Fatal("Add of a present rule made a new one")
+	}
+	d.Tick(nil)
+	if len(p.starts) != 1 || p.starts[0] != "r1" {
+		t.Fatalf("a rule without a ledger: starts %v, want [r1]", p.starts)
+	}
+	led := newLedger(t, "a", reg, cfg, specs, 0)
+	if !d.Started(r, led) {
+		t.Fatal("Started refused the current rule")
+	}
+	return d, p, r, led
+}
+
+// TestFlushSynchronous: the first tick writes the marker; a store that
+// confirms in Write gets the confirmations fed back in the same flush, and
+// the tick's reports leave in one message from the region.
+func TestFlushSynchronous(t *testing.T) {
+	d, p, r, _ := setup(t, true)
+	p.now = 100 * time.Millisecond
+	d.Tick([]Usage{{Rule: "r1", Key: "k", Rate: 10, Admitted: 5}, {Rule: "nope", Key: "k", Rate: 10, Admitted: 5}})
+	if len(p.writes) == 0 || len(p.writes[0]["r1"]) == 0 {
+		t.Fatalf("no store writes after the first tick: %v", p.writes)
+	}
+	for i := 2; len(p.msgs) == 0 && i < 10; i++ {
+		p.now = time.Duration(i) * 100 * time.Millisecond
+		d.Tick(nil)
+	}
+	if len(p.msgs) != 1 || p.msgs[0].From != "a" || len(p.msgs[0].Rules) == 0 || p.msgs[0].Rules[0].Rule != "r1" {
+		t.Fatalf("published %+v, want one message from a with r1's report", p.msgs)
+	}
+	if !r.Led.Position("k").Active {
+		t.Error("a key with usage is not coordinated")
+	}
+}
+
+// TestConfirmedLater: a store that confirms later gets nothing fed back
+// from Write; Confirmed feeds and flushes; confirmations for a removed rule
+// are ignored.
+func TestConfirmedLater(t *testing.T) {
+	d, p, r, _ := setup(t, false)
+	p.now = 100 * time.Millisecond
+	d.Tick([]Usage{{Rule: "r1", Key: "k", Rate: 10, Admitted: 5}})
+	if len(p.writes) != 1 {
+		t.Fatalf("%d write batches, want 1 (no confirmation, no second round)", len(p.writes))
+	}
+	var cs Applied
+	for _, w := range p.writes[0]["r1"] {
+		cs.Confirmations = append(cs.Confirmations, ledger.Confirmation{Key: w.Key, Version: w.Version})
+	}
+	p.now = 110 * time.Millisecond
+	d.Confirmed(r, cs)
+	d.Remove("r1")
+	n := len(p.writes) + len(p.msgs)
+	d.Confirmed(r, cs)
+	d.Contributed(r, []ledger.Record{{}})
+	d.Records(map[string]RuleRecords{"r1": {Revision: 9}})
+	if len(p.writes)+len(p.msgs) != n {
+		t.Error("a removed rule's late results reached the ports")
+	}
+	if d.Started(r, r.Led) {
+		t.Error("Started accepted a removed rule")
+	}
+}
+
+// TestReceiveRejects: unknown rules and replayed reports are rejected with
+// their reasons before the ledger sees them; an accepted report says so.
+func TestReceiveRejects(t *testing.T) {
+	d, p, _, _ := setup(t, true)
+	cfg := ledger.DefaultConfig()
+	specs := []ledger.RegionSpec{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}
+	reg, _ := ledger.NewRegistry(cfg, specs)
+	reg.Start("a")
+	peer := newLedger(t, "b", reg, cfg, specs, 0)
+	var out ledger.Output
+	for i := 1; out.Report == nil && i < 10; i++ {
+		out = peer.Tick(time.Duration(i) * 100 * time.Millisecond)
+		for _, w := range out.Writes {
+			if o := peer.ShareApplied(time.Duration(i)*100*time.Millisecond, w.Key, w.Version); o.Report != nil {
+				out = o
+			}
+		}
+	}
+	if out.Report == nil {
+		t.Fatal("peer made no report")
+	}
+	m := wire.Message{From: "b", Rules: []wire.RuleReport{{Rule: "r1", Report: *out.Report}, {Rule: "other", Report: *out.Report}}}
+	if !d.Receive(m) {
+		t.Errorf("a peer's first report was not accepted (rejected %v)", p.rejected)
+	}
+	if d.Receive(m) {
+		t.Error("a replayed report was accepted")
+	}
+	want := []string{ReasonUnknownRule, ReasonReplayed, ReasonUnknownRule}
+	if len(p.rejected) != len(want) {
+		t.Fatalf("rejected %v, want %v", p.rejected, want)
+	}
+	for i := range want {
+		if p.rejected[i] != want[i] {
+			t.Fatalf("rejected %v, want %v", p.rejected, want)
+		}
+	}
+}
+
+func TestRejectReason(t *testing.T) {
+	for err, want := range map[error]string{
+		ledger.ErrUnknownRegion: ReasonUnknownReg, ledger.ErrBackwards: ReasonBackwards,
+		ledger.ErrImplausible: ReasonImplausible, errors.New("x"): ReasonOther,
+	} {
+		if got := RejectReason(err); got != want {
+			t.Errorf("RejectReason(%v) = %s, want %s", err, got, want)
+		}
+	}
+}
+
+// TestHoldBeforeConfirmations: a window store refuses every lowering of k
+// below its base (the key has used that much of its window). The driver
+// hands the refusal to Ledger.Hold before it feeds the flush's
+// confirmations, so the confirmation of the refused write (which this fake
+// store even confirms at the new version) never lowers a's position below
+// the hold.
+func TestHoldBeforeConfirmations(t *testing.T) {
+	d, p, r, led := setup(t, true)
+	cfg := ledger.DefaultConfig()
+	specs := []ledger.RegionSpec{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}
+	reg, err := ledger.NewRegistry(cfg, specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Start("a"); err != nil {
+		t.Fatal(err)
+	}
+	peer := newLedger(t, "b", reg, cfg, specs, 0)
+	need := led.Base()
+	p.refuse, p.holdFor = map[string]int64{"k": need}, time.Minute
+	var toA []wire.RuleReport
+	out := func(now time.Duration, o ledger.Output) {
+		for o.Report != nil || len(o.Writes) > 0 {
+			if o.Report != nil {
+				toA = append(toA, wire.RuleReport{Rule: "r1", Report: *o.Report})
+			}
+			var cs []ledger.Confirmation
+			for _, w := range o.Writes {
+				cs = append(cs, ledger.Confirmation{Key: w.Key, Version: w.Version})
+			}
+			if len(cs) == 0 {
+				break
+			}
+			o = peer.SharesApplied(now, cs)
+		}
+	}
+	refusals := 0
+	for i := 1; i <= 300; i++ {
+		now := time.Duration(i) * cfg.Interval
+		p.now = now
+		for _, m := range p.msgs {
+			for _, rr := range m.Rules {
+				o, _ := peer.Receive(now, rr.Report)
+				out(now, o)
+			}
+		}
+		p.msgs = nil
+		if len(toA) > 0 {
+			d.Receive(wire.Message{From: "b", Rules: toA})
+			toA = nil
+		}
+		peer.Usage(now, "k", 10, 1, 4) // b's demand: 50/s of a 10/s limit
+		out(now, peer.Tick(now))
+		p.writes = nil
+		d.Tick([]Usage{{Rule: "r1", Key: "k", Rate: 10, Admitted: 1}})
+		for _, b := range p.writes {
+			for _, w := range b["r1"] {
+				if w.Key == "k" && w.Units < need {
+					refusals++
+				}
+			}
+		}
+		if u := r.Led.Position("k").Units; u < need {
+			t.Fatalf("tick %d: a's position %d is below the hold %d: a refused gift was confirmed", i, u, need)
+		}
+	}
+	if refusals == 0 {
+		t.Fatal("a never tried to lower k: the refusal went untested")
+	}
+}
