@@ -183,7 +183,7 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 		answers = make([]redisstore.Answer, len(calls))
 	}
 	budget := redisstore.Budget{Queue: e.cfg.QueueTimeout, RoundTrip: e.cfg.Timeout}
-	_, berr := e.breaker.Execute(func() (struct{}, error) {
+	call := func() (struct{}, error) {
 		e.store.Do(ctx, budget, calls, answers)
 		if ctx.Err() != nil {
 			return struct{}{}, ctx.Err()
@@ -194,7 +194,13 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 			e.lastTimeout.Store(kind == "timeout")
 		}
 		return struct{}{}, err
-	})
+	}
+	var berr error
+	if e.heardAgain() {
+		_, berr = call() // past the breaker, which counts nothing
+	} else {
+		_, berr = e.breaker.Execute(call)
+	}
 	rejected := errors.Is(berr, gobreaker.ErrOpenState) || errors.Is(berr, gobreaker.ErrTooManyRequests)
 	if berr == nil {
 		e.firstFailure.Store(0)
@@ -239,6 +245,22 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 		}
 	}
 	e.callStore(ctx, ps, again, false)
+}
+
+// heardAgain reports a breaker opened by a stall that is over: it opened
+// because Redis went silent (timeouts), and Redis has answered since, within
+// the last round-trip budget. The breaker is there for a store that has
+// failed; a Redis that paused (a busy host, a slow fork) and answers again
+// has not, and its checks go to it while the breaker waits out its open
+// time (then its probes close it). A Redis that stays silent, or that
+// answers only with errors, keeps every check on the failure policy.
+func (e *Enforcer) heardAgain() bool {
+	trip := e.stallTrip.Load()
+	if trip == 0 || e.breaker.State() != gobreaker.StateOpen {
+		return false
+	}
+	heard := e.store.Load().Answered
+	return heard.UnixNano() > trip && time.Since(heard) < e.cfg.Timeout
 }
 
 func decision(r Response) string {

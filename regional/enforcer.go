@@ -31,6 +31,9 @@ type Enforcer struct {
 	// last success (0: none), for the breaker.
 	firstFailure atomic.Int64
 	lastTimeout  atomic.Bool // the latest store failure was a timeout
+	// stallTrip is the unix ns when the breaker last opened on timeouts
+	// (Redis silent), 0 when it is not open for that reason (see heardAgain).
+	stallTrip atomic.Int64
 }
 
 // New returns an Enforcer that evaluates rules against store. Call SetRules
@@ -83,6 +86,11 @@ func New(cfg Config, store Store) (*Enforcer, error) {
 		IsExcluded: func(err error) bool { return err != nil && !isStoreFailure(classify(err)) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			log.Warn("store circuit breaker changed state", "from", from.String(), "to", to.String())
+			if to == gobreaker.StateOpen && e.lastTimeout.Load() {
+				e.stallTrip.Store(time.Now().UnixNano())
+			} else {
+				e.stallTrip.Store(0)
+			}
 			if e.metrics != nil {
 				e.metrics.setBreaker(to)
 			}
