@@ -61,7 +61,8 @@ func TestBreakerClosesAfterTheStoreReturns(t *testing.T) {
 // A breaker opened by a stall (timeouts: Redis silent) stops sending checks
 // to the failure policy as soon as Redis is heard answering again, though it
 // stays open for its full time: a Redis that paused has not failed. While
-// Redis stays silent, or answers only errors, the failure policy answers.
+// Redis stays silent, or after a check past the breaker failed until Redis
+// is heard again, the failure policy answers.
 func TestStallBreakerLetsChecksThroughOnceRedisAnswers(t *testing.T) {
 	st := &fakeStore{}
 	cfg := DefaultConfig()
@@ -86,18 +87,21 @@ func TestStallBreakerLetsChecksThroughOnceRedisAnswers(t *testing.T) {
 		check()
 		return enf.BreakerState() == "open"
 	})
-	// Open, Redis heard last before the trip: the failure policy answers
-	// without asking the store.
-	st.set(nil, redisstore.Load{Answered: time.Now().Add(-time.Second)})
-	before := st.calls.Load()
-	if resp := check(); !resp.FailOpen {
-		t.Fatalf("breaker open, Redis silent: %+v, want the failure policy", resp)
+	// Open, Redis heard last before the trip: the failure policy answers,
+	// and at most one check per timeout goes to look.
+	st.set(fmt.Errorf("%w: no answer from Redis for 60ms", redisstore.ErrTimeout), redisstore.Load{Answered: time.Now().Add(-time.Second)})
+	before, t0 := st.calls.Load(), time.Now()
+	for i := range 200 {
+		if resp := check(); !resp.FailOpen {
+			t.Fatalf("check %d, breaker open, Redis silent: %+v, want the failure policy", i, resp)
+		}
 	}
-	if st.calls.Load() != before {
-		t.Fatal("the store was called through an open breaker while Redis was silent")
+	if n, most := st.calls.Load()-before, int64(time.Since(t0)/cfg.Timeout)+1; n > most {
+		t.Fatalf("%d store calls in %v past an open breaker while Redis was silent, want at most one per %v (%d)", n, time.Since(t0), cfg.Timeout, most)
 	}
 	// Redis answers again: checks get the store's answers, the breaker
 	// stays open.
+	st.set(nil, redisstore.Load{})
 	st.heard.Store(true)
 	for i := range 20 {
 		if resp := check(); resp.FailOpen || !resp.Allowed || resp.Remaining != 9 {
@@ -107,10 +111,20 @@ func TestStallBreakerLetsChecksThroughOnceRedisAnswers(t *testing.T) {
 	if got := enf.BreakerState(); got != "open" {
 		t.Fatalf("breaker %s, want still open (it waits its time and probes)", got)
 	}
-	// Heard, but every answer an error: the failure policy again.
-	st.set(redisReply("LOADING Redis is loading the dataset in memory"), redisstore.Load{})
+	// A check past the breaker times out (Redis stalled again): the next
+	// ones wait for a newer answer, on the failure policy meanwhile.
+	st.heard.Store(false)
+	st.set(fmt.Errorf("%w: no answer from Redis for 60ms", redisstore.ErrTimeout), redisstore.Load{Answered: time.Now()})
 	if resp := check(); !resp.FailOpen {
-		t.Fatalf("Redis answering errors: %+v, want the failure policy", resp)
+		t.Fatalf("check past the breaker, Redis stalled again: %+v, want the failure policy", resp)
+	}
+	if resp := check(); !resp.FailOpen {
+		t.Fatalf("after a failed check past the breaker: %+v, want the failure policy", resp)
+	}
+	st.set(nil, redisstore.Load{})
+	st.heard.Store(true)
+	if resp := check(); resp.FailOpen {
+		t.Fatalf("Redis answering again: %+v, want the store's answer", resp)
 	}
 }
 

@@ -195,13 +195,18 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 		}
 		return struct{}{}, err
 	}
-	var berr error
-	if e.heardAgain() {
-		_, berr = call() // past the breaker, which counts nothing
-	} else {
-		_, berr = e.breaker.Execute(call)
-	}
+	_, berr := e.breaker.Execute(call)
 	rejected := errors.Is(berr, gobreaker.ErrOpenState) || errors.Is(berr, gobreaker.ErrTooManyRequests)
+	if rejected && e.heardAgain() {
+		// Past the breaker, which counts nothing. Failing, it needs a
+		// newer answer from Redis to be tried again.
+		if _, berr = call(); isStoreFailure(classify(berr)) {
+			if since := e.stallSince.Load(); since != 0 {
+				e.stallSince.CompareAndSwap(since, time.Now().UnixNano())
+			}
+		}
+		rejected = false
+	}
 	if berr == nil {
 		e.firstFailure.Store(0)
 	}
@@ -247,20 +252,28 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 	e.callStore(ctx, ps, again, false)
 }
 
-// heardAgain reports a breaker opened by a stall that is over: it opened
-// because Redis went silent (timeouts), and Redis has answered since, within
-// the last round-trip budget. The breaker is there for a store that has
+// heardAgain reports, for a check the breaker refused (open, or half-open
+// with its probes taken), a breaker opened by a stall that may be over: it
+// opened because Redis went silent (timeouts), and Redis has answered since
+// the first of those timeouts (the replies of the pipelines it held arrive
+// when it resumes, often before the breaker has even opened), or no check
+// has gone to look for one --timeout (then this one goes: one check per
+// --timeout, each bounded by it). The breaker is there for a store that has
 // failed; a Redis that paused (a busy host, a slow fork) and answers again
 // has not, and its checks go to it while the breaker waits out its open
-// time (then its probes close it). A Redis that stays silent, or that
-// answers only with errors, keeps every check on the failure policy.
+// time (then its probes close it). A check that fails past the breaker makes
+// the next ones wait for a newer answer, so a Redis that stays silent, or a
+// breaker opened by errors, keeps the checks on the failure policy.
 func (e *Enforcer) heardAgain() bool {
-	trip := e.stallTrip.Load()
-	if trip == 0 || e.breaker.State() != gobreaker.StateOpen {
+	since := e.stallSince.Load()
+	if since == 0 {
 		return false
 	}
-	heard := e.store.Load().Answered
-	return heard.UnixNano() > trip && time.Since(heard) < e.cfg.Timeout
+	if e.store.Load().Answered.UnixNano() > since {
+		return true
+	}
+	now, last := time.Now().UnixNano(), e.stallProbe.Load()
+	return now-last >= int64(e.cfg.Timeout) && e.stallProbe.CompareAndSwap(last, now)
 }
 
 func decision(r Response) string {
