@@ -132,6 +132,17 @@ run_pair 16 "$BATCH"
 echo
 echo "ratios (same run, same machine):"
 printf '  %s\n' "${summary[@]}"
+if [ "$ROUNDS" -gt 1 ]; then
+	echo
+	echo "medians over $ROUNDS rounds (fail_open: the sum):"
+	printf '%s\n' "${summary[@]}" | awk '
+		function med(s,   a, n, i, j, t) { n = split(s, a, " "); for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+			return n % 2 ? a[(n+1)/2] : sprintf("%.2f", (a[n/2] + a[n/2+1]) / 2) }
+		{ k = $1 " " $2; if (!(k in seen)) { seen[k] = 1; keys[++nk] = k }
+		  calls[k] = calls[k] " " $5; p99[k] = p99[k] " " $7; rb[k] = rb[k] " " $9; sub(/,/, "", $10); split($10, f, "="); fo[k] += f[2]; cpu[k] = cpu[k] " " $NF }
+		END { for (i = 1; i <= nk; i++) { k = keys[i]; gsub(/,/, "", calls[k]); gsub(/[x,]/, "", p99[k]); gsub(/,/, "", rb[k])
+			printf "  %s enforcer/no-op calls %s, p99 %sx, decisions/redis-benchmark %s, fail_open=%d, CPU per call enforcer+Redis/no-op %s\n", k, med(calls[k]), med(p99[k]), med(rb[k]), fo[k], med(cpu[k]) } }'
+fi
 if [ -s "$work/rl.err" ]; then
 	echo
 	echo "ratelimitd said (last lines):"
