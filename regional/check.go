@@ -198,11 +198,12 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 	_, berr := e.breaker.Execute(call)
 	rejected := errors.Is(berr, gobreaker.ErrOpenState) || errors.Is(berr, gobreaker.ErrTooManyRequests)
 	if rejected && e.heardAgain() {
-		// Past the breaker, which counts nothing. Failing, it needs a
-		// newer answer from Redis to be tried again.
+		// Past the breaker, which counts nothing. Failing, the next
+		// checks need an answer from Redis heard after this one was sent.
+		sent := time.Now().UnixNano()
 		if _, berr = call(); isStoreFailure(classify(berr)) {
-			if since := e.stallSince.Load(); since != 0 {
-				e.stallSince.CompareAndSwap(since, time.Now().UnixNano())
+			if since := e.stallSince.Load(); since != 0 && since < sent {
+				e.stallSince.CompareAndSwap(since, sent)
 			}
 		}
 		rejected = false
@@ -262,8 +263,10 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 // failed; a Redis that paused (a busy host, a slow fork) and answers again
 // has not, and its checks go to it while the breaker waits out its open
 // time (then its probes close it). A check that fails past the breaker makes
-// the next ones wait for a newer answer, so a Redis that stays silent, or a
-// breaker opened by errors, keeps the checks on the failure policy.
+// the next ones wait for an answer heard after it was sent, so a Redis that
+// stays silent, or a breaker opened by errors, keeps the checks on the
+// failure policy; a Redis that answers, late, gets them, each bounded by
+// its budget, as with a closed breaker.
 func (e *Enforcer) heardAgain() bool {
 	since := e.stallSince.Load()
 	if since == 0 {
