@@ -89,19 +89,30 @@ TCK=$(getconf CLK_TCK)
 
 # load NAME ADDR CALLERS BATCH PID...: one rlload run; sets calls, decisions,
 # p99, failopen, cpucall (µs of CPU per call of the server processes PID...:
-# the enforcer and Redis, or the no-op) and perread (script calls per read
+# the enforcer and Redis, or the no-op; each one's part too) and perread (script calls per read
 # event of Redis: how many checks shared a round trip).
 load() {
 	local out name=$1 addr=$2 callers=$3 batch=$4 c0 r0 e0 requests
 	shift 4
+	local -a c0s=()
+	for p in "$@"; do c0s+=("$(cpu "$p")"); done
 	c0=$(cpu "$@"); r0=$(redis_stat total_reads_processed); e0=$(redis_stat evalsha)
 	out=$("$RLLOAD" --addr "$addr" --concurrency "$callers" --duration "$DURATION" --keys "$KEYS" --batch "$batch")
 	calls=$(field throughput "$out"); decisions=$(field decisions "$out"); p99=$(us "$(field p99 "$out")")
 	failopen=$(field fail_open "$out"); errors=$(field errors "$out"); requests=$(field requests "$out")
 	cpucall=$(awk -v t=$(($(cpu "$@") - c0)) -v n="$requests" -v hz="$TCK" 'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / hz / n; else print "n/a" }')
+	cpuparts="" # each process's share when there are several (the enforcer, Redis)
+	if [ $# -gt 1 ]; then
+		local i=0
+		for p in "$@"; do
+			cpuparts+=$(awk -v t=$(($(cpu "$p") - c0s[i])) -v n="$requests" -v hz="$TCK" 'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / hz / n }')
+			i=$((i + 1)); [ $i -lt $# ] && cpuparts+="+"
+		done
+		cpuparts=" ($cpuparts)"
+	fi
 	perread=$(awk -v e=$(($(redis_stat evalsha) - e0)) -v r=$(($(redis_stat total_reads_processed) - r0)) 'BEGIN { if (r > 0 && e > 0) printf "%.1f", e / r; else print "-" }')
-	printf '%-9s callers=%-4s batch=%-3s calls/s=%-8s decisions/s=%-9s p99=%sus fail_open=%s errors=%s cpu/call=%sus scripts/read=%s\n' \
-		"$name" "$callers" "$batch" "$calls" "$decisions" "$p99" "$failopen" "$errors" "$cpucall" "$perread"
+	printf '%-9s callers=%-4s batch=%-3s calls/s=%-8s decisions/s=%-9s p99=%sus fail_open=%s errors=%s cpu/call=%sus%s scripts/read=%s\n' \
+		"$name" "$callers" "$batch" "$calls" "$decisions" "$p99" "$failopen" "$errors" "$cpucall" "$cpuparts" "$perread"
 }
 
 # The Redis ceiling: the same script, pipelined (-P 16), 64 connections;
