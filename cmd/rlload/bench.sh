@@ -39,15 +39,24 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A free port for redis-server (it cannot take port 0 and report it).
-for _ in $(seq 20); do
-	port=$((20000 + RANDOM % 20000))
-	if ! (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then break; fi
+# A free port for redis-server (it cannot take port 0 and report it); a
+# port taken meanwhile by another process makes it exit: try another.
+for _ in $(seq 5); do
+	for _ in $(seq 20); do
+		port=$((20000 + RANDOM % 20000))
+		if ! (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then break; fi
+	done
+	redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" --daemonize no --loglevel warning >"$work/redis.log" 2>&1 &
+	redis_pid=$!
+	for _ in $(seq 200); do
+		redis-cli -p "$port" ping >/dev/null 2>&1 && break 2
+		kill -0 "$redis_pid" 2>/dev/null || break
+		sleep 0.05
+	done
+	kill "$redis_pid" 2>/dev/null || true
 done
-redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" --daemonize no --loglevel warning >"$work/redis.log" 2>&1 &
-pids+=($!)
-redis_pid=$!
-for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+pids+=("$redis_pid")
+redis-cli -p "$port" ping >/dev/null || { echo "redis-server did not start:" >&2; cat "$work/redis.log" >&2; exit 1; }
 
 cat >"$work/rules.json" <<EOF
 [{"id":"bench","match":{"resource":"GET /bench"},"algorithm":"token_bucket","capacity":100000000,"refill_per_second":100000000,"local_batch":$LOCAL_BATCH}]
