@@ -183,7 +183,7 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 		answers = make([]redisstore.Answer, len(calls))
 	}
 	budget := redisstore.Budget{Queue: e.cfg.QueueTimeout, RoundTrip: e.cfg.Timeout}
-	_, berr := e.breaker.Execute(func() (struct{}, error) {
+	call := func() (struct{}, error) {
 		e.store.Do(ctx, budget, calls, answers)
 		if ctx.Err() != nil {
 			return struct{}{}, ctx.Err()
@@ -194,8 +194,20 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 			e.lastTimeout.Store(kind == "timeout")
 		}
 		return struct{}{}, err
-	})
+	}
+	_, berr := e.breaker.Execute(call)
 	rejected := errors.Is(berr, gobreaker.ErrOpenState) || errors.Is(berr, gobreaker.ErrTooManyRequests)
+	if rejected && e.heardAgain() {
+		// Past the breaker, which counts nothing. Failing, the next
+		// checks need an answer from Redis heard after this one was sent.
+		sent := time.Now().UnixNano()
+		if _, berr = call(); isStoreFailure(classify(berr)) {
+			if since := e.stallSince.Load(); since != 0 && since < sent {
+				e.stallSince.CompareAndSwap(since, sent)
+			}
+		}
+		rejected = false
+	}
 	if berr == nil {
 		e.firstFailure.Store(0)
 	}
@@ -239,6 +251,32 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 		}
 	}
 	e.callStore(ctx, ps, again, false)
+}
+
+// heardAgain reports, for a check the breaker refused (open, or half-open
+// with its probes taken), a breaker opened by a stall that may be over: it
+// opened because Redis went silent (timeouts), and Redis has answered since
+// the first of those timeouts (the replies of the pipelines it held arrive
+// when it resumes, often before the breaker has even opened), or no check
+// has gone to look for one --timeout (then this one goes: one check per
+// --timeout, each bounded by it). The breaker is there for a store that has
+// failed; a Redis that paused (a busy host, a slow fork) and answers again
+// has not, and its checks go to it while the breaker waits out its open
+// time (then its probes close it). A check that fails past the breaker makes
+// the next ones wait for an answer heard after it was sent, so a Redis that
+// stays silent, or a breaker opened by errors, keeps the checks on the
+// failure policy; a Redis that answers, late, gets them, each bounded by
+// its budget, as with a closed breaker.
+func (e *Enforcer) heardAgain() bool {
+	since := e.stallSince.Load()
+	if since == 0 {
+		return false
+	}
+	if e.store.Load().Answered.UnixNano() > since {
+		return true
+	}
+	now, last := time.Now().UnixNano(), e.stallProbe.Load()
+	return now-last >= int64(e.cfg.Timeout) && e.stallProbe.CompareAndSwap(last, now)
 }
 
 func decision(r Response) string {

@@ -31,6 +31,13 @@ type Enforcer struct {
 	// last success (0: none), for the breaker.
 	firstFailure atomic.Int64
 	lastTimeout  atomic.Bool // the latest store failure was a timeout
+	// stallSince is, while the breaker is open on timeouts (Redis silent),
+	// the unix ns from which an answer from Redis shows the stall is over:
+	// the first failure of the streak that opened it, or the latest failure
+	// of a check sent past it. 0 when it is not open for that reason (see
+	// heardAgain).
+	stallSince atomic.Int64
+	stallProbe atomic.Int64 // unix ns of the latest check sent past it to look
 }
 
 // New returns an Enforcer that evaluates rules against store. Call SetRules
@@ -83,6 +90,16 @@ func New(cfg Config, store Store) (*Enforcer, error) {
 		IsExcluded: func(err error) bool { return err != nil && !isStoreFailure(classify(err)) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			log.Warn("store circuit breaker changed state", "from", from.String(), "to", to.String())
+			switch since := e.firstFailure.Load(); {
+			case to == gobreaker.StateOpen && e.lastTimeout.Load():
+				if since == 0 {
+					since = time.Now().UnixNano()
+				}
+				e.stallSince.Store(since)
+				e.stallProbe.Store(time.Now().UnixNano())
+			case to != gobreaker.StateHalfOpen: // closed, or open on errors
+				e.stallSince.Store(0)
+			}
 			if e.metrics != nil {
 				e.metrics.setBreaker(to)
 			}

@@ -108,6 +108,7 @@ type fakeStore struct {
 	err   error
 	load  redisstore.Load
 	calls atomic.Int64
+	heard atomic.Bool // Load reports Redis answering now
 }
 
 func (f *fakeStore) set(err error, load redisstore.Load) {
@@ -137,7 +138,11 @@ func (f *fakeStore) Do(ctx context.Context, _ redisstore.Budget, calls []redisst
 func (f *fakeStore) Load() redisstore.Load {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.load
+	l := f.load
+	if f.heard.Load() {
+		l.Answered = time.Now()
+	}
+	return l
 }
 
 // redisReply is an error reply from Redis (go-redis's redis.Error).

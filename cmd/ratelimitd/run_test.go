@@ -346,6 +346,10 @@ func TestFlagErrors(t *testing.T) {
 		{"unreadable TLS files", []string{"--region", "r", "--rules", "x", "--tls-cert", "/nonexistent/c.pem", "--tls-key", "/nonexistent/k.pem"}, "tls:"},
 		{"zero read timeout", []string{"--region", "r", "--rules", "x", "--http-read-timeout", "0s"}, "must be positive"},
 		{"zero admin store timeout", []string{"--region", "r", "--etcd-endpoints", "x", "--admin-store-timeout", "0s"}, "--admin-store-timeout"},
+		{"no Redis pipeline", []string{"--region", "r", "--rules", "x", "--redis-pipelines", "0"}, "--redis-pipelines"},
+		{"negative stream workers", []string{"--region", "r", "--rules", "x", "--grpc-stream-workers", "-1"}, "--grpc-stream-workers"},
+		{"negative GC percent", []string{"--region", "r", "--rules", "x", "--gc-percent", "-5"}, "--gc-percent"},
+		{"unwritable CPU profile", []string{"--region", "r", "--rules", "x", "--cpu-profile", "/nonexistent/dir/cpu.out"}, "cpu profile"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

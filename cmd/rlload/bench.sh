@@ -13,7 +13,10 @@
 # redis-benchmark with the enforcer's own check script, pipelined. Printed:
 # each run's line, then ratios: enforcer / no-op (the gRPC ceiling) in calls/s
 # and p99, and enforcer decisions/s / redis-benchmark script calls/s (the
-# Redis ceiling).
+# Redis ceiling). Each run's line also gives the CPU time the server side
+# spent per call (the enforcer and Redis together, or the no-op: a figure
+# the other load of a shared machine moves less than throughput) and the
+# script calls per Redis read (checks sharing one round trip).
 set -euo pipefail
 
 BIN=${BIN:-bin}
@@ -36,14 +39,24 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A free port for redis-server (it cannot take port 0 and report it).
-for _ in $(seq 20); do
-	port=$((20000 + RANDOM % 20000))
-	if ! (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then break; fi
+# A free port for redis-server (it cannot take port 0 and report it); a
+# port taken meanwhile by another process makes it exit: try another.
+for _ in $(seq 5); do
+	for _ in $(seq 20); do
+		port=$((20000 + RANDOM % 20000))
+		if ! (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then break; fi
+	done
+	redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" --daemonize no --loglevel warning >"$work/redis.log" 2>&1 &
+	redis_pid=$!
+	for _ in $(seq 200); do
+		redis-cli -p "$port" ping >/dev/null 2>&1 && break 2
+		kill -0 "$redis_pid" 2>/dev/null || break
+		sleep 0.05
+	done
+	kill "$redis_pid" 2>/dev/null || true
 done
-redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" --daemonize no --loglevel warning >"$work/redis.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+pids+=("$redis_pid")
+redis-cli -p "$port" ping >/dev/null || { echo "redis-server did not start:" >&2; cat "$work/redis.log" >&2; exit 1; }
 
 cat >"$work/rules.json" <<EOF
 [{"id":"bench","match":{"resource":"GET /bench"},"algorithm":"token_bucket","capacity":100000000,"refill_per_second":100000000,"local_batch":$LOCAL_BATCH}]
@@ -64,38 +77,73 @@ wait_ready() {
 "$RATELIMITD" --region bench --redis-addr "127.0.0.1:$port" --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 \
 	--rules "$work/rules.json" --log-level warn $EXTRA >"$work/rl.out" 2>"$work/rl.err" &
 pids+=($!)
+rl_pid=$!
 rl=$(wait_ready "$work/rl.out")
 "$RLLOAD" --noop-server 127.0.0.1:0 >"$work/noop.out" 2>&1 &
 pids+=($!)
+noop_pid=$!
 noop=$(wait_ready "$work/noop.out")
 
 # us DURATION: a Go duration (850µs, 1.2ms, 2s) in microseconds.
 us() { awk -v d="$1" 'BEGIN { n = d + 0; if (d ~ /µs$/) print n; else if (d ~ /ms$/) print n * 1000; else if (d ~ /ns$/) print n / 1000; else print n * 1000000 }'; }
 field() { grep -o "$1=[^ /]*" <<<"$2" | head -1 | cut -d= -f2; }
 
-# load NAME ADDR CALLERS BATCH: one rlload run; sets calls, decisions, p99, failopen.
+# cpu PID...: CPU time (user + system) of the processes so far, in clock ticks.
+cpu() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+# redis_stat NAME: a counter of INFO stats or commandstats (EVALSHA calls).
+redis_stat() {
+	redis-cli -p "$port" info all | tr -d '\r' | awk -F'[:=,]' -v k="$1" '$1 == k { v = $2 } $1 == "cmdstat_" k { v = $3 } END { print v + 0 }'
+}
+TCK=$(getconf CLK_TCK)
+
+# load NAME ADDR CALLERS BATCH PID...: one rlload run; sets calls, decisions,
+# p99, failopen, cpucall (µs of CPU per call of the server processes PID...:
+# the enforcer and Redis, or the no-op; each one's part too) and perread (script calls per read
+# event of Redis: how many checks shared a round trip).
 load() {
-	local out
-	out=$("$RLLOAD" --addr "$2" --concurrency "$3" --duration "$DURATION" --keys "$KEYS" --batch "$4")
+	local out name=$1 addr=$2 callers=$3 batch=$4 c0 r0 e0 requests
+	shift 4
+	local -a c0s=()
+	for p in "$@"; do c0s+=("$(cpu "$p")"); done
+	c0=$(cpu "$@"); r0=$(redis_stat total_reads_processed); e0=$(redis_stat evalsha)
+	out=$("$RLLOAD" --addr "$addr" --concurrency "$callers" --duration "$DURATION" --keys "$KEYS" --batch "$batch")
 	calls=$(field throughput "$out"); decisions=$(field decisions "$out"); p99=$(us "$(field p99 "$out")")
-	failopen=$(field fail_open "$out"); errors=$(field errors "$out")
-	printf '%-9s callers=%-4s batch=%-3s calls/s=%-8s decisions/s=%-9s p99=%sus fail_open=%s errors=%s\n' "$1" "$3" "$4" "$calls" "$decisions" "$p99" "$failopen" "$errors"
+	failopen=$(field fail_open "$out"); errors=$(field errors "$out"); requests=$(field requests "$out")
+	cpucall=$(awk -v t=$(($(cpu "$@") - c0)) -v n="$requests" -v hz="$TCK" 'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / hz / n; else print "n/a" }')
+	cpuparts="" # each process's share when there are several (the enforcer, Redis)
+	if [ $# -gt 1 ]; then
+		local i=0
+		for p in "$@"; do
+			cpuparts+=$(awk -v t=$(($(cpu "$p") - c0s[i])) -v n="$requests" -v hz="$TCK" 'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / hz / n }')
+			i=$((i + 1)); [ $i -lt $# ] && cpuparts+="+"
+		done
+		cpuparts=" ($cpuparts)"
+	fi
+	perread=$(awk -v e=$(($(redis_stat evalsha) - e0)) -v r=$(($(redis_stat total_reads_processed) - r0)) 'BEGIN { if (r > 0 && e > 0) printf "%.1f", e / r; else print "-" }')
+	printf '%-9s callers=%-4s batch=%-3s calls/s=%-8s decisions/s=%-9s p99=%sus fail_open=%s errors=%s cpu/call=%sus%s scripts/read=%s\n' \
+		"$name" "$callers" "$batch" "$calls" "$decisions" "$p99" "$failopen" "$errors" "$cpucall" "$cpuparts" "$perread"
 }
 
-# The Redis ceiling: the same script, pipelined (-P 16), 64 connections.
+# The Redis ceiling: the same script, pipelined (-P 16), 64 connections;
+# measured again in each round of CheckLimits, next to the run it is
+# compared with (the machine's other load moves it too).
 SHA=$(redis-cli -p "$port" SCRIPT LOAD "$("$RLLOAD" --print-script)")
-rb=$(redis-benchmark -p "$port" -c 64 -n 400000 -P 16 -r "$KEYS" -q \
-	EVALSHA "$SHA" 1 'rl:{bench:__rand_int__}:bench' 1 '' 1000 1 100000000000 100000000000 0 | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | cut -d' ' -f1)
-echo "redis-benchmark EVALSHA (same script, -c 64 -P 16): ${rb} calls/s"
+redis_ceiling() {
+	rb=$(redis-benchmark -p "$port" -c 64 -n 300000 -P 16 -r "$KEYS" -q \
+		EVALSHA "$SHA" 1 'rl:{bench:__rand_int__}:bench' 1 '' 1000 1 100000000000 100000000000 0 | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | cut -d' ' -f1)
+	echo "redis-benchmark EVALSHA (same script, -c 64 -P 16): ${rb} calls/s"
+}
+redis_ceiling
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 summary=()
 run_pair() { # CALLERS BATCH
 	local rc rd rp nc np
 	for _ in $(seq "$ROUNDS"); do
-		load enforcer "$rl" "$1" "$2"; rc=$calls; rd=$decisions; rp=$p99; fo=$failopen
-		load noop "$noop" "$1" "$2"; nc=$calls; np=$p99
-		summary+=("callers=$1 batch=$2: enforcer/no-op calls $(ratio "$rc" "$nc"), p99 $(ratio "$rp" "$np")x, decisions/redis-benchmark $(ratio "$rd" "$rb"), fail_open=$fo")
+		if [ "$2" -gt 0 ]; then redis_ceiling; fi
+		load enforcer "$rl" "$1" "$2" "$rl_pid" "$redis_pid"; rc=$calls; rd=$decisions; rp=$p99; fo=$failopen; ru=$cpucall
+		load noop "$noop" "$1" "$2" "$noop_pid"; nc=$calls; np=$p99; nu=$cpucall
+		summary+=("callers=$1 batch=$2: enforcer/no-op calls $(ratio "$rc" "$nc"), p99 $(ratio "$rp" "$np")x, decisions/redis-benchmark $(ratio "$rd" "$rb"), fail_open=$fo, CPU per call enforcer+Redis/no-op $(ratio "$ru" "$nu")")
 	done
 }
 for c in $CALLERS; do run_pair "$c" 0; done
@@ -104,6 +152,17 @@ run_pair 16 "$BATCH"
 echo
 echo "ratios (same run, same machine):"
 printf '  %s\n' "${summary[@]}"
+if [ "$ROUNDS" -gt 1 ]; then
+	echo
+	echo "medians over $ROUNDS rounds (fail_open: the sum):"
+	printf '%s\n' "${summary[@]}" | awk '
+		function med(s,   a, n, i, j, t) { n = split(s, a, " "); for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+			return n % 2 ? a[(n+1)/2] : sprintf("%.2f", (a[n/2] + a[n/2+1]) / 2) }
+		{ k = $1 " " $2; if (!(k in seen)) { seen[k] = 1; keys[++nk] = k }
+		  calls[k] = calls[k] " " $5; p99[k] = p99[k] " " $7; rb[k] = rb[k] " " $9; sub(/,/, "", $10); split($10, f, "="); fo[k] += f[2]; cpu[k] = cpu[k] " " $NF }
+		END { for (i = 1; i <= nk; i++) { k = keys[i]; gsub(/,/, "", calls[k]); gsub(/[x,]/, "", p99[k]); gsub(/,/, "", rb[k])
+			printf "  %s enforcer/no-op calls %s, p99 %sx, decisions/redis-benchmark %s, fail_open=%d, CPU per call enforcer+Redis/no-op %s\n", k, med(calls[k]), med(p99[k]), med(rb[k]), fo[k], med(cpu[k]) } }'
+fi
 if [ -s "$work/rl.err" ]; then
 	echo
 	echo "ratelimitd said (last lines):"

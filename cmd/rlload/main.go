@@ -9,9 +9,10 @@
 // Each worker sends one call at a time on a shared connection pool; keys are
 // spread uniformly over --keys client keys. The run is bounded by --duration
 // and --max-requests (calls), and it stops by itself. --noop-server serves a
-// ratelimit.v1 RateLimiter that allows every check with no work at all (default
-// gRPC server settings): driven by the same tool, it is the
-// gRPC ceiling of the machine (cmd/rlload/bench.sh prints both and ratios).
+// ratelimit.v1 RateLimiter that allows every check with no work at all (with
+// ratelimitd's gRPC stream workers and GC setting, so that both servers are
+// tuned alike): driven by the same tool, it is the gRPC ceiling of the
+// machine (cmd/rlload/bench.sh prints both and ratios).
 package main
 
 import (

@@ -7,6 +7,7 @@ import (
 	"net"
 
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
+	"github.com/apportion/apportion/regional/enforcerd"
 	"google.golang.org/grpc"
 )
 
@@ -35,7 +36,10 @@ func serveNoop(ctx context.Context, addr string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	s := grpc.NewServer()
+	// The same gRPC and runtime settings as ratelimitd's defaults: the
+	// ceiling is a server tuned alike, doing no work.
+	enforcerd.SetGCPercent(enforcerd.DefaultGCPercent)
+	s := grpc.NewServer(grpc.NumStreamWorkers(enforcerd.DefaultStreamWorkers))
 	ratelimitv1.RegisterRateLimiterServer(s, noopServer{})
 	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(l) }()

@@ -8,7 +8,7 @@ import (
 // Defaults.
 const (
 	DefaultBatchSize = 128
-	DefaultWorkers   = 4
+	DefaultWorkers   = 2
 	DefaultTTLSlack  = time.Second
 )
 
@@ -36,7 +36,11 @@ func WithBatchSize(n int) Option {
 }
 
 // WithWorkers sets the number of pipelining goroutines, each with at most one
-// pipeline in flight. Default 4 (DefaultWorkers); unit: goroutines.
+// pipeline in flight. Default 2 (DefaultWorkers); unit: goroutines. Two
+// keep Redis (one thread) busy: it runs one pipeline while the other
+// worker reads its replies and gathers the next. More workers send
+// smaller pipelines (more round trips, more system calls per check, on
+// both sides) for no more throughput.
 func WithWorkers(n int) Option {
 	return func(o *options) error {
 		if n < 1 {

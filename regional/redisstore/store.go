@@ -74,6 +74,7 @@ type Budget struct {
 type Load struct {
 	Queued    int           // calls waiting for a worker now
 	RoundTrip time.Duration // moving average of recent pipelines' round trips
+	Answered  time.Time     // when Redis was last heard answering (zero: never)
 }
 
 // call is one pending Do: its items go to Redis in one pipeline. Exactly one
@@ -206,7 +207,11 @@ func (s *Store) Pipelines() (pipelines, checks uint64) {
 
 // Load reports the calls waiting for a worker and the recent round trip.
 func (s *Store) Load() Load {
-	return Load{Queued: int(s.queued.Load()), RoundTrip: time.Duration(s.roundTrip.Load())}
+	l := Load{Queued: int(s.queued.Load()), RoundTrip: time.Duration(s.roundTrip.Load())}
+	if a := s.answered(); a != 0 {
+		l.Answered = time.Unix(0, a)
+	}
+	return l
 }
 
 func (s *Store) nowArg() (any, error) {
