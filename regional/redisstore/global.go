@@ -250,22 +250,31 @@ func (s *Store) WriteShares(ctx context.Context, rule string, recs []ShareRecord
 	if err != nil {
 		return nil, err
 	}
-	argsOf := func(r ShareRecord) []any {
-		rel := 0
-		if r.Release {
-			rel = 1
-		}
+	return writeRecords(ctx, s, s.shares, rule, recs, parseVersion, func(r ShareRecord, rel int) []any {
 		return []any{r.Inc, r.Seq, r.Units, rel, r.Capacity, r.Rate, r.Total, r.Floor, r.TTL.Milliseconds(), now, s.slackMs}
-	}
-	cmds := s.evalShas(ctx, s.shares, len(recs), func(i int) []string { return []string{recs[i].Key, s.markerKeyFor(rule, recs[i].Key)} },
-		func(i int) []any { return argsOf(recs[i]) })
-	out := make([]Version, len(recs))
+	})
+}
+
+// writeRecords runs script sc once per record (the record's key and the
+// marker copy of its slot), pipelined, and parses each answer; on an error
+// for any record it returns the error and no answers. args gives a record's
+// script arguments, with rel its Release flag as 0 or 1.
+func writeRecords[T any](ctx context.Context, s *Store, sc *redis.Script, rule string, recs []ShareRecord, parse func(any) (T, error), args func(r ShareRecord, rel int) []any) ([]T, error) {
+	cmds := s.evalShas(ctx, sc, len(recs), func(i int) []string { return []string{recs[i].Key, s.markerKeyFor(rule, recs[i].Key)} },
+		func(i int) []any {
+			rel := 0
+			if recs[i].Release {
+				rel = 1
+			}
+			return args(recs[i], rel)
+		})
+	out := make([]T, len(recs))
 	for i, c := range cmds {
 		v, err := c.Result()
 		if err != nil {
 			return nil, fmt.Errorf("redisstore: write share of %q: %w", recs[i].Key, err)
 		}
-		if out[i], err = parseVersion(v); err != nil {
+		if out[i], err = parse(v); err != nil {
 			return nil, err
 		}
 	}

@@ -107,27 +107,10 @@ func (s *Store) WriteWindowShares(ctx context.Context, rule string, recs []Share
 	if err != nil {
 		return nil, err
 	}
-	argsOf := func(r ShareRecord) []any {
-		rel := 0
-		if r.Release {
-			rel = 1
-		}
+	return writeRecords(ctx, s, s.winShares, rule, recs, parseWindowApplied, func(r ShareRecord, rel int) []any {
 		return []any{r.Inc, r.Seq, r.Units, rel, algCode(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Total, r.Floor,
 			r.TTL.Milliseconds(), now, s.slackMs}
-	}
-	cmds := s.evalShas(ctx, s.winShares, len(recs), func(i int) []string { return []string{recs[i].Key, s.markerKeyFor(rule, recs[i].Key)} },
-		func(i int) []any { return argsOf(recs[i]) })
-	out := make([]WindowApplied, len(recs))
-	for i, c := range cmds {
-		v, err := c.Result()
-		if err != nil {
-			return nil, fmt.Errorf("redisstore: write share of %q: %w", recs[i].Key, err)
-		}
-		if out[i], err = parseWindowApplied(v); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	})
 }
 
 func parseWindowApplied(v any) (WindowApplied, error) {
