@@ -127,12 +127,21 @@ type twoRegions struct {
 }
 
 func (c *twoRegions) round(key string, use []int64) {
-	c.now += c.cfg.Interval
-	var reps []*Report
-	for i, l := range c.l {
+	c.roundWith(func(i int, l *Ledger) {
 		if use[i] > 0 {
 			l.Usage(c.now, key, 100, use[i], 0)
 		}
+	})
+}
+
+// roundWith runs one interval: usage(i, ledger) feeds each ledger's usage,
+// then both tick and every report (and the reports their confirmations
+// bring) is delivered, in order.
+func (c *twoRegions) roundWith(usage func(i int, l *Ledger)) {
+	c.now += c.cfg.Interval
+	var reps []*Report
+	for i, l := range c.l {
+		usage(i, l)
 		out := l.Tick(c.now)
 		reps = append(reps, out.Report)
 		if r := c.confirm(i, out).Report; r != nil {
@@ -317,35 +326,13 @@ func TestChurnHeldKeysBounded(t *testing.T) {
 	bound := active + window + 10 // the retirement itself: a few intervals
 	maxHeld := 0
 	for t0 := 0; t0 < total; t0++ {
-		c.now += c.cfg.Interval
-		var reps []*Report
-		for i, l := range c.l {
+		c.roundWith(func(i int, l *Ledger) {
 			if i == 1 {
 				for k := t0; k < t0+active && k < total; k++ {
 					l.Usage(c.now, name(k), 100, 40, 0)
 				}
 			}
-			out := l.Tick(c.now)
-			reps = append(reps, out.Report)
-			if r := c.confirm(i, out).Report; r != nil {
-				reps = append(reps, r)
-			}
-		}
-		for len(reps) > 0 {
-			r := reps[0]
-			reps = reps[1:]
-			if r == nil {
-				continue
-			}
-			to := 1 - c.l[0].index(r.From)
-			out, err := c.l[to].Receive(c.now, *r)
-			if err != nil {
-				t.Fatalf("r%d rejects a report: %v", to, err)
-			}
-			if more := c.confirm(to, out).Report; more != nil {
-				reps = append(reps, more)
-			}
-		}
+		})
 		for i, l := range c.l {
 			maxHeld = max(maxHeld, len(l.keys))
 			if len(l.keys) > bound {
