@@ -29,7 +29,7 @@ func FuzzParse(f *testing.F) {
 				if strings.TrimSpace(e.Msg) == "" {
 					t.Fatalf("error %q says nothing", err)
 				}
-				if lines := bytes.Count(data, []byte("\n")) + 1; e.Line < 0 || e.Line > lines {
+				if lines := yamlLines(data); e.Line < 0 || e.Line > lines {
 					t.Fatalf("error %q: line %d of a %d-line file", err, e.Line, lines)
 				}
 			}
@@ -43,4 +43,11 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("second parse differs: %v", err)
 		}
 	})
+}
+
+// yamlLines counts data's lines as YAML does: "\r\n", "\r" and "\n" each
+// end one.
+func yamlLines(data []byte) int {
+	d := bytes.ReplaceAll(data, []byte("\r\n"), []byte("\n"))
+	return bytes.Count(d, []byte("\n")) + bytes.Count(d, []byte("\r")) + 1
 }
