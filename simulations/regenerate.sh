@@ -14,16 +14,17 @@
 # Prose around the tables (figures quoted in sentences) is not rewritten:
 # `git diff simulations/README.md` shows which tables moved.
 #
-#   bash simulations/regenerate.sh            # everything (about 10 min of CPU)
+#   bash simulations/regenerate.sh            # everything (about 7 min of CPU, 40 min at load 25)
 #   bash simulations/regenerate.sh shift skewed   # only these scenarios, no sweeps
 #   JOBS=4 bash simulations/regenerate.sh     # runs in parallel (default 2)
 #   LIVE=1 bash simulations/regenerate.sh     # also the two `rlsim live` runs
 #                                             # (real binaries, wall time; keep
 #                                             # the machine otherwise idle)
 #
-# Virtual-time results do not depend on the machine or its load: the same
-# code and seed give byte-identical files. The CPU time of each run is
-# written to simulations/results/cpu.txt.
+# Needs Go, GNU time (/usr/bin/time, for the CPU of each run) and, for
+# LIVE=1, redis-server. Virtual-time results do not depend on the machine
+# or its load: the same code and seed give byte-identical files. The CPU
+# time of each run is written to simulations/results/cpu.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
