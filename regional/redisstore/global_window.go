@@ -109,7 +109,7 @@ func (s *Store) WriteWindowShares(ctx context.Context, rule string, recs []Share
 	}
 	return writeRecords(ctx, s, s.winShares, rule, recs, parseWindowApplied, func(r ShareRecord, rel int) []any {
 		return []any{r.Inc, r.Seq, r.Units, rel, algCode(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Total, r.Floor,
-			r.TTL.Milliseconds(), now, s.slackMs}
+			r.TTL.Milliseconds(), now, s.slackMs, r.Hold.Milliseconds()}
 	})
 }
 
@@ -180,7 +180,7 @@ end
 // KEYS[1]: the window key; KEYS[2]: the rule's marker key. ARGV: inc, seq,
 // units, release (0/1), algorithm code (3 fixed, 2 sliding), global limit,
 // window ms, total units, floor units, ttl ms (Release records), now ms or
-// "" for TIME, slack ms.
+// "" for TIME, slack ms, hold ms (any other record; 0: persistent).
 // Reply: {inc, seq}, the record version the key holds afterwards; for a
 // refused record also the fewest units the key can take now and the ms
 // until its window ends: {inc, seq, need, until}.
@@ -197,6 +197,7 @@ local UN, F = tonumber(ARGV[8]), tonumber(ARGV[9])
 local ttl = tonumber(ARGV[10])
 local now = clock(ARGV[11])
 local slack = tonumber(ARGV[12])
+local hold = tonumber(ARGV[13])
 local n = 2
 if alg == 2 then n = 3 end
 local h = loadwin(key, n)
@@ -237,7 +238,8 @@ if used > A * W then
   return {held[1], held[2], need, W - off}
 end
 local rec = {inc, seq, units * 2 + rel}
-if rel == 1 then
+if rel == 0 then ttl = hold end
+if rel == 1 or hold > 0 then
   local want = (n - 1) * W - off + slack
   if ttl > want then want = ttl end
   if want < 1000 then want = 1000 end
@@ -347,10 +349,12 @@ func (m *Model) WriteWindowShares(nowMs int64, rule string, recs []ShareRecord) 
 			continue
 		}
 		var rel, ttl int64 = 0, -1
+		if r.Release || r.Hold > 0 {
+			n := int64(len(vals)) - 1
+			ttl = max(n*W-off+m.slackMs, r.keyTTL().Milliseconds(), 1000)
+		}
 		if r.Release {
 			rel = 1
-			n := int64(len(vals)) - 1
-			ttl = max(n*W-off+m.slackMs, r.TTL.Milliseconds(), 1000)
 		}
 		m.setWin(nowMs, r.Key, alg, vals, []int64{inc, seq, r.Units*2 + rel}, ttl)
 		out[i].Version = r.versionOf()
