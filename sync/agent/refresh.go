@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
 	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/redis/go-redis/v9"
 )
 
 // Record holds. Every share record but a Release one is written with a Hold
@@ -15,8 +17,10 @@ import (
 // again, same version (the store re-applies an equal version: nothing
 // changes but the TTL), once half the Hold has passed since, at most
 // refreshBatch records per rule and tick; a failed write is retried at the
-// next tick. A record the store holds a newer version of is refused and
-// changes nothing.
+// next tick, and one Redis answers with an error (one key's bad state fails
+// the whole pipelined call) is written again one record at a time, so one
+// key does not hold back the others. A record the store holds a newer
+// version of is refused and changes nothing.
 //
 // Why this is safe: a key whose record is gone enforces the marker's
 // default units (its base), so a held record must outlive its
@@ -100,6 +104,26 @@ func (a *Agent) noteHeld(st *ruleState, recs []redisstore.ShareRecord, vs []redi
 	}
 }
 
+// refreshWrite writes recs with write. When Redis answered an error (a
+// script's: one key's bad state fails the whole pipelined call), it writes
+// them again one by one, so that one key does not keep every other from
+// its refresh; a record whose write failed then has a zero answer. A
+// failure to reach Redis is returned as it is.
+func refreshWrite(recs []redisstore.ShareRecord, write func([]redisstore.ShareRecord) ([]redisstore.WindowApplied, error)) ([]redisstore.WindowApplied, error) {
+	vs, err := write(recs)
+	var rerr redis.Error
+	if err == nil || len(recs) == 1 || !errors.As(err, &rerr) {
+		return vs, err
+	}
+	vs = make([]redisstore.WindowApplied, len(recs))
+	for i := range recs {
+		if one, err := write(recs[i : i+1]); err == nil && len(one) == 1 {
+			vs[i] = one[0]
+		}
+	}
+	return vs, nil
+}
+
 // refreshHeld writes again, in the background, the held records whose last
 // write is half the Hold old, up to refreshBatch per rule (one call per
 // rule at a time).
@@ -125,9 +149,11 @@ func (a *Agent) refreshHeld(ctx context.Context) {
 		}
 		st.holds.refreshing = true
 		a.goOwned(func() {
-			cctx, cancel := context.WithTimeout(ctx, max(a.cfg.StoreTimeout, a.cfg.Interval))
-			vs, err := a.writeShares(cctx, st.ID, recs)
-			cancel()
+			vs, err := refreshWrite(recs, func(recs []redisstore.ShareRecord) ([]redisstore.WindowApplied, error) {
+				cctx, cancel := context.WithTimeout(ctx, max(a.cfg.StoreTimeout, a.cfg.Interval))
+				defer cancel()
+				return a.writeShares(cctx, st.ID, recs)
+			})
 			a.post(ctx, func(context.Context) {
 				st.holds.refreshing = false
 				if err != nil {
