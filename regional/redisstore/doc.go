@@ -146,11 +146,11 @@
 // still go, or the keys would pile up. Hence the Hold: the key of a record
 // that is not a Release record expires Hold after its last write, and its
 // writer writes it again, same version (re-applied: only the TTL changes),
-// well within the Hold. sync/agent's Hold is at least 1h and at least
-// 4(Lease + Interval + StoreTimeout), written again every Hold/2: a live
-// agent renews it Hold/2 before it would expire, and a dead agent's marker
-// lease lapses (the store then enforces the floor on every key) Hold/2
-// before its records can expire. Eviction is the one way around it: a
+// well within the Hold. sync/agent's Hold (Config.RecordHold, default 1h,
+// never below 4(Lease + Interval + StoreTimeout)) is renewed every Hold/2:
+// a live agent renews it Hold/2 before it would expire, and a dead agent's
+// marker lease lapses (the store then enforces the floor on every key)
+// before its records can expire (Hold/2 - Interval > Lease). Eviction is the one way around it: a
 // volatile-* maxmemory policy may evict a held record (volatile-ttl only
 // after every key closer to expiry); size maxmemory so that it does not
 // evict. TestEveryKeyHasATTL and TestClusterEveryKeyHasATTL list every key
@@ -223,7 +223,9 @@
 // Leaky bucket t (level), l; fixed window w (window index), n (count);
 // sliding window w, c (count in w), p (count in w-1); a global window
 // with a share record adds the record's incarnation, sequence and
-// units*2+release as a token bucket does (24 and 30 bytes). The sliding log
+// units*2+release as a token bucket does: 24 bytes, and 28 for a sliding
+// window, whose c and p then take 5 bytes each (30 bytes, 6 each, when a
+// count reaches 2^40; also read, as written by earlier versions). The sliding log
 // is a sorted set. A marker is 5 6-byte integers and the run id.
 //
 // Memory, measured with MEMORY USAGE on Redis 7.0 (jemalloc) for the
@@ -231,8 +233,9 @@
 // ./regional/redisstore/): a token bucket 72 bytes (88 in the 12-byte
 // layout), leaky bucket and fixed window 88, sliding window 104, a global
 // token bucket 104 with or without a share record (120 in the 36-byte
-// layout), a sliding log 120 after one request (one member per token), a
-// marker 152. What sets them: the key entry (24) and the key (32 for this
+// layout), a global fixed or sliding window with a share record 104 (the
+// sliding one 120 in the 30-byte layout), a sliding log 120 after one
+// request (one member per token), a marker 152. What sets them: the key entry (24) and the key (32 for this
 // one) are fixed; an integer-encoded value costs 16, an embedded string of
 // n bytes the jemalloc class of 20+n (32 up to 12 bytes, 48 up to 28, 64
 // up to 44). A share record within 100 bytes would need its whole state in

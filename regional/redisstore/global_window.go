@@ -146,11 +146,16 @@ func versionsOf(as []WindowApplied, err error) ([]Version, error) {
 // values (fixed: w, n; sliding: w, c, p), 6 bytes each, then, for a global
 // window with a share record, the record's incarnation (3 bytes), sequence
 // (5) and units*2+release (4): 12 or 24 bytes (fixed), 18 or 30 (sliding).
+// A sliding window with a record whose counts are below 2^40 stores c and
+// p in 5 bytes each instead: 28 bytes, which Redis keeps in its 48-byte
+// class with the fixed window's 24, not the 64-byte one 30 bytes take.
 const windowPrelude = `
 local wfmt = {
   [12] = {'<I6I6', {6, 6}, 2}, [24] = {'<I6I6I3I5I4', {6, 6, 3, 5, 4}, 2},
   [18] = {'<I6I6I6', {6, 6, 6}, 3}, [30] = {'<I6I6I6I3I5I4', {6, 6, 6, 3, 5, 4}, 3},
+  [28] = {'<I6I5I5I3I5I4', {6, 5, 5, 3, 5, 4}, 3},
 }
+local C40 = 1099511627776
 -- nil for a missing key, else the n window values, and rec = {inc, seq,
 -- units*2+release} when the state holds a share record
 local function loadwin(key, n)
@@ -166,7 +171,10 @@ end
 local function savewin(key, vals, rec, ttl)
   local v, b = {}, 6 * #vals
   for k = 1, #vals do v[k] = vals[k] end
-  if rec then v[#v + 1] = rec[1]; v[#v + 1] = rec[2]; v[#v + 1] = rec[3]; b = b + 12 end
+  if rec then
+    v[#v + 1] = rec[1]; v[#v + 1] = rec[2]; v[#v + 1] = rec[3]; b = b + 12
+    if #vals == 3 and vals[2] < C40 and vals[3] < C40 then b = 28 end
+  end
   local f = wfmt[b]
   local s = putle(v, f[1], f[2])
   if ttl > 0 then redis.call('SET', key, s, 'PX', ttl)
