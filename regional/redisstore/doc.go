@@ -33,8 +33,12 @@
 //     from empty), to drain (leaky bucket), or for the data to stop counting
 //     (windows), plus a slack (WithTTLSlack), at least 1s. An expired key
 //     therefore always stands for the state a new key starts in (full token
-//     bucket, empty leaky bucket, zero counts), except a global bucket
-//     holding a coordinated share record, which never expires (below).
+//     bucket, empty leaky bucket, zero counts), except a global key holding
+//     a share record that is not a Release record: it has at least the
+//     record's Hold, which its writer renews (below, "Record TTLs"; with no
+//     Hold it is persistent). The only keys without a TTL are the markers:
+//     one per global rule (16384 slot copies per rule on a Cluster), each
+//     overwritten in place, so bounded by the rules, not the keys.
 //
 // Result semantics (all in ms from the evaluation time, exact):
 //
@@ -84,8 +88,9 @@
 // refill credit. A missing key starts full at its enforced capacity.
 // WriteShares applies a record whose version is not below the stored one
 // with the same settle-set-clamp steps; a Release record gives the key the
-// bucket's TTL (at least ShareRecord.TTL), any other makes it persistent,
-// and Check keeps it so. WriteMarker applies a Create only on the server run
+// bucket's TTL (at least ShareRecord.TTL), any other the bucket's TTL, at
+// least ShareRecord.Hold (no Hold: persistent), and Check keeps that TTL
+// (KEEPTTL). WriteMarker applies a Create only on the server run
 // it names, above the held version; a renewal only over a held marker of the
 // same incarnation, at or above its version. Both return the version held
 // afterwards. A regional check on a key holding a global state keeps only
@@ -131,6 +136,26 @@
 // window's use (as for regional windows). Each region's windows follow its
 // own Redis clock, so with clocks offset by d an observer's calendar window
 // may also see what the regions admit within d of its boundary.
+//
+// Record TTLs. A key without a record enforces the marker's default units
+// (the base), and that is right for a key the region's ledger never wrote:
+// the ledger counts every such key at its base. So a record must not vanish
+// while its incarnation's marker may be in force: a record below the base
+// would come back at the base, above what the ledger published. A record
+// of a key whose agent is gone for good (or of a region taken out) must
+// still go, or the keys would pile up. Hence the Hold: the key of a record
+// that is not a Release record expires Hold after its last write, and its
+// writer writes it again, same version (re-applied: only the TTL changes),
+// well within the Hold. sync/agent's Hold (Config.RecordHold, default 1h,
+// never below 4(Lease + Interval + StoreTimeout)) is renewed every Hold/2:
+// a live agent renews it Hold/2 before it would expire, and a dead agent's
+// marker lease lapses (the store then enforces the floor on every key)
+// before its records can expire (Hold/2 - Interval > Lease). Eviction is the one way around it: a
+// volatile-* maxmemory policy may evict a held record (volatile-ttl only
+// after every key closer to expiry); size maxmemory so that it does not
+// evict. TestEveryKeyHasATTL and TestClusterEveryKeyHasATTL list every key
+// written (SCAN, PTTL) after a run with every kind and find a TTL on each
+// but the markers.
 //
 // Redis Cluster (a client of type *redis.ClusterClient): a check's keys and
 // the marker it reads must share one hash slot, so a global rule's marker
@@ -198,7 +223,9 @@
 // Leaky bucket t (level), l; fixed window w (window index), n (count);
 // sliding window w, c (count in w), p (count in w-1); a global window
 // with a share record adds the record's incarnation, sequence and
-// units*2+release as a token bucket does (24 and 30 bytes). The sliding log
+// units*2+release as a token bucket does: 24 bytes, and 28 for a sliding
+// window, whose c and p then take 5 bytes each (30 bytes, 6 each, when a
+// count reaches 2^40; also read, as written by earlier versions). The sliding log
 // is a sorted set. A marker is 5 6-byte integers and the run id.
 //
 // Memory, measured with MEMORY USAGE on Redis 7.0 (jemalloc) for the
@@ -206,15 +233,22 @@
 // ./regional/redisstore/): a token bucket 72 bytes (88 in the 12-byte
 // layout), leaky bucket and fixed window 88, sliding window 104, a global
 // token bucket 104 with or without a share record (120 in the 36-byte
-// layout), a sliding log 120 after one request (one member per token), a
-// marker 152. What sets them: the key entry (24) and the key (32 for this
+// layout), a global fixed or sliding window with a share record 104 (the
+// sliding one 120 in the 30-byte layout), a sliding log 120 after one
+// request (one member per token), a marker 152. What sets them: the key entry (24) and the key (32 for this
 // one) are fixed; an integer-encoded value costs 16, an embedded string of
 // n bytes the jemalloc class of 20+n (32 up to 12 bytes, 48 up to 28, 64
 // up to 44). A share record within 100 bytes would need its whole state in
-// 12 bytes, and the record's version alone takes 8. A hash {t, l} takes
-// 104 whatever the field names (its listpack falls in the 32-byte class).
-// Writes are one SET with PX (KEEPTTL for a persistent record key), so
-// Redis 6.0 or later is needed. A rule whose algorithm changes should get
+// 12 bytes (96 bits), and it holds 8 bytes of version (incarnation and
+// sequence, which order the writes and tell the marker's records from
+// older ones), up to 27 bits of units and Release, the tokens (up to 48
+// bits) and the refill time: even with the time kept modulo 2^32 (the Hold
+// bounds a record's age) and e as one bit (floor or the record's units),
+// about 170 bits. The TTL (Hold) costs the expires table's entry, which
+// MEMORY USAGE does not count. A hash {t, l} takes 104 whatever the field
+// names (its listpack falls in the 32-byte class). Writes are one SET with
+// PX (KEEPTTL for a check of a key holding a record that is not a Release
+// record: it keeps its Hold), so Redis 6.0 or later is needed. A rule whose algorithm changes should get
 // a new key (for example a rule version in Key's extras): the layouts
 // differ and a mismatch is an error.
 //

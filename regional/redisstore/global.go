@@ -47,7 +47,7 @@ type ShareRecord struct {
 	Key            string // bucket key (from Key())
 	Inc, Seq       uint64
 	Units          int64 // in [0, Total]
-	Release        bool  // the record may expire with the bucket (else the key is made persistent)
+	Release        bool  // the record may expire with the bucket (else the key keeps it for Hold)
 	Capacity, Rate int64 // the rule's GLOBAL capacity and rate, thousandths (for settling and clamping)
 	// Algorithm is "" or token_bucket (Capacity and Rate), or fixed_window
 	// or sliding_window (a global window: Limit and Window; see global_window.go).
@@ -56,7 +56,23 @@ type ShareRecord struct {
 	Window    time.Duration // a global window's window (whole ms)
 	Total     int64         // U
 	Floor     int64         // the region's floor units, in [0, Total]
-	TTL       time.Duration
+	// TTL is the least TTL of a Release record's key (it also gets the
+	// bucket's: the time to forget its use).
+	TTL time.Duration
+	// Hold is the least TTL of the key of any other record (it also gets the
+	// bucket's); zero makes the key persistent. A writer that gives a held
+	// key a Hold must re-write its record before the Hold runs out, or the
+	// key is forgotten and enforces the marker's default units (see the
+	// package doc, "Record TTLs").
+	Hold time.Duration
+}
+
+// keyTTL is the least TTL r gives its key (Release: TTL; else Hold).
+func (r ShareRecord) keyTTL() time.Duration {
+	if r.Release {
+		return r.TTL
+	}
+	return r.Hold
 }
 
 // Bounds of the global-bucket parameters. Records store Inc in 3 bytes, Seq
@@ -129,6 +145,8 @@ func validateRecord(i int, r ShareRecord) error {
 		return fmt.Errorf("%w: records[%d].Floor %d must be in [0, Total]", ErrInvalidShare, i, r.Floor)
 	case r.TTL < 0 || r.TTL > 365*24*time.Hour:
 		return fmt.Errorf("%w: records[%d].TTL %v must be in [0, 365d]", ErrInvalidShare, i, r.TTL)
+	case r.Hold < 0 || r.Hold > 365*24*time.Hour:
+		return fmt.Errorf("%w: records[%d].Hold %v must be in [0, 365d]", ErrInvalidShare, i, r.Hold)
 	}
 	if err := validateVersion(r.Inc, r.Seq); err != nil {
 		return fmt.Errorf("records[%d]: %w", i, err)
@@ -236,8 +254,8 @@ func validateShares(rule string, recs []ShareRecord) error {
 // enforced, stores the record, then enforces what Check would (the record's
 // units if the rule's marker is in force for the record's incarnation, else
 // the floor) and clamps the tokens to the new capacity. A Release record
-// gets the bucket's TTL (at least rec.TTL); any other makes the key
-// persistent. It returns per record the version the key holds afterwards;
+// gets the bucket's TTL (at least rec.TTL); any other the bucket's TTL, at
+// least rec.Hold, or, with no Hold, makes the key persistent. It returns per record the version the key holds afterwards;
 // on an error for any record it returns the error and no versions.
 func (s *Store) WriteShares(ctx context.Context, rule string, recs []ShareRecord) ([]Version, error) {
 	if err := validateShares(rule, recs); err != nil || len(recs) == 0 {
@@ -251,7 +269,7 @@ func (s *Store) WriteShares(ctx context.Context, rule string, recs []ShareRecord
 		return nil, err
 	}
 	return writeRecords(ctx, s, s.shares, rule, recs, parseVersion, func(r ShareRecord, rel int) []any {
-		return []any{r.Inc, r.Seq, r.Units, rel, r.Capacity, r.Rate, r.Total, r.Floor, r.TTL.Milliseconds(), now, s.slackMs}
+		return []any{r.Inc, r.Seq, r.Units, rel, r.Capacity, r.Rate, r.Total, r.Floor, r.TTL.Milliseconds(), now, s.slackMs, r.Hold.Milliseconds()}
 	})
 }
 

@@ -157,6 +157,9 @@ func diffGlobal(t *testing.T, alg rules.Algorithm) {
 				recs[j] = ShareRecord{Key: g.keys[r.IntN(len(g.keys))], Inc: uint64(1 + r.IntN(3)), Seq: uint64(r.IntN(30)),
 					Units: units(g), Release: r.IntN(4) == 0, Capacity: g.c, Rate: g.rt, Total: g.u, Floor: g.f,
 					TTL: time.Duration(r.Int64N(10_000)) * time.Millisecond}
+				if r.IntN(2) == 0 { // a held record with a TTL (else persistent)
+					recs[j].Hold = time.Duration(r.Int64N(20_000)) * time.Millisecond
+				}
 				if win {
 					recs[j].Algorithm, recs[j].Limit, recs[j].Window, recs[j].Capacity, recs[j].Rate = alg, g.c, time.Duration(g.rt)*time.Millisecond, 0, 0
 				}

@@ -224,6 +224,43 @@ var globalCases = []struct {
 			t.Fatal("key without a record is persistent")
 		}
 	}},
+	{"a held record with a Hold gets it as TTL; Check keeps it, a re-write renews it", func(t *testing.T, im impl, key func(string) string, rule string) {
+		m := create(im, 1, 1, 300, time.Minute)
+		m.RunID = im.runID(t)
+		im.marker(t, t0, rule, m)
+		k := key("a")
+		held := record(rule, k, 1, 1, 600)
+		held.Hold = time.Hour
+		wantHold := func(nowMs int64, what string) {
+			t.Helper()
+			// Redis counts the TTL down on its own clock, not the test's
+			if d := im.pttl(t, nowMs, k); d > time.Hour.Milliseconds() || d < time.Hour.Milliseconds()-5_000 {
+				t.Fatalf("%s: PTTL %d ms, want the Hold (1h)", what, d)
+			}
+		}
+		im.shares(t, t0, rule, held)
+		wantHold(t0, "held record")
+		im.check(t, t0+10, 1, globalBucket(rule, k))
+		if d := im.pttl(t, t0+10, k); d < 0 || d > time.Hour.Milliseconds() {
+			t.Fatalf("Check changed the Hold: PTTL %d", d)
+		}
+		wantLimit(t, im, rule, t0+20, k, 600)
+		held.Hold = 2 * time.Hour
+		im.shares(t, t0+30, rule, held) // the same version again: a renewal
+		if d := im.pttl(t, t0+30, k); d <= time.Hour.Milliseconds() {
+			t.Fatalf("re-write did not renew the Hold: PTTL %d ms", d)
+		}
+		// a Hold below the bucket's own TTL gives the bucket's
+		short := record(rule, key("b"), 1, 2, 600)
+		short.Hold = time.Millisecond
+		im.shares(t, t0, rule, short)
+		if d := im.pttl(t, t0, key("b")); d < 1000 {
+			t.Fatalf("Hold below the bucket's TTL: PTTL %d ms, want at least 1s", d)
+		}
+		if im.persistent(t, t0, key("b")) {
+			t.Fatal("held record with a Hold is persistent")
+		}
+	}},
 }
 
 func TestGlobalContract(t *testing.T) {

@@ -109,7 +109,7 @@ func (s *Store) WriteWindowShares(ctx context.Context, rule string, recs []Share
 	}
 	return writeRecords(ctx, s, s.winShares, rule, recs, parseWindowApplied, func(r ShareRecord, rel int) []any {
 		return []any{r.Inc, r.Seq, r.Units, rel, algCode(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Total, r.Floor,
-			r.TTL.Milliseconds(), now, s.slackMs}
+			r.TTL.Milliseconds(), now, s.slackMs, r.Hold.Milliseconds()}
 	})
 }
 
@@ -146,11 +146,16 @@ func versionsOf(as []WindowApplied, err error) ([]Version, error) {
 // values (fixed: w, n; sliding: w, c, p), 6 bytes each, then, for a global
 // window with a share record, the record's incarnation (3 bytes), sequence
 // (5) and units*2+release (4): 12 or 24 bytes (fixed), 18 or 30 (sliding).
+// A sliding window with a record whose counts are below 2^40 stores c and
+// p in 5 bytes each instead: 28 bytes, which Redis keeps in its 48-byte
+// class with the fixed window's 24, not the 64-byte one 30 bytes take.
 const windowPrelude = `
 local wfmt = {
   [12] = {'<I6I6', {6, 6}, 2}, [24] = {'<I6I6I3I5I4', {6, 6, 3, 5, 4}, 2},
   [18] = {'<I6I6I6', {6, 6, 6}, 3}, [30] = {'<I6I6I6I3I5I4', {6, 6, 6, 3, 5, 4}, 3},
+  [28] = {'<I6I5I5I3I5I4', {6, 5, 5, 3, 5, 4}, 3},
 }
+local C40 = 1099511627776
 -- nil for a missing key, else the n window values, and rec = {inc, seq,
 -- units*2+release} when the state holds a share record
 local function loadwin(key, n)
@@ -166,7 +171,10 @@ end
 local function savewin(key, vals, rec, ttl)
   local v, b = {}, 6 * #vals
   for k = 1, #vals do v[k] = vals[k] end
-  if rec then v[#v + 1] = rec[1]; v[#v + 1] = rec[2]; v[#v + 1] = rec[3]; b = b + 12 end
+  if rec then
+    v[#v + 1] = rec[1]; v[#v + 1] = rec[2]; v[#v + 1] = rec[3]; b = b + 12
+    if #vals == 3 and vals[2] < C40 and vals[3] < C40 then b = 28 end
+  end
   local f = wfmt[b]
   local s = putle(v, f[1], f[2])
   if ttl > 0 then redis.call('SET', key, s, 'PX', ttl)
@@ -180,7 +188,7 @@ end
 // KEYS[1]: the window key; KEYS[2]: the rule's marker key. ARGV: inc, seq,
 // units, release (0/1), algorithm code (3 fixed, 2 sliding), global limit,
 // window ms, total units, floor units, ttl ms (Release records), now ms or
-// "" for TIME, slack ms.
+// "" for TIME, slack ms, hold ms (any other record; 0: persistent).
 // Reply: {inc, seq}, the record version the key holds afterwards; for a
 // refused record also the fewest units the key can take now and the ms
 // until its window ends: {inc, seq, need, until}.
@@ -197,6 +205,7 @@ local UN, F = tonumber(ARGV[8]), tonumber(ARGV[9])
 local ttl = tonumber(ARGV[10])
 local now = clock(ARGV[11])
 local slack = tonumber(ARGV[12])
+local hold = tonumber(ARGV[13])
 local n = 2
 if alg == 2 then n = 3 end
 local h = loadwin(key, n)
@@ -237,7 +246,8 @@ if used > A * W then
   return {held[1], held[2], need, W - off}
 end
 local rec = {inc, seq, units * 2 + rel}
-if rel == 1 then
+if rel == 0 then ttl = hold end
+if rel == 1 or hold > 0 then
   local want = (n - 1) * W - off + slack
   if ttl > want then want = ttl end
   if want < 1000 then want = 1000 end
@@ -347,10 +357,12 @@ func (m *Model) WriteWindowShares(nowMs int64, rule string, recs []ShareRecord) 
 			continue
 		}
 		var rel, ttl int64 = 0, -1
+		if r.Release || r.Hold > 0 {
+			n := int64(len(vals)) - 1
+			ttl = max(n*W-off+m.slackMs, r.keyTTL().Milliseconds(), 1000)
+		}
 		if r.Release {
 			rel = 1
-			n := int64(len(vals)) - 1
-			ttl = max(n*W-off+m.slackMs, r.TTL.Milliseconds(), 1000)
 		}
 		m.setWin(nowMs, r.Key, alg, vals, []int64{inc, seq, r.Units*2 + rel}, ttl)
 		out[i].Version = r.versionOf()

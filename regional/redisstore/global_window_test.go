@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/rules"
+	"github.com/redis/go-redis/v9"
 )
 
 // The global windows of the contract cases: 100 requests per minute in
@@ -329,5 +330,45 @@ func TestGlobalWindowSumNeverAboveLimit(t *testing.T) {
 				t.Fatal("degenerate run")
 			}
 		})
+	}
+}
+
+// TestSlidingWindowRecordLayouts: a global sliding window with a share
+// record is written in 28 bytes (c and p in 5 bytes each); the 30-byte
+// layout (6 bytes each: counts of 2^40 and more, and earlier versions) is
+// still read, and a key in it answers as the same key in 28 bytes.
+func TestSlidingWindowRecordLayouts(t *testing.T) {
+	e := newEnv(t, false)
+	ctx := ctxT(t)
+	rule := "sw-layouts"
+	m := create(redisImpl{e}, 1, 1, 300, time.Hour)
+	m.RunID = redisImpl{e}.runID(t)
+	redisImpl{e}.marker(t, gw0, rule, m)
+	keys := []string{Key("new", rule), Key("old", rule)}
+	for _, k := range keys {
+		redisImpl{e}.shares(t, gw0, rule, windowRecord(rules.SlidingWindow, k, 1, 2, 600))
+		take(t, redisImpl{e}, gw0+10, globalWindow(rules.SlidingWindow, rule, k), 7)
+	}
+	raw := e.client.Get(ctx, keys[1]).Val()
+	if len(raw) != 28 {
+		t.Fatalf("sliding window with a record: %d bytes, want 28", len(raw))
+	}
+	// the same state with c and p widened to 6 bytes
+	wide := raw[:6] + raw[6:11] + "\x00" + raw[11:16] + "\x00" + raw[16:]
+	if err := e.client.Set(ctx, keys[1], wide, redis.KeepTTL).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := decodeState(t, rules.SlidingWindow, wide); got["c"] != 7 {
+		t.Fatalf("30-byte state %v, want c = 7", got)
+	}
+	for _, now := range []int64{gw0 + 20, gw0 + gwMs + 30, gw0 + gwMs + 40} {
+		n0, r0 := take(t, redisImpl{e}, now, globalWindow(rules.SlidingWindow, rule, keys[0]), 5)
+		n1, r1 := take(t, redisImpl{e}, now, globalWindow(rules.SlidingWindow, rule, keys[1]), 5)
+		if n0 != n1 || r0 != r1 {
+			t.Fatalf("at %d: 28-byte key %d %+v, 30-byte key %d %+v", now, n0, r0, n1, r1)
+		}
+	}
+	if a, b := decodeState(t, rules.SlidingWindow, e.client.Get(ctx, keys[0]).Val()), decodeState(t, rules.SlidingWindow, e.client.Get(ctx, keys[1]).Val()); fmt.Sprint(a) != fmt.Sprint(b) {
+		t.Fatalf("states differ: %v and %v", a, b)
 	}
 }

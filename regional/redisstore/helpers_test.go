@@ -55,6 +55,7 @@ type impl interface {
 	shares(tb testing.TB, nowMs int64, rule string, recs ...ShareRecord) []Version
 	runID(tb testing.TB) string
 	persistent(tb testing.TB, nowMs int64, key string) bool // the key exists without a TTL
+	pttl(tb testing.TB, nowMs int64, key string) int64      // ms left (Redis: on its own clock); -1 none, -2 no key
 }
 
 type modelImpl struct{ m *Model }
@@ -91,6 +92,8 @@ func (mi modelImpl) runID(testing.TB) string { return mi.m.RunID() }
 func (mi modelImpl) persistent(tb testing.TB, nowMs int64, key string) bool {
 	return mi.m.PTTL(nowMs, key) == -1
 }
+
+func (mi modelImpl) pttl(_ testing.TB, nowMs int64, key string) int64 { return mi.m.PTTL(nowMs, key) }
 
 type redisImpl struct{ e *env }
 
@@ -140,6 +143,18 @@ func (ri redisImpl) persistent(tb testing.TB, _ int64, key string) bool {
 		tb.Fatal(err)
 	}
 	return d == -1 // go-redis returns -1 (ns) for no TTL, -2 for no key
+}
+
+func (ri redisImpl) pttl(tb testing.TB, _ int64, key string) int64 {
+	tb.Helper()
+	d, err := ri.e.client.PTTL(ctxT(tb), key).Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if d < 0 {
+		return int64(d) // -1 (no TTL) or -2 (no key), as go-redis returns them
+	}
+	return d.Milliseconds()
 }
 
 // forEachImpl runs f against the model and against the script in Redis.

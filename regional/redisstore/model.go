@@ -205,7 +205,7 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 			p.capU, p.rate = capU, rate
 			p.ttl = m.ttl(ceilDiv(capU, max(rate, 1)))
 			if p.rec != nil && p.rec[2]%2 == 0 {
-				p.ttl = 0 // a record that is not a Release record: persistent
+				p.ttl = 0 // a record that is not a Release record: its key keeps its TTL (Hold) or persistence
 			}
 		case algLeakyBucket:
 			capU, rate := b.Capacity*1000, b.Rate
@@ -270,7 +270,7 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 			p.L, p.reset = L, W-off
 			p.ttl = m.ttl(W - off)
 			if p.rec != nil && p.rec[2]%2 == 0 {
-				p.ttl = 0 // a record that is not a Release record: persistent
+				p.ttl = 0 // a record that is not a Release record: its key keeps its TTL (Hold) or persistence
 			}
 		case algSlidingWindow:
 			L, W := b.Limit, b.Window.Milliseconds()
@@ -600,9 +600,11 @@ func (m *Model) WriteShares(nowMs int64, rule string, recs []ShareRecord) ([]Ver
 			t = min(t, capU)
 		}
 		var rel, ttl int64 = 0, -1
+		if r.Release || r.Hold > 0 {
+			ttl = max(ceilDiv(capU, max(rate, 1))+m.slackMs, r.keyTTL().Milliseconds(), 1000)
+		}
 		if r.Release {
 			rel = 1
-			ttl = max(ceilDiv(capU, max(rate, 1))+m.slackMs, r.TTL.Milliseconds(), 1000)
 		}
 		m.setTB(nowMs, r.Key, []int64{t, nowMs, u, inc, seq, r.Units*2 + rel}, ttl)
 		out[i] = r.versionOf()

@@ -278,7 +278,8 @@ while base < #ARGV do
     local r1 = rate
     if r1 < 1 then r1 = 1 end
     p.ttl = ttlms(cdiv(capU, r1))
-    -- a record that is not a Release record keeps the key persistent
+    -- a record that is not a Release record keeps the key's TTL (the
+    -- hold its writer renews) or its persistence
     if p.rec and p.rec[3] % 2 == 0 then p.ttl = 0 end
   elseif alg == 5 then
     -- leaky bucket (meter); t = level in millionths of a token
@@ -473,7 +474,8 @@ return out
 //
 // KEYS[1]: the token-bucket key; KEYS[2]: the rule's marker key. ARGV: inc,
 // seq, units, release (0/1), global capacity, global rate, total units,
-// floor units, ttl ms (Release records), now ms or "" for TIME, slack ms.
+// floor units, ttl ms (Release records), now ms or "" for TIME, slack ms,
+// hold ms (any other record; 0: persistent).
 // Reply: {inc, seq}, the record version the key holds afterwards.
 const sharesSrc = prelude + `
 local key = KEYS[1]
@@ -482,6 +484,7 @@ local C, R, UN, F = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ton
 local ttl = tonumber(ARGV[9])
 local now = clock(ARGV[10])
 local slack = tonumber(ARGV[11])
+local hold = tonumber(ARGV[12])
 local h = loadtb(key, now)
 if h and h.rec and (inc < h.rec[1] or (inc == h.rec[1] and seq < h.rec[2])) then return {h.rec[1], h.rec[2]} end
 local u = enforced(loadmarker(KEYS[2]) or false, now, UN, F, inc, units)
@@ -497,7 +500,8 @@ else
   if t > capU then t = capU end
 end
 local v = {t, now, u, inc, seq, units * 2 + rel}
-if rel == 1 then
+if rel == 0 then ttl = hold end
+if rel == 1 or hold > 0 then
   local r1 = rate
   if r1 < 1 then r1 = 1 end
   local want = cdiv(capU, r1) + slack

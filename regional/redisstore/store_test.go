@@ -184,16 +184,29 @@ func TestMemoryUsage(t *testing.T) {
 	}
 	n, _ = e.client.MemoryUsage(ctx, key).Result()
 	t.Logf("MEMORY USAGE %s global, no record = %d bytes (state %v)", key, n, decodeState(t, rules.TokenBucket, e.client.Get(ctx, key).Val()))
-	if _, err := e.store.WriteShares(ctx, "orders-free", []ShareRecord{{Key: key, Inc: 3, Seq: 123_456, Units: 412_345, Capacity: gb.Capacity, Rate: gb.Rate, Total: 1_000_000, Floor: 100_000}}); err != nil {
+	// held, with the agent's Hold (a TTL: not counted by MEMORY USAGE)
+	if _, err := e.store.WriteShares(ctx, "orders-free", []ShareRecord{{Key: key, Inc: 3, Seq: 123_456, Units: 412_345, Capacity: gb.Capacity, Rate: gb.Rate, Total: 1_000_000, Floor: 100_000, Hold: time.Hour}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := e.store.Check(ctx, 1, []Bucket{gb}); err != nil {
 		t.Fatal(err)
 	}
 	n, _ = e.client.MemoryUsage(ctx, key).Result()
-	t.Logf("MEMORY USAGE %s global, with a share record = %d bytes (state %v)", key, n, decodeState(t, rules.TokenBucket, e.client.Get(ctx, key).Val()))
+	t.Logf("MEMORY USAGE %s global, with a share record = %d bytes (state %v, PTTL %v)", key, n, decodeState(t, rules.TokenBucket, e.client.Get(ctx, key).Val()), e.client.PTTL(ctx, key).Val().Round(time.Second))
 	if n > 104 {
 		t.Fatalf("token bucket key with a share record uses %d bytes, want <= 104 (28 bytes of state)", n)
+	}
+	// Global windows holding a held share record (same key length).
+	for i, alg := range []rules.Algorithm{rules.FixedWindow, rules.SlidingWindow} {
+		wk := Key("user:42", []string{"orders-gf", "orders-gs"}[i])
+		wb := Bucket{Key: wk, Algorithm: alg, Limit: 100, Window: time.Minute, Global: &Global{Rule: "orders-free", Units: 1_000_000, Floor: 100_000}}
+		if _, err := e.store.WriteShares(ctx, "orders-free", []ShareRecord{{Key: wk, Inc: 3, Seq: 123_457, Units: 412_345, Algorithm: alg, Limit: 100, Window: time.Minute, Total: 1_000_000, Floor: 100_000, Hold: time.Hour}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := e.store.Check(ctx, 1, []Bucket{wb}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("MEMORY USAGE %s (global %s, with a share record) = %d bytes", wk, alg, e.client.MemoryUsage(ctx, wk).Val())
 	}
 	mk := MarkerKey("orders-free")
 	t.Logf("MEMORY USAGE %s (marker) = %d bytes", mk, e.client.MemoryUsage(ctx, mk).Val())

@@ -108,6 +108,7 @@ type ruleState struct {
 	retryAt  time.Time
 	backoff  time.Duration
 	written  map[string]int64 // last units written per key (gift metric)
+	holds    recordHolds      // records to write again (refresh.go)
 }
 
 // New returns an agent. It does nothing until Start. store is the region's

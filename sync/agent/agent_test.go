@@ -648,10 +648,15 @@ func TestAgentsWithRedis(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
-	s, stores, servers := redisStack(t)
+	// held records get a short Hold, 12 s (at least 4 x (1 s + 100 ms +
+	// 200 ms)), refreshed every 6 s: a refresh that fails (a 200 ms
+	// timeout on a loaded machine) is retried for 6 s before the record
+	// would expire
+	s, stores, servers := redisStack(t, func(c *Config) { c.RecordHold = 12 * time.Second })
 	floors := floorsOf(s.regions["a"].agent.specOf(globalRule()))
 	s.probe = redisProbe{s: s, stores: stores, floors: floors}
 	runScenario(t, s)
+	checkKeysBounded(t, s, servers, recordHold(s.regions["a"].agent.cfg))
 
 	// a's Redis restarts empty: until a's agent has re-asserted its shares
 	// and re-created its marker (new run id), a enforces its floor; then
@@ -671,6 +676,57 @@ func TestAgentsWithRedis(t *testing.T) {
 	if v := sm.violations.Load(); v > 0 {
 		t.Fatalf("after the restart the sum exceeded the limit in %d of %d samples (worst %d)", v, sm.samples.Load(), sm.worst.Load())
 	}
+}
+
+// checkKeysBounded lists every key of the regions' Redis servers (SCAN,
+// PTTL): each must have a TTL but the rule's marker (one per rule). And
+// a's held record of testKey keeps its Hold: the agent writes it again
+// (its PTTL rises) before it runs out.
+func checkKeysBounded(t *testing.T, s *stack, servers map[string]*testutil.Redis, hold time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for n, srv := range servers {
+		rc := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		defer rc.Close()
+		keys, err := rc.Keys(ctx, "*").Result() // a test server: a few keys
+		if err != nil {
+			t.Fatal(err)
+		}
+		markers := 0
+		for _, k := range keys {
+			d, err := rc.PTTL(ctx, k).Result()
+			switch {
+			case err != nil:
+				t.Fatal(err)
+			case k == redisstore.MarkerKey(testRule):
+				markers++
+			case d == -2: // expired since KEYS
+			case d <= 0:
+				t.Errorf("region %s: key %s has no TTL (PTTL %v)", n, k, d)
+			}
+		}
+		if n != "c" && markers != 1 { // c's agent stopped; its marker stays (bounded: one per rule)
+			t.Errorf("region %s: %d marker keys, want 1", n, markers)
+		}
+		t.Logf("region %s: %d keys, each with a TTL but %d marker", n, len(keys), markers)
+	}
+	rc := redis.NewClient(&redis.Options{Addr: servers["a"].Addr})
+	defer rc.Close()
+	first := rc.PTTL(ctx, testKey).Val()
+	if first <= 0 || first > hold {
+		t.Fatalf("a's record of %s: PTTL %v, want within its Hold %v", testKey, first, hold)
+	}
+	low := first // the PTTL falls until a refresh sets it back to the Hold
+	inc := s.regions["a"].agent.Incarnation(testRule)
+	testutil.WaitFor(t, 3*hold, "a's held record refreshed", func() bool {
+		d := rc.PTTL(ctx, testKey).Val()
+		if d <= 0 {
+			t.Fatalf("a's held record of %s expired (PTTL %v; a's incarnation %d, now %d)", testKey, d, inc, s.regions["a"].agent.Incarnation(testRule))
+		}
+		low = min(low, d)
+		return d > low+hold/8
+	})
 }
 
 // TestAgentsWithRedisCluster runs the scenario with region a's store on a

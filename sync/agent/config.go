@@ -48,6 +48,12 @@ type Config struct {
 	// StoreTimeout bounds one Redis write call (default 100ms); it is the
 	// ledger's StoreTimeout. See the package doc.
 	StoreTimeout time.Duration
+	// RecordHold is the TTL of a share record that is not a Release
+	// record (default 1h; never below 4(Lease + Interval + StoreTimeout)):
+	// the agent writes each such record again every half of it, so that
+	// the record of an agent gone for good, or of a region taken out,
+	// expires (see refresh.go).
+	RecordHold time.Duration
 	// Units is the integer size of every global limit (default 1,000,000).
 	Units int64
 	// Strategy names the allocation strategy (allocation.ByName; default max_min_fair).
@@ -125,6 +131,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Units above %d", ErrConfig, redisstore.MaxUnits)
 	case c.RegistryPoll <= 0 || c.EtcdTimeout <= 0:
 		return fmt.Errorf("%w: RegistryPoll and EtcdTimeout must be positive", ErrConfig)
+	case c.RecordHold < 0 || c.RecordHold > 365*24*time.Hour:
+		return fmt.Errorf("%w: RecordHold must be in [0, 365d]", ErrConfig)
 	case c.MaxUsageKeys <= 0 || c.HotKeys < 0:
 		return fmt.Errorf("%w: MaxUsageKeys must be positive, HotKeys not negative", ErrConfig)
 	}

@@ -6,7 +6,9 @@
 //
 // Key invariant: the agent adds no path around the ledger. Every store write
 // is one the ledger emitted, applied in emission order per key (versions make
-// replays and reorderings harmless); a confirmation (ShareApplied) is
+// replays and reorderings harmless), or a refresh: a record the store
+// confirmed, written again unchanged (same version) so that its key keeps
+// its TTL (refresh.go); a confirmation (ShareApplied) is
 // reported only with the version the store says it holds afterwards; every
 // report published is one the ledger returned; and every input the ledger
 // rejects (a malformed message, an unknown region, a stale or frozen
@@ -52,8 +54,11 @@
 //   - Store: Store (regional/redisstore.Store). Marker writes go to
 //     WriteMarker(rule), key writes to WriteShares(rule) with the rule's
 //     global capacity and rate in thousandths, Total = Units, Floor = this
-//     region's floor units (ledger.Split). RunID is read every tick; a change
-//     calls StoreReset on every ledger.
+//     region's floor units (ledger.Split), and every record but a Release
+//     one with the Hold (Config.RecordHold, refreshed every Hold/2: a
+//     held key's record never expires while the agent lives, and outlives
+//     its marker's lease when the agent dies). RunID is read every tick; a
+//     change calls StoreReset on every ledger.
 //   - Registry: Registry (EtcdRegistry: one JSON document per rule under
 //     /ratelimit/registry/<rule>, holding the rule's Spec and its
 //     ledger.RegistryState, changed only by a Txn comparing ModRevision, so

@@ -170,6 +170,7 @@ func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, 
 	a.drv.Started(st.Rule, led)
 	st.spec, st.backoff = spec, 0
 	clear(st.written)
+	clear(st.holds.held)
 	a.log.Info("ledger started", logKeyRule, st.ID, logKeyInc, start.Inc)
 	a.publishSnapshot()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/sync/driver"
@@ -34,6 +35,7 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 		}
 		j := job{st: st}
 		j.recs, j.markers = driver.StoreWrites(ws, storeRule(st))
+		a.holdRecords(j.recs)
 		jobs = append(jobs, j)
 	}
 	out := make(map[*driver.Rule]driver.Applied, len(jobs))
@@ -70,6 +72,7 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 			}
 			res := driver.Confirmations(j.recs, vs, mvs)
 			mu.Lock()
+			a.noteHeld(j.st, j.recs, vs, time.Now())
 			out[j.st.Rule] = res
 			mu.Unlock()
 		}()

@@ -46,6 +46,7 @@ func (a *Agent) tick(ctx context.Context) {
 		}
 	}
 	a.drv.Tick(us)
+	a.refreshHeld(ctx)
 	a.pollRegistry(ctx)
 	a.publishSnapshot()
 	a.m.tickDuration.Observe(time.Since(t0).Seconds())

@@ -14,15 +14,15 @@ import (
 )
 
 // redisStack is the three-region stack with one redis-server per region.
-func redisStack(t *testing.T) (*stack, map[string]*redisstore.Store, map[string]*testutil.Redis) {
+func redisStack(t *testing.T, tweak ...func(*Config)) (*stack, map[string]*redisstore.Store, map[string]*testutil.Redis) {
 	stores := map[string]*redisstore.Store{}
 	servers := map[string]*testutil.Redis{}
-	s := newStack(t, func(n string) (Store, *memStore) {
+	s := newStackOf(t, []string{"a", "b", "c"}, func(n string) (Store, *memStore) {
 		r := testutil.StartRedis(t)
 		servers[n] = r
 		rc := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
 		return storeOn(t, rc, stores, n), nil
-	})
+	}, tweak...)
 	return s, stores, servers
 }
 

@@ -86,9 +86,10 @@
 // A record write applies only if its version is above the stored one; a share
 // change settles the bucket at the old rate up to now, sets the new rate and
 // capacity and clamps the tokens, in one script; elapsed time below zero
-// counts as zero. Records of coordinated keys never expire (only Release
-// records, written when a key is back at its base, may expire with the
-// bucket). A marker Create applies only to the store run (RunID) it names; a
+// counts as zero. Records of coordinated keys do not expire while their
+// incarnation's marker may be in force (the agent gives them a TTL, the
+// Hold, and writes them again well within it; only Release records,
+// written when a key is back at its base, may expire with the bucket). A marker Create applies only to the store run (RunID) it names; a
 // renewal applies only over a marker of its own incarnation. ShareApplied is
 // reported whenever the store holds a version >= the written one. A write
 // that has not taken effect StoreTimeout after it was issued never does.

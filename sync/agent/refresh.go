@@ -1,0 +1,177 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// Record holds. Every share record but a Release one is written with a Hold
+// (redisstore.ShareRecord.Hold): its key expires Hold after the write unless
+// the agent writes it again. The agent keeps, per rule, the last record the
+// store confirmed holding for each key (the version it wrote) and writes it
+// again, same version (the store re-applies an equal version: nothing
+// changes but the TTL), once half the Hold has passed since, at most
+// refreshBatch records per rule and tick; a failed write is retried at the
+// next tick, and one Redis answers with an error (one key's bad state fails
+// the whole pipelined call) is written again one record at a time, so one
+// key does not hold back the others. A record the store holds a newer
+// version of is refused and changes nothing.
+//
+// Why this is safe: a key whose record is gone enforces the marker's
+// default units (its base), so a held record must outlive its
+// incarnation's marker. While the agent runs and its writes succeed, each
+// held key is re-written at least every Hold/2 + Interval (with up to
+// refreshBatch keys per tick falling due); the marker's lease ends at most
+// Lease after its last renewal. An agent that dies renews neither: its
+// records then last at least Hold/2 - Interval, more than Lease
+// (recordHold keeps Hold >= 4(Lease + Interval + StoreTimeout)), so the
+// marker has lapsed, and the store enforces the floor on every key, before
+// any of its records expires. A new incarnation's marker floors the old
+// records at once; they expire a Hold later. Not covered: a store that
+// refuses every refresh of a key for Hold/2 while it accepts the marker's
+// renewals (the same server; on a Cluster the same master), and eviction:
+// a volatile-* maxmemory policy may now evict a held record, which then
+// enforces its base (volatile-ttl evicts it only after every key closer to
+// expiry).
+
+// minRecordHold is the least Hold the agent gives its records.
+const minRecordHold = time.Hour
+
+// refreshBatch bounds the records one refresh call writes (per rule and tick).
+const refreshBatch = 1024
+
+// recordHold is the Hold of the agent's records: cfg.RecordHold, else
+// minRecordHold, and never below 4(Lease + Interval + StoreTimeout).
+func recordHold(cfg Config) time.Duration {
+	h := cfg.RecordHold
+	if h == 0 {
+		h = minRecordHold
+	}
+	return max(h, 4*(cfg.Lease+cfg.Interval+cfg.StoreTimeout))
+}
+
+// recordHolds is a rule's records to write again.
+type recordHolds struct {
+	held       map[string]heldRecord // by key: the store confirmed it
+	refreshing bool                  // a refresh is in flight
+	next       time.Time             // no record is due before (zero: none held)
+}
+
+// dueBy lowers next to t.
+func (h *recordHolds) dueBy(t time.Time) {
+	if h.next.IsZero() || t.Before(h.next) {
+		h.next = t
+	}
+}
+
+// heldRecord is a record the store confirmed and when it was last written.
+type heldRecord struct {
+	rec redisstore.ShareRecord
+	at  time.Time
+}
+
+// holdRecords gives recs the agent's Hold.
+func (a *Agent) holdRecords(recs []redisstore.ShareRecord) {
+	h := recordHold(a.cfg)
+	for i := range recs {
+		recs[i].Hold = h
+	}
+}
+
+// noteHeld records what the store answered to st's writes of recs (under
+// applyWrites' lock, while the loop goroutine waits for it): a record it
+// holds at the written version is held (a Release record no longer),
+// written at.
+func (a *Agent) noteHeld(st *ruleState, recs []redisstore.ShareRecord, vs []redisstore.WindowApplied, at time.Time) {
+	if st.holds.held == nil {
+		st.holds.held = map[string]heldRecord{}
+	}
+	st.holds.dueBy(at.Add(recordHold(a.cfg) / 2))
+	for i, r := range recs {
+		if i >= len(vs) || vs[i].Need > 0 || vs[i].Version != (redisstore.Version{Inc: r.Inc, Seq: r.Seq}) {
+			continue
+		}
+		if r.Release {
+			delete(st.holds.held, r.Key)
+		} else {
+			st.holds.held[r.Key] = heldRecord{rec: r, at: at}
+		}
+	}
+}
+
+// refreshWrite writes recs with write. When Redis answered an error (a
+// script's: one key's bad state fails the whole pipelined call), it writes
+// them again one by one, so that one key does not keep every other from
+// its refresh; a record whose write failed then has a zero answer. A
+// failure to reach Redis is returned as it is.
+func refreshWrite(recs []redisstore.ShareRecord, write func([]redisstore.ShareRecord) ([]redisstore.WindowApplied, error)) ([]redisstore.WindowApplied, error) {
+	vs, err := write(recs)
+	var rerr redis.Error
+	if err == nil || len(recs) == 1 || !errors.As(err, &rerr) {
+		return vs, err
+	}
+	vs = make([]redisstore.WindowApplied, len(recs))
+	for i := range recs {
+		if one, err := write(recs[i : i+1]); err == nil && len(one) == 1 {
+			vs[i] = one[0]
+		}
+	}
+	return vs, nil
+}
+
+// refreshHeld writes again, in the background, the held records whose last
+// write is half the Hold old, up to refreshBatch per rule (one call per
+// rule at a time).
+func (a *Agent) refreshHeld(ctx context.Context) {
+	now := time.Now()
+	half := recordHold(a.cfg) / 2
+	due := now.Add(-half)
+	for _, st := range a.rules {
+		if st.Led == nil || st.holds.refreshing || len(st.holds.held) == 0 || now.Before(st.holds.next) {
+			continue
+		}
+		var recs []redisstore.ShareRecord
+		st.holds.next = time.Time{}
+		for _, h := range st.holds.held {
+			if !h.at.After(due) && len(recs) < refreshBatch {
+				recs = append(recs, h.rec)
+			} else {
+				st.holds.dueBy(h.at.Add(half)) // not due yet, or past the batch (due now)
+			}
+		}
+		if len(recs) == 0 {
+			continue
+		}
+		st.holds.refreshing = true
+		a.goOwned(func() {
+			vs, err := refreshWrite(recs, func(recs []redisstore.ShareRecord) ([]redisstore.WindowApplied, error) {
+				cctx, cancel := context.WithTimeout(ctx, max(a.cfg.StoreTimeout, a.cfg.Interval))
+				defer cancel()
+				return a.writeShares(cctx, st.ID, recs)
+			})
+			a.post(ctx, func(context.Context) {
+				st.holds.refreshing = false
+				if err != nil {
+					st.holds.dueBy(time.Now()) // retried at the next tick
+					a.m.storeErrors.Inc()
+					a.logs.Log(slog.LevelWarn, "refresh-shares", "share record refresh failed; retrying at the next tick", logKeyRule, st.ID, logKeyErr, err)
+					return
+				}
+				// only what is still held at that version is renewed (a
+				// newer write or a new incarnation replaced the rest)
+				for i, r := range recs {
+					if h, ok := st.holds.held[r.Key]; ok && h.rec.Inc == r.Inc && h.rec.Seq == r.Seq && i < len(vs) && vs[i].Need == 0 && vs[i].Version == (redisstore.Version{Inc: r.Inc, Seq: r.Seq}) {
+						h.at = now
+						st.holds.held[r.Key] = h
+					}
+				}
+				st.holds.dueBy(now.Add(half)) // refused ones are due then too, if still held
+			})
+		})
+	}
+}
