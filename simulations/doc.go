@@ -25,7 +25,7 @@ func Run(ctx context.Context, sc *scenario.Scenario, opt sim.Options) (*sim.Resu
 }
 
 // Params are the settings Sweep can vary.
-var Params = []string{"rtt", "interval", "lease", "alpha"}
+var Params = []string{"rtt", "interval", "lease", "half-life"}
 
 // Point is one run of a sweep.
 type Point struct {
@@ -37,8 +37,8 @@ type Point struct {
 
 // Apply returns a copy of sc with param set to value: rtt scales the delay
 // matrix by a factor (e.g. 0.5, 1, 2) or sets every delay to a duration
-// (e.g. 50ms: one-way); interval and lease take durations; alpha (the
-// ledger's demand EWMA weight) a number in (0,1].
+// (e.g. 50ms: one-way); interval, lease and half-life (of the ledger's
+// demand estimate) take durations.
 func Apply(sc *scenario.Scenario, param, value string) (*scenario.Scenario, float64, error) {
 	c := *sc
 	var x float64
@@ -66,24 +66,21 @@ func Apply(sc *scenario.Scenario, param, value string) (*scenario.Scenario, floa
 			return nil, 0, fmt.Errorf("simulations: rtt value %q: want a factor (0.5) or a round-trip duration (100ms)", value)
 		}
 		c.Network.DelayMs = dm
-	case "interval", "lease":
+	case "interval", "lease", "half-life":
 		d, err := time.ParseDuration(value)
-		if err != nil || d <= 0 {
+		if err != nil || d < 0 || (d == 0 && param != "half-life") {
 			return nil, 0, fmt.Errorf("simulations: %s value %q: want a duration such as 250ms", param, value)
 		}
-		if param == "interval" {
+		switch param {
+		case "interval":
 			c.Sync.Interval = scenario.Duration(d)
-		} else {
+		case "lease":
 			c.Sync.Lease = scenario.Duration(d)
+		default:
+			h := scenario.Duration(d)
+			c.Sync.HalfLife = &h
 		}
 		x = float64(d) / 1e6
-	case "alpha":
-		f, err := strconv.ParseFloat(value, 64)
-		if err != nil || !(f > 0 && f <= 1) {
-			return nil, 0, fmt.Errorf("simulations: alpha value %q: want a number in (0,1]", value)
-		}
-		c.Sync.Alpha = &f
-		x = f
 	default:
 		return nil, 0, fmt.Errorf("simulations: unknown parameter %q (%s)", param, strings.Join(Params, ", "))
 	}

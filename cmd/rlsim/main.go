@@ -3,7 +3,7 @@
 // and the scenario against the real binaries on this machine (live).
 //
 //	rlsim run SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--quiet]
-//	rlsim sweep SCENARIO.yaml --param rtt|interval|lease|alpha --values a,b,c [--out DIR] [--seed N] [--duration D]
+//	rlsim sweep SCENARIO.yaml --param rtt|interval|lease|half-life --values a,b,c [--out DIR] [--seed N] [--duration D]
 //	rlsim live SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--speed F] [--max-load N] [--quiet]
 //	rlsim --help | rlsim --version
 //

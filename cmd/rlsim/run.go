@@ -22,7 +22,7 @@ import (
 
 const usage = `usage:
   rlsim run SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--quiet]
-  rlsim sweep SCENARIO.yaml --param rtt|interval|lease|alpha --values a,b,c [--out DIR] [--seed N] [--duration D]
+  rlsim sweep SCENARIO.yaml --param rtt|interval|lease|half-life --values a,b,c [--out DIR] [--seed N] [--duration D]
   rlsim live SCENARIO.yaml [--out DIR] [--seed N] [--duration D] [--speed F] [--max-load N] [--quiet]
   rlsim help | --help | COMMAND --help
   rlsim --version

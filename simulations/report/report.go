@@ -345,8 +345,8 @@ func SweepCharts(pts []simulations.Point) []*Chart {
 	switch param {
 	case "rtt":
 		xl = "rtt (factor of the delay matrix, or ms)"
-	case "alpha":
-		xl = "alpha (demand EWMA weight)"
+	case "half-life":
+		xl = "half-life of the demand estimate (ms)"
 	}
 	sc := pts[0].Result.Scenario
 	util := &Chart{Title: fmt.Sprintf("%s: utilization vs %s", sc, param), XLabel: xl, YLabel: "utilization (% of ideal)"}

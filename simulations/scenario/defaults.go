@@ -60,8 +60,9 @@ func (sc *Scenario) defaults() {
 	if s.StoreMs == nil {
 		s.StoreMs = fptr(1)
 	}
-	if s.Alpha == nil {
-		s.Alpha = fptr(lc.Alpha)
+	if s.HalfLife == nil {
+		h := Duration(lc.HalfLife)
+		s.HalfLife = &h
 	}
 	for i := range sc.Demand {
 		d := &sc.Demand[i]

@@ -145,10 +145,10 @@ type Sync struct {
 	EtcdTimeout  Duration `yaml:"etcd_timeout"`  // a registry call without a reply is given up after it (default 5s)
 	// StoreMs is the delay of a store write and of its confirmation (default 1).
 	StoreMs *float64 `yaml:"store_ms"`
-	// Alpha is the weight of the newest interval in the ledger's demand
-	// estimate (an EWMA; default 0.5, the agent's): higher follows shifts
-	// faster, lower is steadier under noisy arrivals.
-	Alpha *float64 `yaml:"alpha"`
+	// HalfLife is the half-life of the ledger's demand estimate (an EWMA;
+	// default 250ms, the agent's; 0 keeps only the newest interval):
+	// shorter follows shifts faster, longer is steadier under noisy arrivals.
+	HalfLife *Duration `yaml:"half_life"`
 }
 
 // Demand is one stream of requests. Levels are multiples of rule.rate.

@@ -48,7 +48,7 @@ func TestDefaultsAreProduction(t *testing.T) {
 	c, s := agent.DefaultConfig(), sc.Sync
 	if s.Interval.D() != c.Interval || s.Lease.D() != c.Lease || *s.ClockError != c.Rho || s.Margin.D() != c.Margin ||
 		s.StoreTimeout.D() != c.StoreTimeout || s.RegistryPoll.D() != c.RegistryPoll || s.EtcdTimeout.D() != c.EtcdTimeout ||
-		*s.Alpha != c.Alpha || sc.Rule.MinShare != 0 || sc.Rule.Allocation != c.Strategy {
+		s.HalfLife.D() != c.HalfLife || sc.Rule.MinShare != 0 || sc.Rule.Allocation != c.Strategy {
 		t.Errorf("scenario defaults %+v (min_share %v, allocation %s) differ from the agent's %+v", s, sc.Rule.MinShare, sc.Rule.Allocation, c)
 	}
 }

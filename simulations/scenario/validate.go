@@ -128,8 +128,8 @@ func (sc *Scenario) Validate() error {
 	if !(*s.StoreMs >= 0) || float64(time.Duration(*s.StoreMs*1e6)) >= float64(s.StoreTimeout) {
 		return bad("sync.store_ms", "must be >= 0 and below store_timeout")
 	}
-	if !(*s.Alpha > 0 && *s.Alpha <= 1) {
-		return bad("sync.alpha", "must be in (0,1]")
+	if *s.HalfLife < 0 {
+		return bad("sync.half_life", "must not be negative")
 	}
 	// Demand.
 	if len(sc.Demand) == 0 {

@@ -98,7 +98,7 @@ func ledgerConfig(env *sim.Env) (ledger.Config, []ledger.RegionSpec) {
 	cfg.Rho = *sc.Sync.ClockError
 	cfg.Margin = sc.Sync.Margin.D()
 	cfg.StoreTimeout = sc.Sync.StoreTimeout.D()
-	cfg.Alpha = *sc.Sync.Alpha
+	cfg.HalfLife = sc.Sync.HalfLife.D()
 	cfg.Quantum = ledger.QuantumOf(cfg.Units, sc.Rule.Burst)
 	if w := sc.Rule.Window.D(); w > 0 {
 		cfg.Margin += driver.WindowWait(w, cfg.Rho) // as the agent's ledger of a window rule

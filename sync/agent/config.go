@@ -67,10 +67,11 @@ type Config struct {
 	MaxUsageKeys int
 	// HotKeys bounds the keys apportion_sync_share_units exports (default 20).
 	HotKeys int
-	// Alpha is the weight of the newest interval in the demand estimate (an
-	// EWMA, default 0.5): higher follows demand shifts faster, lower is
-	// steadier under noisy traffic (see simulations/README.md, the alpha sweep).
-	Alpha float64
+	// HalfLife is the half-life of the demand estimate (an EWMA, default
+	// 250ms, the same per second at any Interval): shorter follows demand
+	// shifts faster, longer is steadier under noisy traffic (see
+	// simulations/README.md, the half-life sweep).
+	HalfLife time.Duration
 	// Signer signs every report this agent publishes (wire.NewSigner from
 	// the region's NKey seed). Required unless InsecureUnsigned; its region
 	// must be Region.
@@ -106,7 +107,7 @@ func DefaultConfig() Config {
 		EtcdTimeout:  5 * time.Second,
 		MaxUsageKeys: usage.DefaultMaxKeys,
 		HotKeys:      20,
-		Alpha:        lc.Alpha,
+		HalfLife:     lc.HalfLife,
 	}
 }
 
@@ -148,7 +149,7 @@ func (c Config) LedgerConfig() ledger.Config {
 	lc := ledger.DefaultConfig()
 	lc.Units, lc.Interval, lc.Lease, lc.Rho, lc.Margin, lc.StoreTimeout = c.Units, c.Interval, c.Lease, c.Rho, c.Margin, c.StoreTimeout
 	lc.Hysteresis = max(1, c.Units/10000)
-	lc.Alpha = c.Alpha
+	lc.HalfLife = c.HalfLife
 	f, _ := allocation.ByName(c.Strategy)
 	lc.Allocate = ledger.AllocatorOf(f)
 	return lc

@@ -137,7 +137,7 @@ func TestRunCommandFlags(t *testing.T) {
 		{"bad region", []string{"--region", "a.b", "--etcd-endpoints", "x"}, "Region"},
 		{"bad log level", []string{"--region", "a", "--etcd-endpoints", "x", "--log-level", "loud"}, "--log-level"},
 		{"bad lease", []string{"--region", "a", "--etcd-endpoints", "x", "--lease", "100ms"}, "Lease"},
-		{"bad demand alpha", []string{"--region", "a", "--etcd-endpoints", "x", "--demand-alpha", "0"}, "Alpha"},
+		{"bad demand half-life", []string{"--region", "a", "--etcd-endpoints", "x", "--demand-half-life", "-1s"}, "HalfLife"},
 		{"redis cert without key", []string{"--region", "a", "--etcd-endpoints", "x", "--redis-cert", "c.pem"}, "--redis-cert"},
 		{"extra args", []string{"--region", "a", "--etcd-endpoints", "x", "more"}, "unexpected arguments"},
 		{"zero HTTP timeout", []string{"--region", "a", "--etcd-endpoints", "x", "--http-idle-timeout", "0s"}, "must be positive"},

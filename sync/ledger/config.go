@@ -62,8 +62,12 @@ type Config struct {
 	// FullEvery makes every FullEvery-th report carry all active keys, which
 	// repairs lost reports within FullEvery intervals (default 8).
 	FullEvery int
-	// Alpha is the EWMA weight of the newest demand sample (default 0.5).
-	Alpha float64
+	// HalfLife is the demand estimate's half-life: the weight of a sample
+	// halves every HalfLife, so an interval of dt seconds enters the EWMA
+	// with weight 1-2^(-dt/HalfLife) whatever the interval (default 250ms:
+	// 0.5 at a 250 ms interval, 0.24 at 100 ms). 0 keeps only the newest
+	// interval.
+	HalfLife time.Duration
 	// IdleAfter is how long without usage before a key may leave coordination (default 10s).
 	IdleAfter time.Duration
 	// Hysteresis is the smallest excess (units) worth a gift (default Units/10000).
@@ -72,8 +76,8 @@ type Config struct {
 	// the time its limit takes to admit this many requests (DemandTokens/rate
 	// seconds), so that at a few requests per second the estimate does not
 	// jump with every single request: the EWMA weight of an interval of dt
-	// seconds is min(Alpha, dt*rate/DemandTokens). Limits above
-	// DemandTokens*Alpha/Interval per second are unaffected (demand.go has
+	// seconds is min(1-2^(-dt/HalfLife), dt*rate/DemandTokens). Limits above
+	// about DemandTokens/(1.44*HalfLife) per second are unaffected (demand.go has
 	// the rest: the start of an average and silence). Default 40; 0 disables.
 	DemandTokens float64
 	// Quantum is the number of units per whole token of the limit's capacity
@@ -113,7 +117,7 @@ func DefaultConfig() Config {
 		StoreTimeout: 100 * time.Millisecond,
 		RetryWrite:   time.Second,
 		FullEvery:    8,
-		Alpha:        0.5,
+		HalfLife:     250 * time.Millisecond,
 		IdleAfter:    10 * time.Second,
 		Hysteresis:   100,
 		DemandTokens: 40,
@@ -141,8 +145,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: RetryWrite must be positive", ErrConfig)
 	case c.FullEvery <= 0:
 		return fmt.Errorf("%w: FullEvery must be positive", ErrConfig)
-	case !(c.Alpha > 0 && c.Alpha <= 1):
-		return fmt.Errorf("%w: Alpha must be in (0,1]", ErrConfig)
+	case c.HalfLife < 0:
+		return fmt.Errorf("%w: HalfLife must not be negative", ErrConfig)
 	case c.IdleAfter <= 0:
 		return fmt.Errorf("%w: IdleAfter must be positive", ErrConfig)
 	case c.Hysteresis < 0:

@@ -1,6 +1,9 @@
 package ledger
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // SilenceTokens is the count of requests (of cost 1) whose absence bounds a
 // small limit's demand estimate: after quiet seconds without usage, the
@@ -15,13 +18,14 @@ const SilenceTokens = 5
 // observe folds the usage of the interval that ends now (dt seconds) into
 // k's demand estimate, in units of the whole limit: an EWMA of the interval
 // rates (admitted and rejected cost alike: a region's demand is what its
-// clients ask for, not what its share let through) with weight Alpha for
-// the newest interval, at most dt*rate/DemandTokens (so that at a few
+// clients ask for, not what its share let through) whose newest interval
+// weighs 1-2^(-dt/HalfLife) (the same decay per second whatever the
+// interval), at most dt*rate/DemandTokens (so that at a few
 // requests per second the estimate averages over about DemandTokens
 // requests' worth of the limit instead of jumping with each one).
 //
-// The EWMA starts from 0. Where DemandTokens slows it below Alpha (limits
-// below DemandTokens*Alpha/Interval per second, 80/s by default), the
+// The EWMA starts from 0. Where DemandTokens slows it below that weight (limits
+// below about DemandTokens/(1.44*HalfLife) per second, about 100/s by default), the
 // estimate divides it by the total weight of the samples so far (1 - the
 // product of (1 - a)) once SilenceTokens of cost have been seen since the
 // average started (a key's first usage, or its estimate falling to 0): a
@@ -30,8 +34,8 @@ const SilenceTokens = 5
 // seconds to rise (at 10/s, 4 s in which every region's share followed
 // estimates that had not caught up; at 1/s, a client that moved to another
 // region waited 40 s for its token), while a single stray request does not
-// count as a rate of one request per interval. At Alpha (0.5) the EWMA
-// reaches 94% of a new key's rate in four intervals; it is left as is.
+// count as a rate of one request per interval. At the default HalfLife
+// (250ms) the EWMA reaches 94% of a new key's rate within a second; it is left as is.
 //
 // Where the EWMA is slow, silence also ends the estimate sooner: after quiet
 // seconds without usage the estimate is at most SilenceTokens/quiet requests
@@ -44,7 +48,10 @@ const SilenceTokens = 5
 func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 	inst := float64(k.used) / dt * float64(l.cfg.Units) / k.rate
 	old := int64(k.demand)
-	a := l.cfg.Alpha
+	a := 1.0
+	if h := l.cfg.HalfLife.Seconds(); h > 0 {
+		a = -math.Expm1(-dt / h * math.Ln2) // 1 - 2^(-dt/h)
+	}
 	slow := l.cfg.DemandTokens > 0 && dt*k.rate/l.cfg.DemandTokens < a
 	if slow {
 		a = dt * k.rate / l.cfg.DemandTokens

@@ -95,13 +95,13 @@ func TestDemandSilence(t *testing.T) {
 }
 
 // TestDemandFastLimitUnchanged: a limit fast enough for the EWMA to run at
-// Alpha has neither the division nor the silence cap.
+// its half-life's weight (0.5 for an interval of one half-life) has neither the division nor the silence cap.
 func TestDemandFastLimitUnchanged(t *testing.T) {
 	l := demandLedger(t, false)
 	const iv = 250 * time.Millisecond
 	l.Usage(iv, "k", 1000, 100, 0) // 400/s of a 1000/s limit: 0.4 of it
 	l.Tick(iv)
 	if got, want := l.Position("k").Demand, l.cfg.Units*4/10/2; got != want {
-		t.Fatalf("first estimate %d, want %d (Alpha times the first sample)", got, want)
+		t.Fatalf("first estimate %d, want %d (half the first sample: one half-life)", got, want)
 	}
 }

@@ -11,7 +11,7 @@ import (
 
 func calmSim(t *testing.T, seed int64, regions int) *sim {
 	s := newSim(t, seed, simOpts{regions: regions, keys: 3, noRestart: true,
-		config: func(c *Config) { c.Alpha = 1 }})
+		config: func(c *Config) { c.HalfLife = 0 }})
 	s.heal()
 	return s
 }

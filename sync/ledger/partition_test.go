@@ -78,7 +78,7 @@ func untilConverged(t *testing.T, s *sim, limit time.Duration) time.Duration {
 
 func partitionSim(t *testing.T, seed int64, regions int) *sim {
 	s := newSim(t, seed, simOpts{regions: regions, keys: 3, restart: 100 * time.Millisecond,
-		config: func(c *Config) { c.Alpha = 1 }})
+		config: func(c *Config) { c.HalfLife = 0 }})
 	s.heal()
 	return s
 }
@@ -129,7 +129,7 @@ func TestTwoRegionPartition(t *testing.T) {
 func TestRegionAloneForHours(t *testing.T) {
 	for _, n := range []int{2, 3} {
 		s := newSim(t, 7, simOpts{regions: n, keys: 1, restart: 100 * time.Millisecond,
-			config: func(c *Config) { c.Alpha = 1 }})
+			config: func(c *Config) { c.HalfLife = 0 }})
 		s.heal()
 		level := []float64{0.3, 0.3, 0.3}
 		spread(s, level)
@@ -195,7 +195,7 @@ func TestRegistryBoundedOverAWeek(t *testing.T) {
 		t.Skip("a week of virtual time")
 	}
 	s := newSim(t, 3, simOpts{regions: 3, keys: 2, restart: time.Second, config: func(c *Config) {
-		c.Alpha = 1
+		c.HalfLife = 0
 		c.Interval = 10 * time.Second
 		c.Lease = time.Minute
 		c.Margin = 10 * time.Second

@@ -136,7 +136,7 @@ func TestConfigValidate(t *testing.T) {
 		"rho":       func(c *Config) { c.Rho = 0.7 },
 		"lease":     func(c *Config) { c.Lease = c.Interval },
 		"allocate":  func(c *Config) { c.Allocate = nil },
-		"alpha":     func(c *Config) { c.Alpha = 0 },
+		"half-life": func(c *Config) { c.HalfLife = -1 },
 	} {
 		c := DefaultConfig()
 		f(&c)

@@ -880,9 +880,9 @@ func s0cfg(o simOpts) Config {
 // marker may need RetryWrite; an incarnation that fenced just before the
 // heal is reclaimed after ReclaimAfter, or at once when its successor
 // reports; then the bound of a heal (healBound), and the demand estimates
-// (Alpha 0.5) settle within ten intervals.
+// settle within ten half-lives (or ten intervals, if longer).
 func randomHealBound(c Config) time.Duration {
-	return 3*time.Second + c.RetryWrite + healBound(c) + 10*c.Interval
+	return 3*time.Second + c.RetryWrite + healBound(c) + 10*max(c.Interval, c.HalfLife)
 }
 
 // registrySize is the size of the registry's state as the agent stores it in etcd.

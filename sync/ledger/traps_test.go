@@ -29,7 +29,7 @@ type cluster struct {
 func newCluster(t *testing.T, n int) *cluster {
 	t.Helper()
 	c := &cluster{t: t, cfg: simConfig()}
-	c.cfg.Alpha = 1
+	c.cfg.HalfLife = 0
 	for i := 0; i < n; i++ {
 		c.spec = append(c.spec, RegionSpec{Name: "r" + string(rune('0'+i)), Weight: 1})
 	}
