@@ -27,7 +27,7 @@ func (s *Store) decide(c *call, b Budget, start time.Time) (time.Duration, error
 		// Queued behind workers that wait on a silent Redis: the store
 		// has failed, whatever the queue budget says.
 		if b.RoundTrip > 0 {
-			if silent, since := s.workerSilence(); since != 0 && silent >= s.allowance(b.RoundTrip) {
+			if silent, since := s.workerSilence(); since != 0 && silent >= s.allowance(b.RoundTrip) && !s.replyWaiting() && !s.redisStarved(max(since, s.answered())) {
 				if c.state.CompareAndSwap(callQueued, callAbandoned) {
 					s.queued.Add(-1)
 					return 0, fmt.Errorf("%w: queued behind pipelines Redis has not answered for %v", ErrTimeout, silent.Round(time.Millisecond))
@@ -49,12 +49,22 @@ func (s *Store) decide(c *call, b Budget, start time.Time) (time.Duration, error
 	if sent == 0 { // taken, about to be sent
 		return b.RoundTrip, nil
 	}
+	if !s.written(sent) {
+		// Taken, and no write to Redis (or dial) begun since: the
+		// worker waits for a CPU before its write. Not in Redis yet: this process's
+		// delay, bounded as a queued call is.
+		if el >= b.Queue+b.RoundTrip {
+			return 0, fmt.Errorf("%w: not written to Redis after %v", ErrQueueTimeout, el.Round(time.Millisecond))
+		}
+		return min(b.RoundTrip, b.Queue+b.RoundTrip-el), nil
+	}
 	inRedis := time.Since(time.Unix(0, sent))
 	if inRedis < b.RoundTrip {
 		return b.RoundTrip - inRedis, nil
 	}
 	lag := s.lag.current()
-	if silent := time.Since(time.Unix(0, max(sent, s.answered()))); silent >= s.allowance(b.RoundTrip) {
+	from := max(sent, s.answered())
+	if silent := time.Since(time.Unix(0, from)); silent >= s.allowance(b.RoundTrip) && !s.replyWaiting() && !s.redisStarved(from) {
 		return 0, fmt.Errorf("%w: no answer from Redis for %v (this process's network lag %v)", ErrTimeout, silent.Round(time.Millisecond), lag.Round(time.Millisecond))
 	}
 	if el >= b.Queue+b.RoundTrip {
@@ -239,11 +249,32 @@ func (s *Store) late(sent time.Time, rt time.Duration, err error) error {
 	if d, ok := s.roundTripBudget.Load().(time.Duration); ok {
 		budget = d
 	}
-	silent := time.Since(time.Unix(0, max(sent.UnixNano(), s.answered())))
-	if budget > 0 && silent < s.allowance(budget) {
+	from := max(sent.UnixNano(), s.answered())
+	if budget > 0 && (!s.written(sent.UnixNano()) || time.Since(time.Unix(0, from)) < s.allowance(budget) || s.replyWaiting() || s.redisStarved(from)) {
 		return fmt.Errorf("%w: behind this process's backlog in Redis after %v: %w", ErrQueueTimeout, rt.Round(time.Millisecond), err)
 	}
 	return fmt.Errorf("%w after %v: %w", ErrTimeout, rt.Round(time.Millisecond), err)
+}
+
+// written reports whether a pipeline stamped sent at sent (unix ns) may be
+// in Redis: some write to Redis, or a dial, has begun since (an
+// Activity's; one that then blocks is Redis not reading, or unreachable),
+// or the store cannot tell (no Activity).
+func (s *Store) written(sent int64) bool {
+	a := s.opts.activity
+	return a == nil || a.began.Load() >= sent
+}
+
+// replyWaiting reports a reply from Redis received by the kernel and not yet
+// read by this process (Activity.Unread), and counts it as Redis heard now:
+// Redis has answered; the silence is this process's, waiting for a CPU.
+func (s *Store) replyWaiting() bool {
+	a := s.opts.activity
+	if a == nil || !a.Unread() {
+		return false
+	}
+	a.last.Store(time.Now().UnixNano())
+	return true
 }
 
 // answered is the unix ns when Redis was last heard answering.

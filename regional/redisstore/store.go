@@ -42,6 +42,9 @@ type Store struct {
 	perScript       atomic.Int64   // ns: Redis time per script in flight, a moving average
 	busy            []atomic.Int64 // per worker: unix ns when its pipeline in flight was sent; 0 when idle
 	roundTripBudget atomic.Value   // time.Duration: the latest Do's RoundTrip, for late
+
+	// watch is a local Redis's scheduling (WatchLocalRedis); nil: none.
+	watch atomic.Pointer[procWatch]
 }
 
 // Call is one request's check for Do: cost and buckets, as for Check.
