@@ -319,7 +319,7 @@ func (s *Store) evalShas(ctx context.Context, sc *redis.Script, n int, keys func
 	send(all)
 	var retry []int
 	for i, c := range cmds {
-		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+		if err := c.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			retry = append(retry, i)
 		}
 	}

@@ -26,13 +26,13 @@ import (
 // process's main thread (Redis's event loop) has run and the time it has
 // waited on a run queue (added when it gets a CPU), and /proc/PID/stat its
 // state (R: running or runnable). A watch samples schedstat every
-// starveInterval; a silence is starvation when Redis spent at least half of
+// starveInterval (one read system call); a silence is starvation when Redis spent at least half of
 // it waiting on a run queue, or is runnable now and ran for less than half
 // of it (waiting for a CPU still).
 
 const (
-	starveInterval = 2 * time.Millisecond
-	starveSamples  = 128 // 256 ms of history
+	starveInterval = 5 * time.Millisecond
+	starveSamples  = 64 // 320 ms of history
 )
 
 // sched is one reading of a process's scheduling.
@@ -104,24 +104,22 @@ func (w *procWatch) starved(since int64) bool {
 }
 
 // procSched reads /proc/PID/schedstat (run time, wait time, timeslices)
-// and, asked, the state in /proc/PID/stat.
-func procSched(pid int) schedSource {
-	dir := "/proc/" + strconv.Itoa(pid) + "/"
+// from f, opened once (a read at offset 0 reads it afresh: one system call
+// per sample, no allocation) and, asked, the state in /proc/PID/stat.
+func procSched(pid int, f *os.File) schedSource {
 	return func(state bool) (sched, error) {
-		b, err := os.ReadFile(dir + "schedstat")
-		if err != nil {
-			return sched{}, err
-		}
-		f := strings.Fields(string(b))
-		if len(f) < 2 {
-			return sched{}, fmt.Errorf("redisstore: %sschedstat: %q", dir, b)
+		var buf [96]byte
+		n, err := f.ReadAt(buf[:], 0)
+		if n == 0 {
+			return sched{}, fmt.Errorf("redisstore: /proc/%d/schedstat: %w", pid, err)
 		}
 		var r sched
-		var err1, err2 error
-		r.run, err1 = strconv.ParseInt(f[0], 10, 64)
-		r.wait, err2 = strconv.ParseInt(f[1], 10, 64)
-		if err := errors.Join(err1, err2); err != nil {
-			return sched{}, err
+		var ok1, ok2 bool
+		b := buf[:n]
+		r.run, b, ok1 = leadingInt(b)
+		r.wait, _, ok2 = leadingInt(b)
+		if !ok1 || !ok2 {
+			return sched{}, fmt.Errorf("redisstore: /proc/%d/schedstat: %q", pid, buf[:n])
 		}
 		if state {
 			st, err := procStat(pid)
@@ -132,6 +130,20 @@ func procSched(pid int) schedSource {
 		}
 		return r, nil
 	}
+}
+
+// leadingInt parses the decimal number at the start of b (after spaces)
+// and returns the rest.
+func leadingInt(b []byte) (int64, []byte, bool) {
+	for len(b) > 0 && b[0] == ' ' {
+		b = b[1:]
+	}
+	var v int64
+	i := 0
+	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		v = v*10 + int64(b[i]-'0')
+	}
+	return v, b[i:], i > 0
 }
 
 // procStat is /proc/PID/stat from field 3 (the state) on: the command name
@@ -186,14 +198,20 @@ func (s *Store) WatchLocalRedis(ctx context.Context) (int, error) {
 	if age, err := processAge(pid); err != nil || age-time.Duration(up)*time.Second > 3*time.Second || time.Duration(up)*time.Second-age > 3*time.Second {
 		return 0, fmt.Errorf("redisstore: process %d did not start with the server (%v, uptime %ds, %v)", pid, age, up, err)
 	}
-	w := &procWatch{read: procSched(pid)}
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/schedstat")
+	if err != nil {
+		return 0, err
+	}
+	w := &procWatch{read: procSched(pid, f)}
 	if _, err := w.read(true); err != nil {
+		f.Close()
 		return 0, err
 	}
 	s.watch.Store(w)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
+		defer f.Close()
 		w.run(s.done)
 	}()
 	return pid, nil
