@@ -159,7 +159,7 @@ func socketPair() (net.Conn, net.Conn, error) {
 // waits unread in a socket (this process, not Redis, is behind: see Unread).
 type Activity struct {
 	last  atomic.Int64 // unix ns
-	began atomic.Int64 // unix ns when a write to Redis, or a dial, last began
+	wrote atomic.Int64 // unix ns when a write to Redis last completed, or a dial began
 	mu    sync.Mutex
 	conns map[*activityConn]struct{}
 }
@@ -172,7 +172,7 @@ func NewActivity() *Activity { return &Activity{conns: map[*activityConn]struct{
 // that returns bytes is recorded.
 func (a *Activity) Dialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		a.began.Store(time.Now().UnixNano()) // a dial that hangs is Redis unreachable
+		a.wrote.Store(time.Now().UnixNano()) // a dial that hangs is Redis unreachable
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
@@ -215,11 +215,16 @@ func (c *activityConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Write records when it began: a write that then blocks (Redis not
-// reading, its socket buffer full) is Redis's silence, not this process's.
+// Write records when a write completed: before that the bytes may not have
+// reached the kernel (the writer preempted), and Redis cannot answer them.
+// (A write that blocks on a full socket buffer would not count either, but
+// each worker has one pipeline in flight: the buffers do not fill.)
 func (c *activityConn) Write(p []byte) (int, error) {
-	c.a.began.Store(time.Now().UnixNano())
-	return c.Conn.Write(p)
+	n, err := c.Conn.Write(p)
+	if n > 0 {
+		c.a.wrote.Store(time.Now().UnixNano())
+	}
+	return n, err
 }
 
 func (c *activityConn) Close() error {

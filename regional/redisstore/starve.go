@@ -79,7 +79,7 @@ func (w *procWatch) run(done <-chan struct{}) {
 
 // starved reports whether Redis has been waiting for a CPU for most of the
 // time since since (unix ns), measured from the oldest sample taken at or
-// after since (none within the history: false).
+// after since, else from the newest before it (none: false).
 func (w *procWatch) starved(since int64) bool {
 	r, err := w.read(true)
 	if err != nil {
@@ -91,10 +91,15 @@ func (w *procWatch) starved(since int64) bool {
 	for k := uint64(1); k <= min(n, starveSamples); k++ {
 		s := &w.samples[(n-k)%starveSamples]
 		t := s.at.Load()
+		if t < since && at != 0 {
+			break
+		}
+		// the oldest sample inside the silence, else (the sampler,
+		// starved too, took none) the newest one before it
+		at, run, wait = t, s.run.Load(), s.wait.Load()
 		if t < since {
 			break
 		}
-		at, run, wait = t, s.run.Load(), s.wait.Load()
 	}
 	el := now - at
 	if at == 0 || el < int64(starveInterval) {

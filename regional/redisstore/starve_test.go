@@ -13,7 +13,7 @@ import (
 
 // A silence is starvation when Redis spent at least half of it waiting on
 // a run queue, or is runnable and ran for less than half of it, measured
-// from the first sample inside it; without a sample inside it, asleep, or
+// from the first sample inside it (else the last before it); asleep or
 // running, it is not.
 func TestStarvedNeedsHalfTheSilenceWaiting(t *testing.T) {
 	var now atomic.Pointer[sched]
@@ -43,10 +43,14 @@ func TestStarvedNeedsHalfTheSilenceWaiting(t *testing.T) {
 			t.Errorf("%s: starved %v, want %v", c.name, got, c.want)
 		}
 	}
-	// A silence that began after the last sample: nothing to compare with.
-	now.Store(&sched{wait: int64(time.Second), runnable: true})
-	if w.starved(time.Now().Add(time.Millisecond).UnixNano()) {
-		t.Fatal("no sample inside the silence: want not starved")
+	// A silence that began after the last sample is measured from it.
+	now.Store(&sched{wait: 9 * ms, runnable: true})
+	if !w.starved(at.Add(time.Millisecond).UnixNano()) {
+		t.Fatal("waited 9 ms since the sample before the silence: want starved")
+	}
+	now.Store(&sched{wait: 1 * ms, run: 9 * ms})
+	if w.starved(at.Add(time.Millisecond).UnixNano()) {
+		t.Fatal("ran 9 ms since the sample before the silence: want not starved")
 	}
 	// The source failing (the process gone): not starved.
 	w.read = func(bool) (sched, error) { return sched{}, errors.New("gone") }
@@ -110,10 +114,10 @@ func TestWatchLocalRedisNeedsActivity(t *testing.T) {
 	}
 }
 
-// A call stamped sent whose worker has not begun a write to Redis since
+// A call stamped sent whose worker has not completed a write to Redis since
 // (it waits for a CPU) is not in Redis: its silence is this process's, so
 // it waits up to Queue + RoundTrip and then fails with ErrQueueTimeout; once
-// a write has begun, the same silence is Redis's: ErrTimeout.
+// a write has completed, the same silence is Redis's: ErrTimeout.
 func TestUnwrittenCallIsNotInRedis(t *testing.T) {
 	act := NewActivity()
 	s := &Store{opts: options{activity: act}}
@@ -122,14 +126,14 @@ func TestUnwrittenCallIsNotInRedis(t *testing.T) {
 	c.state.Store(callTaken)
 	start := time.Now().Add(-50 * time.Millisecond)
 	c.sent.Store(start.UnixNano())
-	act.began.Store(start.Add(-time.Millisecond).UnixNano())
+	act.wrote.Store(start.Add(-time.Millisecond).UnixNano())
 	if next, err := s.decide(c, b, start); err != nil || next <= 0 {
 		t.Fatalf("not written, 50ms: %v, %v; want to wait", next, err)
 	}
 	if _, err := s.decide(c, b, start.Add(-time.Second)); !errors.Is(err, ErrQueueTimeout) {
 		t.Fatalf("not written, past Queue + RoundTrip: %v, want ErrQueueTimeout", err)
 	}
-	act.began.Store(start.UnixNano())
+	act.wrote.Store(start.UnixNano())
 	if _, err := s.decide(c, b, start); !errors.Is(err, ErrTimeout) {
 		t.Fatalf("written, Redis silent for 50ms: %v, want ErrTimeout", err)
 	}
