@@ -167,20 +167,31 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 	if len(idx) == 0 {
 		return
 	}
-	var oneCall [1]redisstore.Call
-	calls := oneCall[:0]
+	// One allocation for the calls, answers and buckets of a single
+	// request of up to two rules (the closure below takes them to the
+	// heap), three for a batch.
+	total := 0
+	for _, i := range idx {
+		total += len(ps[i].ms)
+	}
+	var calls []redisstore.Call
+	var answers []redisstore.Answer
+	var all []redisstore.Bucket
+	if len(idx) == 1 && total <= 2 {
+		one := new(oneStoreCall)
+		calls, answers, all = one.calls[:0], one.answers[:], one.buckets[:total]
+	} else {
+		calls, answers, all = make([]redisstore.Call, 0, len(idx)), make([]redisstore.Answer, len(idx)), make([]redisstore.Bucket, total)
+	}
 	for _, i := range idx {
 		p := &ps[i]
-		buckets := make([]redisstore.Bucket, len(p.ms))
+		n := len(p.ms)
+		buckets := all[:n:n]
+		all = all[n:]
 		for j := range p.ms {
 			buckets[j] = p.ms[j].bucket
 		}
 		calls = append(calls, redisstore.Call{Cost: p.take, Buckets: buckets})
-	}
-	var oneAns [1]redisstore.Answer
-	answers := oneAns[:]
-	if len(calls) > 1 {
-		answers = make([]redisstore.Answer, len(calls))
 	}
 	budget := redisstore.Budget{Queue: e.cfg.QueueTimeout, RoundTrip: e.cfg.Timeout}
 	call := func() (struct{}, error) {
@@ -251,6 +262,13 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 		}
 	}
 	e.callStore(ctx, ps, again, false)
+}
+
+// oneStoreCall holds callStore's slices for one request of up to two rules.
+type oneStoreCall struct {
+	calls   [1]redisstore.Call
+	answers [1]redisstore.Answer
+	buckets [2]redisstore.Bucket
 }
 
 // heardAgain reports, for a check the breaker refused (open, or half-open

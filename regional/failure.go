@@ -18,10 +18,11 @@ import (
 // or error (connection refused or reset, a server that is loading, busy,
 // read-only, out of memory, or down).
 func classify(err error) string {
+	if err == nil {
+		return "" // before rerr: its address escapes, one allocation per call
+	}
 	var rerr redis.Error
 	switch {
-	case err == nil:
-		return ""
 	case errors.Is(err, redisstore.ErrQueueTimeout):
 		return "queue_timeout"
 	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):

@@ -105,11 +105,20 @@ func (s *GRPCService) CheckLimits(ctx context.Context, in *ratelimitv1.CheckLimi
 		}
 		return nil, grpcError(err)
 	}
+	// The answers and their statuses in three allocations, not three each.
 	out := &ratelimitv1.CheckLimitsResponse{Responses: make([]*ratelimitv1.CheckLimitResponse, len(resps))}
+	n := 0
+	for _, resp := range resps {
+		n += len(resp.Statuses)
+	}
+	msgs, sts, ptrs := make([]ratelimitv1.CheckLimitResponse, len(resps)), make([]ratelimitv1.RuleStatus, n), make([]*ratelimitv1.RuleStatus, n)
 	var shed []string
 	for i, resp := range resps {
 		s.e.metrics.request("grpc", resp, nil)
-		out.Responses[i] = toProto(resp)
+		k := len(resp.Statuses)
+		toProtoInto(resp, &msgs[i], sts[:k:k], ptrs[:k:k])
+		sts, ptrs = sts[k:], ptrs[k:]
+		out.Responses[i] = &msgs[i]
 		if resp.Shed {
 			shed = append(shed, strconv.Itoa(i))
 		}
@@ -155,14 +164,22 @@ func fromProto(in *ratelimitv1.CheckLimitRequest) Request {
 }
 
 func toProto(r Response) *ratelimitv1.CheckLimitResponse {
-	out := &ratelimitv1.CheckLimitResponse{Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining,
-		RetryAfterMs: r.RetryAfterMs, ResetAfterMs: r.ResetAfterMs, RuleId: r.RuleID, FailOpen: r.FailOpen, WindowMs: r.windowMs,
-		Statuses: make([]*ratelimitv1.RuleStatus, len(r.Statuses))}
-	for i, s := range r.Statuses {
-		out.Statuses[i] = &ratelimitv1.RuleStatus{RuleId: s.RuleID, Allowed: s.Allowed, Limit: s.Limit, Remaining: s.Remaining,
-			RetryAfterMs: s.RetryAfterMs, ResetAfterMs: s.ResetAfterMs, Shadow: s.Shadow, WindowMs: s.WindowMs}
-	}
+	out := &ratelimitv1.CheckLimitResponse{}
+	toProtoInto(r, out, make([]ratelimitv1.RuleStatus, len(r.Statuses)), make([]*ratelimitv1.RuleStatus, len(r.Statuses)))
 	return out
+}
+
+// toProtoInto fills out (zero) with r, its statuses in sts and ptrs (both of
+// len(r.Statuses)).
+func toProtoInto(r Response, out *ratelimitv1.CheckLimitResponse, sts []ratelimitv1.RuleStatus, ptrs []*ratelimitv1.RuleStatus) {
+	out.Allowed, out.Limit, out.Remaining = r.Allowed, r.Limit, r.Remaining
+	out.RetryAfterMs, out.ResetAfterMs, out.RuleId, out.FailOpen, out.WindowMs = r.RetryAfterMs, r.ResetAfterMs, r.RuleID, r.FailOpen, r.windowMs
+	for i, s := range r.Statuses {
+		sts[i] = ratelimitv1.RuleStatus{RuleId: s.RuleID, Allowed: s.Allowed, Limit: s.Limit, Remaining: s.Remaining,
+			RetryAfterMs: s.RetryAfterMs, ResetAfterMs: s.ResetAfterMs, Shadow: s.Shadow, WindowMs: s.WindowMs}
+		ptrs[i] = &sts[i]
+	}
+	out.Statuses = ptrs
 }
 
 // lenientCodec is the proto codec, except that a CheckLimitRequest whose

@@ -97,7 +97,8 @@ redis_stat() {
 TCK=$(getconf CLK_TCK)
 
 # load NAME ADDR CALLERS BATCH PID...: one rlload run; sets calls, decisions,
-# p99, failopen, cpucall (µs of CPU per call of the server processes PID...:
+# p99, failopen, rejected (the bench rule never rejects: each rejection is
+# a shed answer, the enforcer's overload policy), cpucall (µs of CPU per call of the server processes PID...:
 # the enforcer and Redis, or the no-op; each one's part too) and perread (script calls per read
 # event of Redis: how many checks shared a round trip).
 load() {
@@ -108,7 +109,7 @@ load() {
 	c0=$(cpu "$@"); r0=$(redis_stat total_reads_processed); e0=$(redis_stat evalsha)
 	out=$("$RLLOAD" --addr "$addr" --concurrency "$callers" --duration "$DURATION" --keys "$KEYS" --batch "$batch")
 	calls=$(field throughput "$out"); decisions=$(field decisions "$out"); p99=$(us "$(field p99 "$out")")
-	failopen=$(field fail_open "$out"); errors=$(field errors "$out"); requests=$(field requests "$out")
+	failopen=$(field fail_open "$out"); errors=$(field errors "$out"); requests=$(field requests "$out"); rejected=$(field rejected "$out")
 	cpucall=$(awk -v t=$(($(cpu "$@") - c0)) -v n="$requests" -v hz="$TCK" 'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / hz / n; else print "n/a" }')
 	cpuparts="" # each process's share when there are several (the enforcer, Redis)
 	if [ $# -gt 1 ]; then
@@ -120,8 +121,8 @@ load() {
 		cpuparts=" ($cpuparts)"
 	fi
 	perread=$(awk -v e=$(($(redis_stat evalsha) - e0)) -v r=$(($(redis_stat total_reads_processed) - r0)) 'BEGIN { if (r > 0 && e > 0) printf "%.1f", e / r; else print "-" }')
-	printf '%-9s callers=%-4s batch=%-3s calls/s=%-8s decisions/s=%-9s p99=%sus fail_open=%s errors=%s cpu/call=%sus%s scripts/read=%s\n' \
-		"$name" "$callers" "$batch" "$calls" "$decisions" "$p99" "$failopen" "$errors" "$cpucall" "$cpuparts" "$perread"
+	printf '%-9s callers=%-4s batch=%-3s calls/s=%-8s decisions/s=%-9s p99=%sus fail_open=%s shed=%s errors=%s cpu/call=%sus%s scripts/read=%s\n' \
+		"$name" "$callers" "$batch" "$calls" "$decisions" "$p99" "$failopen" "$rejected" "$errors" "$cpucall" "$cpuparts" "$perread"
 }
 
 # The Redis ceiling: the same script, pipelined (-P 16), 64 connections;
@@ -141,9 +142,9 @@ run_pair() { # CALLERS BATCH
 	local rc rd rp nc np
 	for _ in $(seq "$ROUNDS"); do
 		if [ "$2" -gt 0 ]; then redis_ceiling; fi
-		load enforcer "$rl" "$1" "$2" "$rl_pid" "$redis_pid"; rc=$calls; rd=$decisions; rp=$p99; fo=$failopen; ru=$cpucall
+		load enforcer "$rl" "$1" "$2" "$rl_pid" "$redis_pid"; rc=$calls; rd=$decisions; rp=$p99; fo=$failopen; sh=$rejected; ru=$cpucall
 		load noop "$noop" "$1" "$2" "$noop_pid"; nc=$calls; np=$p99; nu=$cpucall
-		summary+=("callers=$1 batch=$2: enforcer/no-op calls $(ratio "$rc" "$nc"), p99 $(ratio "$rp" "$np")x, decisions/redis-benchmark $(ratio "$rd" "$rb"), fail_open=$fo, CPU per call enforcer+Redis/no-op $(ratio "$ru" "$nu")")
+		summary+=("callers=$1 batch=$2: enforcer/no-op calls $(ratio "$rc" "$nc"), p99 $(ratio "$rp" "$np")x, decisions/redis-benchmark $(ratio "$rd" "$rb"), fail_open=$fo, shed=$sh, CPU per call enforcer+Redis/no-op $(ratio "$ru" "$nu")")
 	done
 }
 for c in $CALLERS; do run_pair "$c" 0; done
@@ -154,14 +155,14 @@ echo "ratios (same run, same machine):"
 printf '  %s\n' "${summary[@]}"
 if [ "$ROUNDS" -gt 1 ]; then
 	echo
-	echo "medians over $ROUNDS rounds (fail_open: the sum):"
+	echo "medians over $ROUNDS rounds (fail_open and shed: the sums):"
 	printf '%s\n' "${summary[@]}" | awk '
 		function med(s,   a, n, i, j, t) { n = split(s, a, " "); for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
 			return n % 2 ? a[(n+1)/2] : sprintf("%.2f", (a[n/2] + a[n/2+1]) / 2) }
 		{ k = $1 " " $2; if (!(k in seen)) { seen[k] = 1; keys[++nk] = k }
-		  calls[k] = calls[k] " " $5; p99[k] = p99[k] " " $7; rb[k] = rb[k] " " $9; sub(/,/, "", $10); split($10, f, "="); fo[k] += f[2]; cpu[k] = cpu[k] " " $NF }
+		  calls[k] = calls[k] " " $5; p99[k] = p99[k] " " $7; rb[k] = rb[k] " " $9; sub(/,/, "", $10); split($10, f, "="); fo[k] += f[2]; sub(/,/, "", $11); split($11, f, "="); sd[k] += f[2]; cpu[k] = cpu[k] " " $NF }
 		END { for (i = 1; i <= nk; i++) { k = keys[i]; gsub(/,/, "", calls[k]); gsub(/[x,]/, "", p99[k]); gsub(/,/, "", rb[k])
-			printf "  %s enforcer/no-op calls %s, p99 %sx, decisions/redis-benchmark %s, fail_open=%d, CPU per call enforcer+Redis/no-op %s\n", k, med(calls[k]), med(p99[k]), med(rb[k]), fo[k], med(cpu[k]) } }'
+			printf "  %s enforcer/no-op calls %s, p99 %sx, decisions/redis-benchmark %s, fail_open=%d, shed=%d, CPU per call enforcer+Redis/no-op %s\n", k, med(calls[k]), med(p99[k]), med(rb[k]), fo[k], sd[k], med(cpu[k]) } }'
 fi
 if [ -s "$work/rl.err" ]; then
 	echo

@@ -274,7 +274,14 @@
 // Queue + RoundTrip has passed, then fails with ErrQueueTimeout: overload,
 // not a store failure. Given an Activity (WithActivity, with the client's
 // connections dialed through its Dialer) the store hears Redis on every
-// reply, not only when a pipeline completes. A caller's ctx ends its wait
+// reply, not only when a pipeline completes, and before blaming a silence
+// it asks the kernel whether a reply waits unread in a socket (then Redis
+// has answered and this process is behind). With WatchLocalRedis (a Redis
+// on this host) a silence during which Redis was waiting for a CPU
+// (runnable and hardly running, from /proc/PID/schedstat and stat) is
+// overload too: the call waits up to Queue + RoundTrip, then fails with
+// ErrQueueTimeout; a Redis that sleeps, is stopped, runs a long script or
+// is gone still fails it with ErrTimeout. A caller's ctx ends its wait
 // at once whatever Redis does; a call answered after it was sent may still
 // have run in Redis.
 //

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -152,24 +153,53 @@ func socketPair() (net.Conn, net.Conn, error) {
 // dialed through its Dialer. A Store given it (WithActivity) hears Redis
 // answering as each reply arrives, not only when a whole pipeline is done:
 // a long pipeline (a CheckLimits of hundreds) then never looks like silence.
+//
+// It also knows its open connections, so that a check about to blame Redis
+// for silence can ask the kernel whether a reply has in fact arrived and
+// waits unread in a socket (this process, not Redis, is behind: see Unread).
 type Activity struct {
-	last atomic.Int64 // unix ns
+	last  atomic.Int64 // unix ns
+	wrote atomic.Int64 // unix ns when a write to Redis last completed, or a dial began
+	mu    sync.Mutex
+	conns map[*activityConn]struct{}
 }
 
 // NewActivity returns an Activity that has heard nothing yet.
-func NewActivity() *Activity { return &Activity{} }
+func NewActivity() *Activity { return &Activity{conns: map[*activityConn]struct{}{}} }
 
 // Dialer wraps dial (go-redis's Options.Dialer, for example
 // redis.NewDialer(opts) to keep its TLS and timeouts) so that every read
 // that returns bytes is recorded.
 func (a *Activity) Dialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		a.wrote.Store(time.Now().UnixNano()) // a dial that hangs is Redis unreachable
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		return &activityConn{Conn: c, a: a}, nil
+		ac := &activityConn{Conn: c, a: a}
+		a.mu.Lock()
+		a.conns[ac] = struct{}{}
+		a.mu.Unlock()
+		return ac, nil
 	}
+}
+
+// Unread reports whether some connection holds bytes from Redis that the
+// kernel has received and this process has not read yet: Redis has
+// answered, and the reader is waiting for a CPU. Where the kernel cannot be
+// asked (not Linux, a connection without a file descriptor) it is false.
+func (a *Activity) Unread() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for c := range a.conns {
+		if sc, ok := c.raw(); ok {
+			if n, ok := unreadBytes(sc); ok && n > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 type activityConn struct {
@@ -183,4 +213,34 @@ func (c *activityConn) Read(p []byte) (int, error) {
 		c.a.last.Store(time.Now().UnixNano())
 	}
 	return n, err
+}
+
+// Write records when a write completed: before that the bytes may not have
+// reached the kernel (the writer preempted), and Redis cannot answer them.
+// (A write that blocks on a full socket buffer would not count either, but
+// each worker has one pipeline in flight: the buffers do not fill.)
+func (c *activityConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if n > 0 {
+		c.a.wrote.Store(time.Now().UnixNano())
+	}
+	return n, err
+}
+
+func (c *activityConn) Close() error {
+	c.a.mu.Lock()
+	delete(c.a.conns, c)
+	c.a.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// raw is the socket under c (under TLS too: encrypted bytes waiting are a
+// reply waiting).
+func (c *activityConn) raw() (syscall.Conn, bool) {
+	nc := c.Conn
+	if t, ok := nc.(interface{ NetConn() net.Conn }); ok {
+		nc = t.NetConn()
+	}
+	sc, ok := nc.(syscall.Conn)
+	return sc, ok
 }

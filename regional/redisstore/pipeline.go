@@ -27,7 +27,7 @@ func (s *Store) decide(c *call, b Budget, start time.Time) (time.Duration, error
 		// Queued behind workers that wait on a silent Redis: the store
 		// has failed, whatever the queue budget says.
 		if b.RoundTrip > 0 {
-			if silent, since := s.workerSilence(); since != 0 && silent >= s.allowance(b.RoundTrip) {
+			if silent, since := s.workerSilence(); since != 0 && s.redisSilent(max(since, s.answered()), b.RoundTrip) {
 				if c.state.CompareAndSwap(callQueued, callAbandoned) {
 					s.queued.Add(-1)
 					return 0, fmt.Errorf("%w: queued behind pipelines Redis has not answered for %v", ErrTimeout, silent.Round(time.Millisecond))
@@ -49,13 +49,23 @@ func (s *Store) decide(c *call, b Budget, start time.Time) (time.Duration, error
 	if sent == 0 { // taken, about to be sent
 		return b.RoundTrip, nil
 	}
+	if !s.written(sent) {
+		// Taken, and no write to Redis completed (nor dial begun)
+		// since: the worker waits for a CPU before or in its write. Not
+		// in Redis yet: this process's delay, bounded as a queued call is.
+		if el >= b.Queue+b.RoundTrip {
+			return 0, fmt.Errorf("%w: not written to Redis after %v", ErrQueueTimeout, el.Round(time.Millisecond))
+		}
+		return min(b.RoundTrip, b.Queue+b.RoundTrip-el), nil
+	}
 	inRedis := time.Since(time.Unix(0, sent))
 	if inRedis < b.RoundTrip {
 		return b.RoundTrip - inRedis, nil
 	}
 	lag := s.lag.current()
-	if silent := time.Since(time.Unix(0, max(sent, s.answered()))); silent >= s.allowance(b.RoundTrip) {
-		return 0, fmt.Errorf("%w: no answer from Redis for %v (this process's network lag %v)", ErrTimeout, silent.Round(time.Millisecond), lag.Round(time.Millisecond))
+	from := max(sent, s.answered())
+	if s.redisSilent(from, b.RoundTrip) {
+		return 0, fmt.Errorf("%w: no answer from Redis for %v (this process's network lag %v)", ErrTimeout, time.Since(time.Unix(0, from)).Round(time.Millisecond), lag.Round(time.Millisecond))
 	}
 	if el >= b.Queue+b.RoundTrip {
 		return 0, fmt.Errorf("%w: still behind this process's backlog in Redis after %v", ErrQueueTimeout, el.Round(time.Millisecond))
@@ -239,11 +249,40 @@ func (s *Store) late(sent time.Time, rt time.Duration, err error) error {
 	if d, ok := s.roundTripBudget.Load().(time.Duration); ok {
 		budget = d
 	}
-	silent := time.Since(time.Unix(0, max(sent.UnixNano(), s.answered())))
-	if budget > 0 && silent < s.allowance(budget) {
+	from := max(sent.UnixNano(), s.answered())
+	if budget > 0 && (!s.written(sent.UnixNano()) || !s.redisSilent(from, budget)) {
 		return fmt.Errorf("%w: behind this process's backlog in Redis after %v: %w", ErrQueueTimeout, rt.Round(time.Millisecond), err)
 	}
 	return fmt.Errorf("%w after %v: %w", ErrTimeout, rt.Round(time.Millisecond), err)
+}
+
+// written reports whether a pipeline stamped sent at sent (unix ns) may be
+// in Redis: some write to Redis has completed since, or a dial has begun
+// (one that hangs is Redis unreachable; an Activity's), or the store cannot
+// tell (no Activity).
+func (s *Store) written(sent int64) bool {
+	a := s.opts.activity
+	return a == nil || a.wrote.Load() >= sent
+}
+
+// redisSilent reports whether Redis has been silent since from (unix ns)
+// for the allowance of round trip rt, and the silence is Redis's own: no
+// reply waits unread, a local Redis was not waiting for a CPU, and nothing
+// was heard while these were asked.
+func (s *Store) redisSilent(from int64, rt time.Duration) bool {
+	return time.Since(time.Unix(0, from)) >= s.allowance(rt) && !s.replyWaiting() && !s.redisStarved(from) && s.answered() <= from
+}
+
+// replyWaiting reports a reply from Redis received by the kernel and not yet
+// read by this process (Activity.Unread), and counts it as Redis heard now:
+// Redis has answered; the silence is this process's, waiting for a CPU.
+func (s *Store) replyWaiting() bool {
+	a := s.opts.activity
+	if a == nil || !a.Unread() {
+		return false
+	}
+	a.last.Store(time.Now().UnixNano())
+	return true
 }
 
 // answered is the unix ns when Redis was last heard answering.
@@ -288,7 +327,7 @@ func (s *Store) evalShas(ctx context.Context, sc *redis.Script, n int, keys func
 	send(all)
 	var retry []int
 	for i, c := range cmds {
-		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+		if err := c.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			retry = append(retry, i)
 		}
 	}

@@ -42,6 +42,9 @@ type Store struct {
 	perScript       atomic.Int64   // ns: Redis time per script in flight, a moving average
 	busy            []atomic.Int64 // per worker: unix ns when its pipeline in flight was sent; 0 when idle
 	roundTripBudget atomic.Value   // time.Duration: the latest Do's RoundTrip, for late
+
+	// watch is a local Redis's scheduling (WatchLocalRedis); nil: none.
+	watch atomic.Pointer[procWatch]
 }
 
 // Call is one request's check for Do: cost and buckets, as for Check.
@@ -287,8 +290,8 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 	var timer *time.Timer
 	var expired <-chan time.Time
 	if b.Queue > 0 {
-		timer = time.NewTimer(b.Queue)
-		defer timer.Stop()
+		timer = getTimer(b.Queue)
+		defer putTimer(timer)
 		expired = timer.C
 	}
 	s.queued.Add(1)
@@ -361,6 +364,23 @@ wait:
 	}
 }
 
+// timers reuses the timers of Do (one per call otherwise): since Go 1.23 a
+// stopped timer delivers no stale value, so the next caller can reset it.
+var timers sync.Pool
+
+func getTimer(d time.Duration) *time.Timer {
+	if t, ok := timers.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+func putTimer(t *time.Timer) {
+	t.Stop()
+	timers.Put(t)
+}
+
 func (s *Store) scriptArgs(cost int64, now any, buckets []Bucket) ([]string, []any) {
 	keys := make([]string, len(buckets), len(buckets)+1)
 	args := make([]any, 3, 3+4*len(buckets))
@@ -401,16 +421,20 @@ func parseCheck(v any, n int) (bool, []Result, error) {
 	if !ok || len(a) != 1+5*n {
 		return false, nil, fmt.Errorf("%w: %T of length %d", ErrBadReply, v, len(a))
 	}
-	ints := make([]int64, len(a))
+	var ints [1 + 5*8]int64 // on the stack for up to 8 buckets
+	vals := ints[:]
+	if len(a) > len(ints) {
+		vals = make([]int64, len(a))
+	}
 	for i, x := range a {
-		if ints[i], ok = x.(int64); !ok {
+		if vals[i], ok = x.(int64); !ok {
 			return false, nil, fmt.Errorf("%w: element %d is %T", ErrBadReply, i, x)
 		}
 	}
 	res := make([]Result, n)
 	for i := range res {
-		r := ints[1+5*i:]
+		r := vals[1+5*i:]
 		res[i] = Result{Allowed: r[0] == 1, Limit: r[1], Remaining: r[2], RetryAfterMs: r[3], ResetAfterMs: r[4]}
 	}
-	return ints[0] == 1, res, nil
+	return vals[0] == 1, res, nil
 }

@@ -1,0 +1,279 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// A Redis on this host can be silent because it is waiting for a CPU: on a
+// host whose cores are shared (the load generator, other services), the
+// kernel may leave Redis's event loop runnable and not running for tens of
+// milliseconds. That Redis has not failed: it answers as soon as it runs.
+// Its silence is overload of the host, and a check waiting on it is bounded
+// by the queue budget (then shed, ErrQueueTimeout), not answered by the
+// failure policy. A Redis that sleeps (DEBUG SLEEP), is stopped (SIGSTOP),
+// is busy running (a long script) or is gone is not waiting for a CPU, and
+// its silence still fails the checks after the round-trip budget.
+//
+// The kernel tells which. /proc/PID/schedstat holds the time the
+// process's main thread (Redis's event loop) has run and the time it has
+// waited on a run queue (added when it gets a CPU), and /proc/PID/stat its
+// state (R: running or runnable). A watch samples schedstat every
+// starveInterval (one read system call); a silence is starvation when Redis spent at least half of
+// it waiting on a run queue, or is runnable now and ran for less than half
+// of it (waiting for a CPU still).
+
+const (
+	starveInterval = 5 * time.Millisecond
+	starveSamples  = 64 // 320 ms of history
+)
+
+// sched is one reading of a process's scheduling.
+type sched struct {
+	run, wait int64 // ns: time on a CPU, time waiting on a run queue
+	runnable  bool  // state R now (read only when deciding)
+}
+
+// schedSource reads the process's scheduling; state says whether to read
+// its state too.
+type schedSource func(state bool) (sched, error)
+
+// procWatch keeps recent samples of a local Redis's scheduling.
+type procWatch struct {
+	read    schedSource
+	samples [starveSamples]struct{ at, run, wait atomic.Int64 }
+	n       atomic.Uint64 // samples taken
+}
+
+func (w *procWatch) sample(now time.Time) {
+	r, err := w.read(false)
+	if err != nil {
+		return
+	}
+	i := w.n.Load() % starveSamples
+	w.samples[i].at.Store(now.UnixNano())
+	w.samples[i].run.Store(r.run)
+	w.samples[i].wait.Store(r.wait)
+	w.n.Add(1)
+}
+
+func (w *procWatch) run(done <-chan struct{}) {
+	t := time.NewTicker(starveInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case now := <-t.C:
+			w.sample(now)
+		}
+	}
+}
+
+// starved reports whether Redis has been waiting for a CPU for most of the
+// time since since (unix ns), measured from the oldest sample taken at or
+// after since, else from the newest before it (none: false).
+func (w *procWatch) starved(since int64) bool {
+	r, err := w.read(true)
+	if err != nil {
+		return false
+	}
+	now := time.Now().UnixNano()
+	n := w.n.Load()
+	var at, run, wait int64
+	for k := uint64(1); k <= min(n, starveSamples); k++ {
+		s := &w.samples[(n-k)%starveSamples]
+		t := s.at.Load()
+		if t < since && at != 0 {
+			break
+		}
+		// the oldest sample inside the silence, else (the sampler,
+		// starved too, took none) the newest one before it
+		at, run, wait = t, s.run.Load(), s.wait.Load()
+		if t < since {
+			break
+		}
+	}
+	el := now - at
+	if at == 0 || el < int64(starveInterval) {
+		return false
+	}
+	return 2*(r.wait-wait) >= el || (r.runnable && 2*(r.run-run) < el)
+}
+
+// procSched reads /proc/PID/schedstat (run time, wait time, timeslices)
+// from f, opened once (a read at offset 0 reads it afresh: one system call
+// per sample, no allocation) and, asked, the state in /proc/PID/stat.
+func procSched(pid int, f *os.File) schedSource {
+	return func(state bool) (sched, error) {
+		var buf [96]byte
+		n, err := f.ReadAt(buf[:], 0)
+		if n == 0 {
+			return sched{}, fmt.Errorf("redisstore: /proc/%d/schedstat: %w", pid, err)
+		}
+		var r sched
+		var ok1, ok2 bool
+		b := buf[:n]
+		r.run, b, ok1 = leadingInt(b)
+		r.wait, _, ok2 = leadingInt(b)
+		if !ok1 || !ok2 {
+			return sched{}, fmt.Errorf("redisstore: /proc/%d/schedstat: %q", pid, buf[:n])
+		}
+		if state {
+			st, err := procStat(pid)
+			if err != nil {
+				return sched{}, err
+			}
+			r.runnable = st[0] == "R"
+		}
+		return r, nil
+	}
+}
+
+// leadingInt parses the decimal number at the start of b (after spaces)
+// and returns the rest.
+func leadingInt(b []byte) (int64, []byte, bool) {
+	for len(b) > 0 && b[0] == ' ' {
+		b = b[1:]
+	}
+	var v int64
+	i := 0
+	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		v = v*10 + int64(b[i]-'0')
+	}
+	return v, b[i:], i > 0
+}
+
+// procStat is /proc/PID/stat from field 3 (the state) on: the command name
+// before it is in parentheses and may hold spaces.
+func procStat(pid int) ([]string, error) {
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, err
+	}
+	i := strings.LastIndexByte(string(st), ')')
+	if i < 0 {
+		return nil, fmt.Errorf("redisstore: /proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(st[i+1:]))
+	if len(f) < 20 {
+		return nil, fmt.Errorf("redisstore: /proc/%d/stat: short", pid)
+	}
+	return f, nil
+}
+
+// WatchLocalRedis looks for the Redis server behind the store's connections
+// on this host and, when found, has the store tell a Redis waiting for a
+// CPU from a failed one (see starve.go): checks it holds wait up to their
+// queue budget and are shed past it, instead of failing open at the
+// round-trip budget. Found means: a standalone client, its connections (an
+// Activity's, see WithActivity) to a loopback address, and INFO server's
+// process_id naming a process of this host whose name contains "redis"
+// and that started when the server says it did (within 3 s). It returns
+// the process id, or an error saying why there is none (the store then
+// blames every silence past the budget on Redis, as without a watch).
+// Call it once, after Warm; the watch stops at Close.
+func (s *Store) WatchLocalRedis(ctx context.Context) (int, error) {
+	if s.cluster != nil {
+		return 0, errors.New("redisstore: a Cluster client: no local process watch")
+	}
+	a := s.opts.activity
+	if a == nil || !a.loopback() {
+		return 0, errors.New("redisstore: Redis is not on a loopback address")
+	}
+	info, err := s.client.Info(ctx, "server").Result()
+	if err != nil {
+		return 0, err
+	}
+	pid, up := infoInt(info, "process_id"), infoInt(info, "uptime_in_seconds")
+	if pid <= 0 {
+		return 0, errors.New("redisstore: INFO server has no process_id")
+	}
+	comm, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	if err != nil || !strings.Contains(string(comm), "redis") {
+		return 0, fmt.Errorf("redisstore: process %d is not a local Redis (%q, %v)", pid, strings.TrimSpace(string(comm)), err)
+	}
+	if age, err := processAge(pid); err != nil || age-time.Duration(up)*time.Second > 3*time.Second || time.Duration(up)*time.Second-age > 3*time.Second {
+		return 0, fmt.Errorf("redisstore: process %d did not start with the server (%v, uptime %ds, %v)", pid, age, up, err)
+	}
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/schedstat")
+	if err != nil {
+		return 0, err
+	}
+	w := &procWatch{read: procSched(pid, f)}
+	if _, err := w.read(true); err != nil {
+		f.Close()
+		return 0, err
+	}
+	s.watch.Store(w)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer f.Close()
+		w.run(s.done)
+	}()
+	return pid, nil
+}
+
+// redisStarved reports a watched local Redis that spent most of the time
+// since since waiting for a CPU.
+func (s *Store) redisStarved(since int64) bool {
+	w := s.watch.Load()
+	return w != nil && w.starved(since)
+}
+
+func infoInt(info, field string) int {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	return 0
+}
+
+// processAge is how long ago process pid started (/proc/PID/stat field 22,
+// in clock ticks since boot, against /proc/uptime). Linux's USER_HZ is 100.
+func processAge(pid int) (time.Duration, error) {
+	f, err := procStat(pid)
+	if err != nil {
+		return 0, err
+	}
+	ticks, err := strconv.ParseInt(f[19], 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	upb, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		return 0, err
+	}
+	up, err := strconv.ParseFloat(strings.Fields(string(upb))[0], 64)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(up*float64(time.Second)) - time.Duration(ticks)*10*time.Millisecond, nil
+}
+
+// loopback reports whether every open connection goes to a loopback
+// address (and there is one).
+func (a *Activity) loopback() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.conns) == 0 {
+		return false
+	}
+	for c := range a.conns {
+		ta, ok := c.RemoteAddr().(*net.TCPAddr)
+		if !ok || !ta.IP.IsLoopback() {
+			return false
+		}
+	}
+	return true
+}

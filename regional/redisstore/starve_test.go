@@ -1,0 +1,140 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/internal/testutil"
+	"github.com/redis/go-redis/v9"
+)
+
+// A silence is starvation when Redis spent at least half of it waiting on
+// a run queue, or is runnable and ran for less than half of it, measured
+// from the first sample inside it (else the last before it); asleep or
+// running, it is not.
+func TestStarvedNeedsHalfTheSilenceWaiting(t *testing.T) {
+	var now atomic.Pointer[sched]
+	now.Store(&sched{})
+	w := &procWatch{read: func(bool) (sched, error) { return *now.Load(), nil }}
+	start := time.Now()
+	if w.starved(start.UnixNano()) {
+		t.Fatal("starved with no sample")
+	}
+	w.sample(start)
+	at := start.Add(-10 * time.Millisecond) // the sample, moved back in time
+	w.samples[0].at.Store(at.UnixNano())
+	ms := int64(time.Millisecond)
+	for _, c := range []struct {
+		name string
+		now  sched
+		want bool
+	}{
+		{"waited 8 ms of 10", sched{wait: 8 * ms, run: 2 * ms}, true},
+		{"runnable, ran 1 ms of 10", sched{run: 1 * ms, runnable: true}, true},
+		{"asleep, ran 1 ms of 10", sched{run: 1 * ms}, false},
+		{"runnable, ran 9 ms of 10 (busy)", sched{run: 9 * ms, runnable: true}, false},
+		{"waited 2 ms of 10, ran 8", sched{wait: 2 * ms, run: 8 * ms, runnable: true}, false},
+	} {
+		now.Store(&c.now)
+		if got := w.starved(at.UnixNano()); got != c.want {
+			t.Errorf("%s: starved %v, want %v", c.name, got, c.want)
+		}
+	}
+	// A silence that began after the last sample is measured from it.
+	now.Store(&sched{wait: 9 * ms, runnable: true})
+	if !w.starved(at.Add(time.Millisecond).UnixNano()) {
+		t.Fatal("waited 9 ms since the sample before the silence: want starved")
+	}
+	now.Store(&sched{wait: 1 * ms, run: 9 * ms})
+	if w.starved(at.Add(time.Millisecond).UnixNano()) {
+		t.Fatal("ran 9 ms since the sample before the silence: want not starved")
+	}
+	// The source failing (the process gone): not starved.
+	w.read = func(bool) (sched, error) { return sched{}, errors.New("gone") }
+	if w.starved(at.UnixNano()) {
+		t.Fatal("unreadable: want not starved")
+	}
+}
+
+// The watch finds a redis-server started on this host, and a Redis that
+// sleeps (DEBUG SLEEP: silent, not waiting for a CPU) still fails a check
+// with ErrTimeout after the round-trip budget, not the queue budget.
+func TestWatchedHungRedisStillTimesOut(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: starts redis-server")
+	}
+	r := testutil.StartRedis(t, "--enable-debug-command", "yes")
+	act := NewActivity()
+	client := redis.NewClient(&redis.Options{Addr: r.Addr, ContextTimeoutEnabled: true, Dialer: act.Dialer(redis.NewDialer(&redis.Options{}))})
+	t.Cleanup(func() { client.Close() })
+	s, err := New(client, WithActivity(act))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := ctxT(t)
+	if err := s.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pid, err := s.WatchLocalRedis(ctx)
+	if err != nil || pid != r.PID() {
+		t.Fatalf("WatchLocalRedis: %d, %v; want the server's pid %d", pid, err, r.PID())
+	}
+	admin := redis.NewClient(&redis.Options{Addr: r.Addr})
+	t.Cleanup(func() { admin.Close() })
+	sleeping := make(chan error, 1)
+	go func() { sleeping <- admin.Do(context.Background(), "DEBUG", "SLEEP", "1").Err() }()
+	probe := redis.NewClient(&redis.Options{Addr: r.Addr, ReadTimeout: 50 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { probe.Close() })
+	testutil.WaitFor(t, 5*time.Second, "Redis to sleep", func() bool { return probe.Ping(context.Background()).Err() != nil })
+	b := Budget{Queue: 2 * time.Second, RoundTrip: 20 * time.Millisecond}
+	t0 := time.Now()
+	var out [1]Answer
+	s.Do(ctx, b, []Call{{Cost: 1, Buckets: []Bucket{{Key: "k", Algorithm: "token_bucket", Capacity: 10000, Rate: 10000}}}}, out[:])
+	took := time.Since(t0)
+	if !errors.Is(out[0].Err, ErrTimeout) {
+		t.Fatalf("check while Redis sleeps: %v, want ErrTimeout", out[0].Err)
+	}
+	if took > 700*time.Millisecond {
+		t.Fatalf("ErrTimeout after %v: want near the 20ms round trip, far below the 2s queue budget", took)
+	}
+	if err := <-sleeping; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A remote-looking or Cluster store has no watch.
+func TestWatchLocalRedisNeedsActivity(t *testing.T) {
+	e := newEnv(t, true)
+	if _, err := e.store.WatchLocalRedis(ctxT(t)); err == nil {
+		t.Fatal("a store without an Activity found a local Redis")
+	}
+}
+
+// A call stamped sent whose worker has not completed a write to Redis since
+// (it waits for a CPU) is not in Redis: its silence is this process's, so
+// it waits up to Queue + RoundTrip and then fails with ErrQueueTimeout; once
+// a write has completed, the same silence is Redis's: ErrTimeout.
+func TestUnwrittenCallIsNotInRedis(t *testing.T) {
+	act := NewActivity()
+	s := &Store{opts: options{activity: act}}
+	b := Budget{Queue: 100 * time.Millisecond, RoundTrip: 10 * time.Millisecond}
+	c := &call{}
+	c.state.Store(callTaken)
+	start := time.Now().Add(-50 * time.Millisecond)
+	c.sent.Store(start.UnixNano())
+	act.wrote.Store(start.Add(-time.Millisecond).UnixNano())
+	if next, err := s.decide(c, b, start); err != nil || next <= 0 {
+		t.Fatalf("not written, 50ms: %v, %v; want to wait", next, err)
+	}
+	if _, err := s.decide(c, b, start.Add(-time.Second)); !errors.Is(err, ErrQueueTimeout) {
+		t.Fatalf("not written, past Queue + RoundTrip: %v, want ErrQueueTimeout", err)
+	}
+	act.wrote.Store(start.UnixNano())
+	if _, err := s.decide(c, b, start); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("written, Redis silent for 50ms: %v, want ErrTimeout", err)
+	}
+}
