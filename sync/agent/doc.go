@@ -86,6 +86,89 @@
 // incarnation started through the registry; meanwhile the store enforces the
 // floor (its marker lapses or the new marker floors the old records).
 //
+// # Shards
+//
+// More keys than one process holds: Config.Shard (syncagent --shard i/N)
+// makes the agent shard i of N of its region. Shard i owns the keys whose
+// Redis Cluster hash slot lies in redisstore.ShardSlots(i, N) (N contiguous
+// slot ranges; a check's buckets share one slot, so a request is one
+// shard's) and is a ledger participant for those keys only. Design: shard
+// i of every region forms its own ledger group. Per rule the group's id is
+// the rule id with the suffix "#e<epoch>-<i>of<N>" (Shard.Group; rule ids
+// never hold '#'), and that id names everything the ledger proof is about:
+// the group's registry document (its own incarnations, Close records and
+// reclaims: <registry prefix><group id>), its reports (subject
+// "ratelimit.report.<region>.e<epoch>-<i>of<N>", with the group id as each
+// rule report's Rule, inside the region's signature, so a report of one
+// group replayed on another's subject is refused: ReasonLayout) and its
+// ledgers. Each group is thus exactly the unsharded system restricted to its
+// keys, and the ledger package doc's invariants, leases, fencing and
+// reclaims hold per group as they stand; for a key only its own group ever
+// writes a record or a marker copy it reads, so the per-key sum over the
+// regions is the group's sum, at most the limit. The unsharded agent (0/1,
+// epoch 0) keeps rule ids, subjects, etcd keys and store incarnations as
+// they were.
+//
+//   - Fencing lease: the marker of a rule already has one copy per hash
+//     slot on a Redis Cluster, and a check reads the copy of its key's slot
+//     in the same script call (regional/redisstore, "Redis Cluster"). Shard
+//     i's store (redisstore.WithMarkerSlots) writes the copies of its own
+//     slots only, so each copy is one group's marker, with that group's
+//     incarnation, default and lease: a shard that dies or is cut off lets
+//     only its own copies lapse, its keys fall to their floors, and the
+//     other shards' keys are untouched. Enforcers are unchanged. A single
+//     Redis server has one marker per rule: more than one shard needs a
+//     Redis Cluster (agentd refuses otherwise).
+//   - Usage: every shard subscribes to the region's usage subject and drops
+//     the deltas of other shards' keys (Shard.Owns: one CRC16 of the hash
+//     tag). BenchmarkUsageFilter: 217-402 ns per delta received as shard
+//     0/2 against 261-437 for the unsharded agent (three runs each, 2 shared
+//     cores; dropping half the keys saves more map work than the hash
+//     costs).
+//   - Layout: every region must run the same N, in the same epoch: the
+//     layout in etcd at LayoutKey ({"shards":N,"epoch":E}; none means
+//     N=1, epoch 0). Every registry change (Start, Contribute, Close) reads
+//     it with the document and compares its revision in the same
+//     transaction, so no incarnation of a group starts while etcd holds
+//     another layout (ErrLayout); every registry poll reads it too, and an
+//     agent that finds another layout drops its ledgers
+//     (apportion_sync_reports_rejected_total{reason="layout"} counts it),
+//     its marker copies then lapsing within the lease. Agents of different
+//     layouts therefore never coordinate the same key concurrently once
+//     they have polled, and their reports never meet (other subjects and
+//     group ids).
+//   - Incarnations across layouts: a new layout's groups allocate
+//     incarnations from 1 in fresh registry documents, but a slot's marker
+//     copy and a key's record of the previous layout hold that layout's
+//     (higher) numbers, and the store applies only higher versions. The
+//     store therefore sees incarnation E*65536 + inc in epoch E > 0
+//     (shardStore; a group has 65,535 incarnations per epoch, and versions
+//     of other epochs read as none), so every epoch orders above the
+//     previous ones in every slot: its first marker replaces the old copy
+//     and floors the old records at once.
+//
+// Changing the layout (N), invariant 1: stop every agent of the old layout
+// in every region, wait the reclaim wait (Lease(1+Rho)/(1-Rho) + Margin +
+// StoreTimeout: every old marker copy has lapsed, every store enforces its
+// floors), run ChangeLayout (syncagent layout N: the next epoch), start the
+// N shards of every region. Until a new group's first marker is confirmed
+// its region enforces floors; from then on each region enforces, per key,
+// either its floor or the new group's share, and the new group's shares sum
+// to at most the limit (its first incarnations own F+I, the initial split).
+// No key is carried over: each group starts from the initial split and
+// demand moves shares again within the liveness bound. An old agent that
+// was missed stops at its next registry poll (above); one cut off from
+// etcd but not from its peers cannot be stopped by the agents, which is why
+// the procedure stops them first. A shard restarting within a layout is
+// the ledger's restart of one participant of its group: a new incarnation
+// from the group's document, its marker copies replacing the old ones, its
+// peers freezing and reclaiming the old one; the other shards' groups do
+// not notice (TestShardedAgentsWithRedisCluster: 2 regions x 2 shards on
+// two Redis Clusters, demand moving, the sum for each key checked in the
+// stores, shard 1 of a region killed and restarted: its key back at its
+// target within 2 s, bound 40 s, the other shard's key at its share and
+// incarnation throughout).
+//
 // # Decisions
 //
 //   - The reclaim registry is polled (one range read per RegistryPoll), not
@@ -102,7 +185,8 @@
 //     checks the sum at true instants; the same scenario runs against real
 //     Redis, where the regions are read in both orders (see redisProbe).
 //   - Standby (agentd.RunCommand --standby): the process campaigns on an etcd
-//     election (/ratelimit/syncagent/<region>/leader) and runs an agent only
+//     election (/ratelimit/syncagent/<region>/leader, per shard
+//     .../<region>/shard-<i>-of-<N>/leader) and runs an agent only
 //     while leader; each term starts new incarnations (state is not carried
 //     over, as the ledger package doc requires). A deposed leader cut off from
 //     etcd but not from Redis can still renew its marker until the new
