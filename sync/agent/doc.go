@@ -215,4 +215,13 @@
 //     request already sent from being applied late.
 //   - Shares and the metrics snapshot are recomputed every tick for every
 //     key a ledger holds: O(keys x regions) per tick.
+//   - Shards: more than one needs a Redis Cluster; every shard receives
+//     every usage delta of its region and drops the others' (no per-shard
+//     usage subject: the enforcers would need the layout); a shard's
+//     metrics, snapshot and /v1/shares cover its own keys, under group ids;
+//     after a layout change a key whose record the old layout wrote
+//     enforces its floor until its new group first writes it (the new
+//     marker floors the old records); a layout change needs every old
+//     agent stopped first (see Shards), which the agents cannot enforce on
+//     one cut off from etcd.
 package agent
