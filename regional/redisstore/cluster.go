@@ -356,8 +356,8 @@ func (s *Store) runFanouts(job *fanJob) {
 	}
 }
 
-// fanOut writes job's marker to every slot's copy and returns the lowest
-// version a copy holds afterwards.
+// fanOut writes job's marker to every slot's copy (those of WithMarkerSlots'
+// range) and returns the lowest version a copy holds afterwards.
 func (s *Store) fanOut(job *fanJob) (Version, error) {
 	m, view, caps, rule := job.m, job.view, job.caps, job.rule
 	create := 0
@@ -373,8 +373,9 @@ func (s *Store) fanOut(job *fanJob) (Version, error) {
 	// In chunks: one pipeline of 16384 scripts would hold a busy master's
 	// connection past the client's write timeout.
 	var low Version
-	for from := 0; from < Slots; from += fanoutChunk {
-		cmds := s.evalShas(ctx, s.marker, fanoutChunk, func(i int) []string { return []string{slotMarkerKey(rule, from+i)} },
+	lo, hi := s.opts.markerSlots()
+	for from := lo; from < hi; from += fanoutChunk {
+		cmds := s.evalShas(ctx, s.marker, min(fanoutChunk, hi-from), func(i int) []string { return []string{slotMarkerKey(rule, from+i)} },
 			func(i int) []any {
 				o := view.owner[from+i]
 				return []any{m.Inc, m.Seq, m.Units, m.Lease.Milliseconds(), create, view.runs[o], job.now, caps[o], view.runs[o]}
@@ -388,7 +389,7 @@ func (s *Store) fanOut(job *fanJob) (Version, error) {
 			if err != nil {
 				return Version{}, err
 			}
-			if from+i == 0 || v.Less(low) {
+			if from+i == lo || v.Less(low) {
 				low = v
 			}
 		}

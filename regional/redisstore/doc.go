@@ -178,6 +178,9 @@
 // So a renewal that changes nothing but the lease is fanned out only once
 // FanoutEvery has passed since the last fan-out or half its lease is gone;
 // in between the copies keep the earlier (earlier ending, so safe) lease.
+// A sharded sync agent's store (WithMarkerSlots, ShardSlots) writes only
+// the copies of its shard's slot range, so each copy belongs to one shard:
+// checks are unchanged (TestMarkerSlots; sync/agent, "Shards").
 //
 // The lease on the store clock: each copy's lease runs on the clock of the
 // master holding it (the script reads TIME there), and is capped at that

@@ -18,6 +18,8 @@ type options struct {
 	workers  int
 	clock    func() time.Time
 	slack    time.Duration
+	// slotLo, slotHi: WithMarkerSlots (slotHi 0: every slot)
+	slotLo, slotHi int
 }
 
 // Option configures a Store.

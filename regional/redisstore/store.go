@@ -144,6 +144,9 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 		s.cs.fanned = map[string]fanout{}
 		s.cs.running = map[string]*fanJob{}
 		s.cs.pending = map[string]*fanJob{}
+	} else if o.slotHi != 0 {
+		cancel()
+		return nil, fmt.Errorf("redisstore: WithMarkerSlots needs a Redis Cluster client")
 	}
 	s.busy = make([]atomic.Int64, o.workers)
 	s.wg.Add(o.workers + 1)

@@ -69,6 +69,7 @@ type Agent struct {
 
 	usageMu sync.Mutex
 	usage   map[bucketID]usageCounts // guarded by usageMu
+	groups  map[string]string        // rule -> group id (groupOf), guarded by usageMu
 
 	rulesCh chan []rules.Rule // latest rule set, capacity 1
 	reports chan wire.Message
@@ -125,6 +126,12 @@ func New(cfg Config, store Store, nc *nats.Conn, reg Registry, src rules.Source)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if !cfg.Shard.plain() {
+		store, src = shardStore{Store: store, s: cfg.Shard}, shardSource{Source: src, s: cfg.Shard}
+	}
+	if er, ok := reg.(*EtcdRegistry); ok {
+		reg = er.forShard(cfg.Shard)
+	}
 	a := &Agent{
 		cfg: cfg, lcfg: cfg.LedgerConfig(), store: store, nc: nc, reg: reg, src: src,
 		log:       cfg.Logger,
@@ -160,7 +167,7 @@ func (a *Agent) Start() error {
 	if err != nil {
 		return fmt.Errorf("agent: subscribe usage: %w", err)
 	}
-	rs, err := a.nc.Subscribe(ReportPrefix+"*", a.onReport)
+	rs, err := a.nc.Subscribe(a.cfg.Shard.reportWildcard(), a.onReport)
 	if err != nil {
 		us.Unsubscribe()
 		return fmt.Errorf("agent: subscribe reports: %w", err)

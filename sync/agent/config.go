@@ -86,6 +86,13 @@ type Config struct {
 	// Anyone able to publish on NATS can then move shares and fence
 	// regions: for tests and for migrating a deployment to signed reports.
 	InsecureUnsigned bool
+	// Shard is this agent's part of the region's keys and its layout's
+	// epoch (default: the unsharded agent, every key). Every region must
+	// run the same layout, the one in etcd at LayoutKey (see the package
+	// doc, "Shards"); with more than one shard the store must be a Redis
+	// Cluster whose marker writes cover the shard's slots
+	// (redisstore.WithMarkerSlots of redisstore.ShardSlots).
+	Shard Shard
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// Metrics, if set, gets the agent's metrics, labelled with Region.
@@ -123,6 +130,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Signer is region %q's, not %q's", ErrConfig, c.Signer.Region(), c.Region)
 	case c.Signer != nil && c.PeerKeys[c.Region] != nil && !c.PeerKeys[c.Region].Equal(c.Signer.Public()):
 		return fmt.Errorf("%w: PeerKeys gives region %q another public key than its Signer's (%s)", ErrConfig, c.Region, c.Signer.PublicKey())
+	}
+	if err := c.Shard.validate(); err != nil {
+		return fmt.Errorf("%w: Shard: %w", ErrConfig, err)
 	}
 	if _, err := allocation.ByName(c.Strategy); err != nil {
 		return fmt.Errorf("%w: Strategy: %w", ErrConfig, err)

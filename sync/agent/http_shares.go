@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/apportion/apportion/allocation"
@@ -139,6 +140,9 @@ func (a *Agent) params(ctx context.Context, rule string) (p ruleParams, ok bool,
 func (a *Agent) ShareView(ctx context.Context, rule string, limit int) (RuleShares, error) {
 	if limit <= 0 {
 		limit = DefaultSharesLimit
+	}
+	if !strings.Contains(rule, "#") {
+		rule = a.cfg.Shard.Group(rule) // a shard answers for its own keys (see "Shards")
 	}
 	p, ok, err := a.params(ctx, rule)
 	if err != nil {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -43,7 +44,7 @@ func (p ports) Publish(m wire.Message) {
 		if a.cfg.Signer != nil {
 			part = a.cfg.Signer.Seal(part)
 		}
-		if err := a.nc.Publish(ReportSubject(a.cfg.Region), part); err != nil {
+		if err := a.nc.Publish(a.cfg.Shard.ReportSubject(a.cfg.Region), part); err != nil {
 			a.logs.Log(slog.LevelWarn, "publish", "report publish failed (the ledger tolerates loss)", logKeyErr, err)
 			continue
 		}
@@ -128,6 +129,9 @@ func (a *Agent) pollRegistry(ctx context.Context) {
 		cancel()
 		a.post(ctx, func(context.Context) {
 			a.polling = false
+			if errors.Is(err, ErrLayout) {
+				a.layoutLost(err)
+			}
 			if err != nil {
 				a.pollFails++
 				a.logs.Log(slog.LevelWarn, "registry-poll", "reading the reclaim registry failed", logKeyErr, err)

@@ -2,8 +2,8 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
-	"strings"
 
 	"github.com/apportion/apportion/regional/usage"
 	"github.com/nats-io/nats.go"
@@ -13,8 +13,12 @@ import (
 func (a *Agent) onUsage(b usage.Batch) {
 	a.usageMu.Lock()
 	defer a.usageMu.Unlock()
+	sh := a.cfg.Shard
 	for _, d := range b.Deltas {
-		id := bucketID{d.Rule, d.Key}
+		if !sh.Owns(d.Key) {
+			continue // another shard's key (see the package doc, "Shards")
+		}
+		id := bucketID{a.groupOf(d.Rule), d.Key}
 		c, ok := a.usage[id]
 		if !ok && len(a.usage) >= a.cfg.MaxUsageKeys {
 			a.m.usageDropped.Inc()
@@ -28,7 +32,7 @@ func (a *Agent) onUsage(b usage.Batch) {
 
 // onReport runs on the NATS delivery goroutine: it decodes and queues.
 func (a *Agent) onReport(msg *nats.Msg) {
-	from := strings.TrimPrefix(msg.Subject, ReportPrefix)
+	from := a.cfg.Shard.regionOf(msg.Subject)
 	if from == a.cfg.Region {
 		return
 	}
@@ -38,6 +42,12 @@ func (a *Agent) onReport(msg *nats.Msg) {
 	if err != nil {
 		a.reject(openReason(err), from, "", err)
 		return
+	}
+	for _, rr := range m.Rules {
+		if !a.cfg.Shard.ownGroup(rr.Rule) {
+			a.reject(ReasonLayout, from, rr.Rule, fmt.Errorf("%w: a report of group %q reached shard %s", ErrLayout, rr.Rule, a.cfg.Shard))
+			return
+		}
 	}
 	select {
 	case a.reports <- m:
@@ -55,4 +65,21 @@ func (a *Agent) reject(reason, peer, rule string, err error) {
 		who = "?"
 	}
 	a.logs.Log(slog.LevelWarn, "reject/"+reason+"/"+who, "report dropped", logKeyReason, reason, logKeyPeer, peer, logKeyRule, rule, logKeyErr, err)
+}
+
+// groupOf is Shard.Group of rule, remembered (under usageMu): deltas name a
+// few rules many times.
+func (a *Agent) groupOf(rule string) string {
+	if a.cfg.Shard.plain() {
+		return rule
+	}
+	if g, ok := a.groups[rule]; ok {
+		return g
+	}
+	if a.groups == nil || len(a.groups) >= 4096 {
+		a.groups = map[string]string{}
+	}
+	g := a.cfg.Shard.Group(rule)
+	a.groups[rule] = g
+	return g
 }

@@ -112,6 +112,7 @@ type EtcdRegistry struct {
 	kv     clientv3.KV
 	prefix string
 	base   ledger.Config
+	shard  Shard // the layout every change checks (LayoutKey), and whose groups Records returns
 }
 
 // NewEtcdRegistry returns a registry over kv under prefix (default
@@ -125,6 +126,13 @@ func NewEtcdRegistry(kv clientv3.KV, prefix string, base ledger.Config) *EtcdReg
 		prefix += "/"
 	}
 	return &EtcdRegistry{kv: kv, prefix: prefix, base: base}
+}
+
+// forShard returns r checking sh's layout and reading sh's groups.
+func (r *EtcdRegistry) forShard(sh Shard) *EtcdRegistry {
+	c := *r
+	c.shard = sh
+	return &c
 }
 
 // Key returns the etcd key of rule's registry document.
@@ -154,8 +162,22 @@ func (r *EtcdRegistry) decode(b []byte) (*ledger.Registry, Spec, error) {
 func (r *EtcdRegistry) update(ctx context.Context, rule string, spec *Spec, fn func(*ledger.Registry, Spec) error) error {
 	key := r.Key(rule)
 	for {
-		resp, err := r.kv.Get(ctx, key)
+		// The document and the layout in one read; the write below
+		// compares both, so no incarnation starts in a layout that is not
+		// this agent's (see the package doc, "Shards").
+		tr, err := r.kv.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(LayoutKey)).Commit()
 		if err != nil {
+			return err
+		}
+		resp := tr.Responses[0].GetResponseRange()
+		lay := tr.Responses[1].GetResponseRange()
+		layCmp := clientv3.Compare(clientv3.ModRevision(LayoutKey), "=", 0)
+		var layDoc []byte
+		if len(lay.Kvs) > 0 {
+			layDoc = lay.Kvs[0].Value
+			layCmp = clientv3.Compare(clientv3.ModRevision(LayoutKey), "=", lay.Kvs[0].ModRevision)
+		}
+		if err := r.shard.checkLayout(layDoc); err != nil {
 			return err
 		}
 		var reg *ledger.Registry
@@ -183,7 +205,7 @@ func (r *EtcdRegistry) update(ctx context.Context, rule string, spec *Spec, fn f
 		if err != nil {
 			return err
 		}
-		tr, err := r.kv.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(b))).Commit()
+		tr, err = r.kv.Txn(ctx).If(cmp, layCmp).Then(clientv3.OpPut(key, string(b))).Commit()
 		if err != nil {
 			return err
 		}
@@ -227,15 +249,27 @@ func (r *EtcdRegistry) Close(ctx context.Context, rule string, by ledger.Incarna
 	})
 }
 
-// Records implements Registry with one range read of the prefix. Documents
-// that do not decode are left out.
+// Records implements Registry with one range read of the prefix (and of
+// LayoutKey: another layout than the agent's is ErrLayout). Documents that
+// do not decode, and those of other shards' groups, are left out.
 func (r *EtcdRegistry) Records(ctx context.Context) (map[string]RuleRecords, error) {
-	resp, err := r.kv.Get(ctx, r.prefix, clientv3.WithPrefix())
+	tr, err := r.kv.Txn(ctx).Then(clientv3.OpGet(r.prefix, clientv3.WithPrefix()), clientv3.OpGet(LayoutKey)).Commit()
 	if err != nil {
+		return nil, err
+	}
+	resp := tr.Responses[0].GetResponseRange()
+	var layDoc []byte
+	if lay := tr.Responses[1].GetResponseRange(); len(lay.Kvs) > 0 {
+		layDoc = lay.Kvs[0].Value
+	}
+	if err := r.shard.checkLayout(layDoc); err != nil {
 		return nil, err
 	}
 	out := make(map[string]RuleRecords, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
+		if !r.shard.ownGroup(strings.TrimPrefix(string(kv.Key), r.prefix)) {
+			continue
+		}
 		reg, _, err := r.decode(kv.Value)
 		if err != nil {
 			continue

@@ -50,6 +50,7 @@ type options struct {
 	seedFile       string
 	peerKeys       string
 	insecure       bool
+	shard          agent.Shard
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -72,6 +73,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.standby, "standby", false, "campaign for the region's agent role in etcd and act only while leader")
 	fs.StringVar(&o.seedFile, "report-seed-file", "", "file holding this region's NKey user seed (SU..., or a NATS .creds file): every report is signed with it (required unless --insecure-unsigned-reports; syncagent keygen FILE makes one)")
 	fs.StringVar(&o.peerKeys, "report-peer-keys", "", "the regions' NKey public keys, region=U...,region=U... (may include this region), or @FILE to read that list from FILE: reports are accepted only when signed by their region's key")
+	fs.Func("shard", "this process's shard of the region's keys, i/N (default 0/1: every key); N must be the layout in etcd (syncagent layout N), and N above 1 needs a Redis Cluster", func(v string) error {
+		sh, err := agent.ParseShard(v)
+		o.shard = sh
+		return err
+	})
 	fs.BoolVar(&o.insecure, "insecure-unsigned-reports", false, "INSECURE: allow running without --report-seed-file (reports go out unsigned) and accept unsigned reports from regions without a key in --report-peer-keys; anyone who can publish on NATS can then move shares")
 	if err := flagenv.Parse(fs, args, nil); err != nil {
 		return nil, err
@@ -174,6 +180,8 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return pubkey(args[1:], stdout)
 		case "keys":
 			return keysInit(args[1:], stdout)
+		case "layout":
+			return layoutCommand(ctx, args[1:], stdout, stderr)
 		}
 	}
 	o, err := parseFlags(args, stderr)
@@ -225,7 +233,14 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	rc := redis.NewUniversalClient(ropts)
 	defer rc.Close()
-	store, err := redisstore.New(rc)
+	var sopts []redisstore.Option
+	if o.shard.Count > 1 {
+		if _, ok := rc.(*redis.ClusterClient); !ok {
+			return fmt.Errorf("--shard %d/%d: more than one shard needs a Redis Cluster (a single server has one marker per rule; see docs/operations.md, Shards)", o.shard.Index, o.shard.Count)
+		}
+		sopts = append(sopts, redisstore.WithMarkerSlots(redisstore.ShardSlots(o.shard.Index, o.shard.Count)))
+	}
+	store, err := redisstore.New(rc, sopts...)
 	if err != nil {
 		return fmt.Errorf("redis store: %w", err)
 	}
@@ -246,6 +261,11 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("etcd: %w", err)
 	}
 	defer ec.Close()
+	if cfg.Shard, err = shardOf(ctx, ec, o.shard); err != nil {
+		return err
+	}
+	log = log.With("shard", cfg.Shard.String())
+	cfg.Logger = log
 
 	hl, err := net.Listen("tcp", o.httpAddr)
 	if err != nil {
@@ -317,7 +337,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			done <- runAgent(runCtx)
 			return
 		}
-		done <- campaign(runCtx, ec, "/ratelimit/syncagent/"+o.region+"/leader", log, runAgent)
+		done <- campaign(runCtx, ec, leaderKey(o.region, cfg.Shard), log, runAgent)
 	}()
 	select {
 	case err := <-done:
