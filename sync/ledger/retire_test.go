@@ -79,7 +79,8 @@ func (s *sim) checkHeld() {
 // keeps (see "Idle keys" in the package doc): paid by a reclaim somewhere
 // (the cumulative payment names them for good), holding reclaim terms
 // (frozen), or with a pair whose units did not come back the way they went
-// (a cycle among three regions or more); and that no retirement or closure
+// (a cycle among three regions or more that could not settle yet, see
+// settle.go); and that no retirement or closure
 // is pending. It returns what is wrong, or "".
 func (s *sim) forgotten() string {
 	s.held.runs = 1
