@@ -108,8 +108,8 @@ type ruleState struct {
 	starting bool
 	retryAt  time.Time
 	backoff  time.Duration
-	written  map[string]int64 // last units written per key (gift metric)
-	holds    recordHolds      // records to write again (refresh.go)
+	lowered  uint64      // the ledger's Stats().Lowered already counted (gift metric)
+	holds    recordHolds // records to write again (refresh.go)
 }
 
 // New returns an agent. It does nothing until Start. store is the region's

@@ -110,7 +110,7 @@ func (a *Agent) setRules(rs []rules.Rule) {
 	for id, r := range want {
 		st := a.rules[id]
 		if st == nil {
-			st = &ruleState{Rule: a.drv.Add(id), written: map[string]int64{}}
+			st = &ruleState{Rule: a.drv.Add(id)}
 			a.rules[id] = st
 		} else if st.Led != nil && !a.specOf(r).equal(st.spec) {
 			a.logs.Log(slog.LevelWarn, "spec/"+id, "rule's regions, weights or min_share changed; coordination keeps the spec it started with (use a new rule id to change it)", logKeyRule, id)
@@ -169,7 +169,7 @@ func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, 
 	}
 	a.drv.Started(st.Rule, led)
 	st.spec, st.backoff = spec, 0
-	clear(st.written)
+	st.lowered = 0 // a new ledger counts from 0
 	clear(st.holds.held)
 	a.log.Info("ledger started", logKeyRule, st.ID, logKeyInc, start.Inc)
 	a.publishSnapshot()

@@ -2,8 +2,11 @@ package agent
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"runtime"
+	"sort"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -19,15 +22,28 @@ import (
 // usage for every key (a: 8, b: 4, c: 1 per key and interval, against a
 // global 100/s per key: contested, so shares keep moving). One iteration is
 // one sync interval: 500 ms here, because three agents with 100,000 keys
-// each do not fit the 2 cores of the development machine at 100 ms. It reports, per region and interval, the CPU
-// the whole process spent (agents, NATS servers, the usage publishers:
-// an upper bound for one agent), the report bytes each agent sent per
-// active key per second, and the heap per key per region.
+// each do not fit the 2 cores of the development machine at 100 ms. It
+// reports, per region and interval, the CPU the whole process spent
+// (agents, NATS servers, the usage publishers: an upper bound for one
+// agent), the report bytes each agent sent per active key per second, the
+// whole process's heap per key per region (an upper bound), and the
+// agents' own heap per key per region (agentHeap: the least and the most
+// of three samples).
 //
 //	go test -run '^$' -bench Agent100kKeys -benchtime 50x ./sync/agent/
-func BenchmarkAgent100kKeys(b *testing.B) {
-	keys := benchKeys()
-	testInterval = 500 * time.Millisecond
+func BenchmarkAgent100kKeys(b *testing.B) { benchAgent(b, benchKeys(), 500*time.Millisecond) }
+
+// BenchmarkAgent1MKeys is BenchmarkAgent100kKeys with 1,000,000 active
+// keys and an interval of 5 s (what three such agents take on two cores).
+//
+//	go test -run '^$' -bench Agent1MKeys -benchtime 3x -timeout 1h ./sync/agent/
+func BenchmarkAgent1MKeys(b *testing.B) { benchAgent(b, 1_000_000, 5*time.Second) }
+
+func benchAgent(b *testing.B, keys int, iv time.Duration) {
+	// Every 64 KiB allocated, a sample for agentHeap (the default is 512 KiB).
+	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
+	runtime.MemProfileRate = 64 << 10
+	testInterval = iv
 	defer func() { testInterval = 0 }()
 	w := &world{}
 	s := newStack(b, func(n string) (Store, *memStore) {
@@ -66,7 +82,8 @@ func BenchmarkAgent100kKeys(b *testing.B) {
 	}
 	interval := testInterval
 	// Warm up until every region coordinates every key.
-	deadline := time.Now().Add(120 * time.Second)
+	wait := 120 * time.Second * time.Duration(max(1, keys/100_000))
+	deadline := time.Now().Add(wait)
 	for {
 		publish()
 		time.Sleep(interval) // pacing the load generator, not synchronisation
@@ -91,13 +108,31 @@ func BenchmarkAgent100kKeys(b *testing.B) {
 				}
 				b.Logf("%s coordinates %d keys", n, len(s.regions[n].agent.Shares(testRule)))
 			}
-			b.Fatalf("the agents did not coordinate %d keys within 120s", keys)
+			b.Fatalf("the agents did not coordinate %d keys within %v", keys, wait)
 		}
+	}
+	// Three samples a third of an interval apart: the agents keep working
+	// meanwhile, and what a tick has in hand (writes, reports, usage) is
+	// in use when a sample falls into it.
+	own, sites := agentHeap()
+	ownMax := own
+	for i := 0; i < 2; i++ {
+		time.Sleep(interval / 3) // spacing the samples, not synchronisation
+		o, s := agentHeap()
+		if o < own {
+			own, sites = o, s
+		}
+		ownMax = max(ownMax, o)
 	}
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	heap := ms.HeapAlloc
+	var top strings.Builder
+	for _, st := range sites[:min(len(sites), 12)] {
+		fmt.Fprintf(&top, "\n%8.1f B/key/region  %s", st.bytes/3/float64(keys), st.site)
+	}
+	b.Logf("the agents' heap by allocating function:%s", top.String())
 	sent0 := sentBytes(s)
 	cpu0 := cpuTime()
 	start := time.Now()
@@ -115,7 +150,84 @@ func BenchmarkAgent100kKeys(b *testing.B) {
 	intervals := elapsed.Seconds() / interval.Seconds()
 	b.ReportMetric(float64(cpu.Microseconds())/1000/intervals/3, "cpu-ms/region/interval")
 	b.ReportMetric(sent/3/float64(keys)/elapsed.Seconds(), "report-B/key/s")
-	b.ReportMetric(float64(heap)/3/float64(keys), "heap-B/key/region")
+	b.ReportMetric(float64(heap)/3/float64(keys), "process-heap-B/key/region")
+	b.ReportMetric(own/3/float64(keys), "agent-heap-B/key/region")
+	b.ReportMetric(ownMax/3/float64(keys), "agent-heap-max-B/key/region")
+}
+
+// heapSite is the in-use heap allocated at one place of the agents' code.
+type heapSite struct {
+	site  string
+	bytes float64
+}
+
+// agentHeap returns, after a GC, the in-use heap the agents' own code
+// allocated (the ledgers, the driver, the agents' maps and snapshots,
+// reports and usage decoded for them), from the runtime's heap profile: a
+// record counts if a frame of its allocation stack is in sync/agent,
+// sync/driver, sync/ledger, sync/wire or regional/usage and none is in a
+// _test.go file (the load generator, the in-memory store, the set-up).
+// What the NATS servers, the etcd server and the NATS client's buffers hold
+// is not counted. Records are scaled by the sampling rate as pprof does.
+// It also returns the bytes per allocating function (the innermost frame
+// in the project's code), largest first.
+func agentHeap() (float64, []heapSite) {
+	runtime.GC()
+	runtime.GC()
+	var recs []runtime.MemProfileRecord
+	for {
+		n, ok := runtime.MemProfile(recs, false)
+		if ok {
+			recs = recs[:n]
+			break
+		}
+		recs = make([]runtime.MemProfileRecord, n+100)
+	}
+	rate := float64(runtime.MemProfileRate)
+	bySite := map[string]float64{}
+	var total float64
+	for i := range recs {
+		r := &recs[i]
+		objs, bytes := r.InUseObjects(), r.InUseBytes()
+		if objs <= 0 {
+			continue
+		}
+		size := float64(bytes) / float64(objs)
+		scaled := float64(bytes)
+		if rate > 1 {
+			scaled /= 1 - math.Exp(-size/rate)
+		}
+		own, site := false, ""
+		frames := runtime.CallersFrames(r.Stack())
+		for {
+			f, more := frames.Next()
+			if strings.HasSuffix(f.File, "_test.go") {
+				own = false
+				break
+			}
+			for _, dir := range []string{"/sync/agent/", "/sync/driver/", "/sync/ledger/", "/sync/wire/", "/regional/usage/"} {
+				if strings.Contains(f.File, dir) {
+					own = true
+					if site == "" {
+						site = strings.TrimPrefix(f.Function, "github.com/apportion/apportion/")
+					}
+				}
+			}
+			if !more {
+				break
+			}
+		}
+		if own {
+			total += scaled
+			bySite[site] += scaled
+		}
+	}
+	var sites []heapSite
+	for s, b := range bySite {
+		sites = append(sites, heapSite{s, b})
+	}
+	sort.Slice(sites, func(a, b int) bool { return sites[a].bytes > sites[b].bytes })
+	return total, sites
 }
 
 func sentBytes(s *stack) float64 {

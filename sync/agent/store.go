@@ -24,14 +24,13 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 		if st == nil {
 			continue
 		}
-		for _, w := range ws {
-			if w.Key == ledger.MarkerKey {
-				continue
+		// Gifts: the ledger counts its writes that lowered a key (no
+		// per-key state here, which would grow with the keys ever seen).
+		if st.Led != nil {
+			if n := st.Led.Stats().Lowered; n > st.lowered {
+				a.m.gifts.Add(float64(n - st.lowered))
+				st.lowered = n
 			}
-			if prev, ok := st.written[w.Key]; ok && w.Units < prev && !w.Release {
-				a.m.gifts.Inc()
-			}
-			st.written[w.Key] = w.Units
 		}
 		j := job{st: st}
 		j.recs, j.markers = driver.StoreWrites(ws, storeRule(st))

@@ -53,7 +53,10 @@ func (l *Ledger) confirm(name string, v Version) bool {
 		if l.creating != (Version{}) && !v.Less(l.creating) {
 			l.markerOK, l.everOK, l.reset, l.creating = true, true, false, Version{}
 			for _, k := range l.keys {
-				k.reassert = Version{}
+				if k.rare != nil {
+					k.rare.reassert = Version{}
+					k.dropRare()
+				}
 			}
 		}
 		return false

@@ -20,7 +20,8 @@ func (l *Ledger) Hold(now time.Duration, name string, units int64, until time.Du
 	if l.fenced || k == nil || units <= 0 || until <= 0 {
 		return
 	}
-	k.hold, k.holdUntil = units, now+until
+	r := k.rareState()
+	r.hold, r.holdUntil = units, now+until
 	short := units - l.position(k)
 	for i := range k.pairs {
 		if short <= 0 {
@@ -41,9 +42,13 @@ func (l *Ledger) Hold(now time.Duration, name string, units int64, until time.Du
 // giveable is how much of position the key may give now: all of it above
 // a hold in force.
 func (l *Ledger) giveable(k *key, position int64, now time.Duration) int64 {
-	if k.hold <= 0 || now >= k.holdUntil {
-		k.hold = 0
+	r := k.rare
+	if r == nil || r.hold <= 0 || now >= r.holdUntil {
+		if r != nil {
+			r.hold, r.holdUntil = 0, 0
+			k.dropRare()
+		}
 		return position
 	}
-	return max(position-k.hold, 0)
+	return max(position-r.hold, 0)
 }

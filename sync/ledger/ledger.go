@@ -35,6 +35,11 @@ type Share struct {
 type Stats struct {
 	Rejected  int
 	Forgotten int // keys whose state was dropped (retire.go)
+	Settled   int // gifts that paid what this region owed a peer on a key (settle.go)
+	// Lowered counts the share writes that lowered a key's units below
+	// those last written (below the base for a key without a record):
+	// gifts, for the agent's metric.
+	Lowered uint64
 }
 
 type pair struct {
@@ -66,24 +71,46 @@ type key struct {
 	extra   int64        // paid by reclaims, beyond the base part (Payment.Keys)
 	frozen  int64        // terms of ended pairs: -Q of every frozen pair, and retired counters (retire.go)
 	ret     *retireState // non-nil while this region retires the key
+	rare    *keyRare     // nil unless a store reset or a hold concerns the key
 	pairs   []pair
 	pend    []snap
-	active  bool
-	dirty   bool
 
-	written   bool
+	// The flags together, for the struct's size (a key per key in use).
+	active   bool
+	dirty    bool
+	written  bool
+	wRelease bool
+	force    bool // rewrite even if unchanged (store reset)
+	gifted   bool // give grew since the last write: a new version must cover it
+
 	wUnits    int64
-	wRelease  bool
 	wVer      Version
 	wAt       time.Duration
 	confirmed Version
-	reassert  Version // after a store reset: the marker waits for this version
-	force     bool    // rewrite even if unchanged (store reset)
-	gifted    bool    // give grew since the last write: a new version must cover it
 	idleAt    time.Duration
+}
 
-	hold      int64 // the store cannot lower the key below this until holdUntil (Hold)
+// keyRare is what few keys need, apart so that the others do not carry it:
+// 224 bytes a key instead of 288 (the allocator's size classes).
+type keyRare struct {
+	reassert  Version // after a store reset: the marker waits for this version
+	hold      int64   // the store cannot lower the key below this until holdUntil (Hold)
 	holdUntil time.Duration
+	settled   int64 // the sum of the pairs' |net| when this region last paid to settle (settle.go)
+}
+
+func (k *key) rareState() *keyRare {
+	if k.rare == nil {
+		k.rare = &keyRare{}
+	}
+	return k.rare
+}
+
+// dropRare releases k.rare once it holds nothing.
+func (k *key) dropRare() {
+	if r := k.rare; r != nil && r.reassert == (Version{}) && r.hold == 0 && r.holdUntil == 0 && r.settled == 0 {
+		k.rare = nil
+	}
 }
 
 type peer struct {

@@ -320,16 +320,22 @@ func (l *Ledger) retireStep(k *key, now time.Duration) {
 	if !l.quiet(k, now) {
 		return
 	}
-	zero := true
+	zero, net := true, false
 	for i := range k.pairs {
 		pr := &k.pairs[i]
 		if i == l.self {
 			continue
 		}
-		if pr.give != pr.conf || pr.conf != pr.peerApplied || pr.recv != pr.give {
-			return // a gift in flight, or the pair's units not back where they came from
+		if pr.give != pr.conf || pr.conf != pr.peerApplied {
+			return // a gift in flight
 		}
+		net = net || pr.recv != pr.give
 		zero = zero && zeroPair(pr)
+	}
+	if net {
+		// The pair's units not back where they came from: settle first.
+		l.settleStart(k, now) // settle.go
+		return
 	}
 	if zero {
 		// Nothing to protect: as if never seen, once peers have had the

@@ -28,7 +28,10 @@ func (l *Ledger) write(k *key, now time.Duration) (Write, bool) {
 	k.pend = append(k.pend, s)
 	k.gifted = false
 	if k.force {
-		k.reassert, k.force = v, false
+		k.rareState().reassert, k.force = v, false
+	}
+	if prev := k.wUnits; !release && units < prev || !k.written && units < l.base {
+		l.stats.Lowered++
 	}
 	k.written, k.wUnits, k.wRelease, k.wVer, k.wAt = true, units, release, v, now
 	return Write{Key: k.name, Version: v, Units: units, Release: release}, true
@@ -83,7 +86,7 @@ func (l *Ledger) marker(now time.Duration) (Write, bool) {
 	}
 	if l.reset {
 		for _, k := range l.keys {
-			if k.reassert != (Version{}) && k.confirmed.Less(k.reassert) {
+			if k.rare != nil && k.rare.reassert != (Version{}) && k.confirmed.Less(k.rare.reassert) {
 				return Write{}, false
 			}
 		}

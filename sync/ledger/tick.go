@@ -154,19 +154,31 @@ func (l *Ledger) give(k *key, now time.Duration) {
 			sumD += d
 		}
 	}
+	excess -= l.settleGive(k, idx, rest, now) // settle.go: debts first
 	if excess <= l.cfg.Hysteresis || sumD == 0 {
 		return
 	}
 	// Never below our floor: excess <= position - floor since targets are >= 0.
+	best, gave := -1, false
 	for j, i := range idx {
 		if def[j] == 0 || !l.giftable(i) {
 			continue
 		}
+		if best < 0 || def[j] > def[best] {
+			best = j
+		}
 		g := min(def[j], int64(float64(excess)*float64(def[j])/float64(sumD)))
 		if g > 0 {
 			k.pairs[i].give += g
-			k.dirty, k.gifted = true, true
+			k.dirty, k.gifted, gave = true, true, true
 		}
+	}
+	if best >= 0 && !gave {
+		// Every share rounded down to zero (an excess of a few units over
+		// several deficits): the largest deficit takes it, or the units
+		// would stay off their targets for good.
+		k.pairs[idx[best]].give += min(def[best], excess)
+		k.dirty, k.gifted = true, true
 	}
 }
 
@@ -187,6 +199,7 @@ func (l *Ledger) maybeIdle(k *key, now time.Duration) {
 		}
 	}
 	k.active, k.dirty, k.idleAt = false, true, now
+	settleReset(k) // settle.go: a new chance to settle once quiet
 }
 
 func (l *Ledger) report(now time.Duration, full bool) *Report {
