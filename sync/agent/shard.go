@@ -351,7 +351,8 @@ func (a *Agent) layoutLost(err error) {
 		if st.Led != nil {
 			a.drv.Remove(id)
 			st.Rule = a.drv.Add(id)
-			clear(st.written)
+			st.lowered = 0 // the new ledger counts from 0
+			clear(st.holds.held)
 		}
 	}
 	a.publishSnapshot()
