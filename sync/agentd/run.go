@@ -47,6 +47,7 @@ type options struct {
 	rho            float64
 	standby        bool
 	halfLife       time.Duration
+	recordHold     time.Duration
 	seedFile       string
 	peerKeys       string
 	insecure       bool
@@ -70,6 +71,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.lease, "lease", def.Lease, "lease: a region unheard for this long falls back to its floor and is reclaimed")
 	fs.Float64Var(&o.rho, "clock-rate-bound", def.Rho, "bound on every clock's rate error (0.01: within 1% of real time)")
 	fs.DurationVar(&o.halfLife, "demand-half-life", def.HalfLife, "half-life of the demand estimate: shorter follows shifts faster, longer is steadier under noisy traffic")
+	fs.DurationVar(&o.recordHold, "record-hold", def.RecordHold, "TTL of a held share record in Redis, written again every half of it (never below 4 x (lease + interval + 100ms)): the records of an agent gone for good expire after it")
 	fs.BoolVar(&o.standby, "standby", false, "campaign for the region's agent role in etcd and act only while leader")
 	fs.StringVar(&o.seedFile, "report-seed-file", "", "file holding this region's NKey user seed (SU..., or a NATS .creds file): every report is signed with it (required unless --insecure-unsigned-reports; syncagent keygen FILE makes one)")
 	fs.StringVar(&o.peerKeys, "report-peer-keys", "", "the regions' NKey public keys, region=U...,region=U... (may include this region), or @FILE to read that list from FILE: reports are accepted only when signed by their region's key")
@@ -196,7 +198,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	log = log.With("component", "syncagent", "region", o.region)
 	cfg := agent.DefaultConfig()
 	cfg.Region, cfg.Interval, cfg.Lease, cfg.Rho, cfg.Logger = o.region, o.interval, o.lease, o.rho, log
-	cfg.HalfLife = o.halfLife
+	cfg.HalfLife, cfg.RecordHold = o.halfLife, o.recordHold
 	cfg.InsecureUnsigned = true // the keys are checked next, once the rest is valid
 	if err := cfg.Validate(); err != nil {
 		return err
