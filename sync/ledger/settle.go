@@ -37,8 +37,7 @@ func (l *Ledger) settleOwed(k *key, idx []int, room int64) int64 {
 		}
 		if o := owed(k, i); o > 0 {
 			g := min(o, room)
-			k.pairs[i].give += g
-			k.dirty, k.gifted = true, true
+			gift(k, i, g)
 			room -= g
 			gave += g
 		}

@@ -169,17 +169,24 @@ func (l *Ledger) give(k *key, now time.Duration) {
 		}
 		g := min(def[j], int64(float64(excess)*float64(def[j])/float64(sumD)))
 		if g > 0 {
-			k.pairs[i].give += g
-			k.dirty, k.gifted, gave = true, true, true
+			gift(k, i, g)
+			gave = true
 		}
 	}
 	if best >= 0 && !gave {
 		// Every share rounded down to zero (an excess of a few units over
 		// several deficits): the largest deficit takes it, or the units
 		// would stay off their targets for good.
-		k.pairs[idx[best]].give += min(def[best], excess)
-		k.dirty, k.gifted = true, true
+		gift(k, idx[best], min(def[best], excess))
 	}
+}
+
+// gift adds g units to what this region gives peer i on k: the one way
+// units leave a region, for the gifts to deficits and the settlement's
+// payments (settle.go) alike.
+func gift(k *key, i int, g int64) {
+	k.pairs[i].give += g
+	k.dirty, k.gifted = true, true
 }
 
 // maybeIdle releases a key from coordination once every region is back at its
