@@ -101,8 +101,7 @@ func (l *Ledger) settleStart(k *key, now time.Duration) {
 		if i == l.self || !l.live(i, now) {
 			continue
 		}
-		pr := &k.pairs[i]
-		if pr.peerDemand > 0 || pr.peerSeq > 0 && pr.peerPos != l.peers[i].base {
+		if !l.peerAtRest(k, i) {
 			return // not at rest everywhere yet
 		}
 		idx = append(idx, i)

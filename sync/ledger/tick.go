@@ -200,13 +200,19 @@ func (l *Ledger) maybeIdle(k *key, now time.Duration) {
 			continue
 		}
 		pr := &k.pairs[i]
-		if pr.give != pr.conf || pr.conf != pr.peerApplied || pr.peerDemand > 0 ||
-			(pr.peerSeq > 0 && pr.peerPos != l.peers[i].base) {
+		if pr.give != pr.conf || pr.conf != pr.peerApplied || !l.peerAtRest(k, i) {
 			return
 		}
 	}
 	k.active, k.dirty, k.idleAt = false, true, now
 	settleReset(k) // settle.go: a new chance to settle once quiet
+}
+
+// peerAtRest reports whether peer i's last report shows k at its base with
+// no demand (or it has not reported k: it is at its base).
+func (l *Ledger) peerAtRest(k *key, i int) bool {
+	pr := &k.pairs[i]
+	return pr.peerDemand <= 0 && (pr.peerSeq == 0 || pr.peerPos == l.peers[i].base)
 }
 
 func (l *Ledger) report(now time.Duration, full bool) *Report {
