@@ -37,8 +37,7 @@ func (l *Ledger) settleOwed(k *key, idx []int, room int64) int64 {
 		}
 		if o := owed(k, i); o > 0 {
 			g := min(o, room)
-			k.pairs[i].give += g
-			k.dirty, k.gifted = true, true
+			gift(k, i, g)
 			room -= g
 			gave += g
 		}
@@ -102,8 +101,7 @@ func (l *Ledger) settleStart(k *key, now time.Duration) {
 		if i == l.self || !l.live(i, now) {
 			continue
 		}
-		pr := &k.pairs[i]
-		if pr.peerDemand > 0 || pr.peerSeq > 0 && pr.peerPos != l.peers[i].base {
+		if !l.peerAtRest(k, i) {
 			return // not at rest everywhere yet
 		}
 		idx = append(idx, i)

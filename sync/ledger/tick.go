@@ -169,17 +169,24 @@ func (l *Ledger) give(k *key, now time.Duration) {
 		}
 		g := min(def[j], int64(float64(excess)*float64(def[j])/float64(sumD)))
 		if g > 0 {
-			k.pairs[i].give += g
-			k.dirty, k.gifted, gave = true, true, true
+			gift(k, i, g)
+			gave = true
 		}
 	}
 	if best >= 0 && !gave {
 		// Every share rounded down to zero (an excess of a few units over
 		// several deficits): the largest deficit takes it, or the units
 		// would stay off their targets for good.
-		k.pairs[idx[best]].give += min(def[best], excess)
-		k.dirty, k.gifted = true, true
+		gift(k, idx[best], min(def[best], excess))
 	}
+}
+
+// gift adds g units to what this region gives peer i on k: the one way
+// units leave a region, for the gifts to deficits and the settlement's
+// payments (settle.go) alike.
+func gift(k *key, i int, g int64) {
+	k.pairs[i].give += g
+	k.dirty, k.gifted = true, true
 }
 
 // maybeIdle releases a key from coordination once every region is back at its
@@ -193,13 +200,19 @@ func (l *Ledger) maybeIdle(k *key, now time.Duration) {
 			continue
 		}
 		pr := &k.pairs[i]
-		if pr.give != pr.conf || pr.conf != pr.peerApplied || pr.peerDemand > 0 ||
-			(pr.peerSeq > 0 && pr.peerPos != l.peers[i].base) {
+		if pr.give != pr.conf || pr.conf != pr.peerApplied || !l.peerAtRest(k, i) {
 			return
 		}
 	}
 	k.active, k.dirty, k.idleAt = false, true, now
 	settleReset(k) // settle.go: a new chance to settle once quiet
+}
+
+// peerAtRest reports whether peer i's last report shows k at its base with
+// no demand (or it has not reported k: it is at its base).
+func (l *Ledger) peerAtRest(k *key, i int) bool {
+	pr := &k.pairs[i]
+	return pr.peerDemand <= 0 && (pr.peerSeq == 0 || pr.peerPos == l.peers[i].base)
 }
 
 func (l *Ledger) report(now time.Duration, full bool) *Report {

@@ -321,7 +321,7 @@ func appendMessage(buf []byte, from string, tab []string, rs []RuleReport) []byt
 	return buf
 }
 
-// Decode parses a version-1 message. Every error wraps ErrMalformed.
+// Decode parses a version-2 message. Every error wraps ErrMalformed.
 func Decode(data []byte) (Message, error) {
 	if len(data) > MaxMessageSize {
 		return Message{}, fmt.Errorf("%w: %d bytes, limit %d", ErrMalformed, len(data), MaxMessageSize)

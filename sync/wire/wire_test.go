@@ -103,6 +103,11 @@ func TestDecodeMalformed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	closing, err := Encode(Message{From: "a", Rules: []RuleReport{{Rule: "r", Report: ledger.Report{From: "a", Inc: 1, Seq: 1,
+		Closes: []ledger.Closure{{Key: "k", Region: "b", Inc: 1, Retire: 7}}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	// good: B2 01 'a' | 01 01 'b' | 01 | 01 'r' 01 01 00 | 01 00 01 03 00 | 00 | 00
 	for _, tc := range []struct {
 		name string
@@ -117,6 +122,8 @@ func TestDecodeMalformed(t *testing.T) {
 		{"unsorted table", []byte{magicV2, 0x00, 0x02, 0x01, 'b', 0x01, 'a', 0x00}},
 		{"unused table entry", []byte{magicV2, 0x00, 0x01, 0x01, 'b', 0x00}},
 		{"bad region index", bytes.Replace(good, []byte{0x01, 0x00, 0x01, 0x03}, []byte{0x01, 0x05, 0x01, 0x03}, 1)},
+		{"bad closure region index", bytes.Replace(closing, []byte{0x01, 'k', 0x00, 0x01, 0x07}, []byte{0x01, 'k', 0x05, 0x01, 0x07}, 1)},
+		{"closure truncated", closing[:len(closing)-2]},
 		{"bad frozen flag", bytes.Replace(good, []byte{0x01, 0x03, 0x00}, []byte{0x01, 0x03, 0x02}, 1)},
 		{"trailing", append(append([]byte{}, good...), 0)},
 	} {
@@ -126,8 +133,10 @@ func TestDecodeMalformed(t *testing.T) {
 			}
 		})
 	}
-	if _, err := Decode(good); err != nil {
-		t.Fatalf("good message: %v", err)
+	for _, m := range [][]byte{good, closing} {
+		if _, err := Decode(m); err != nil {
+			t.Fatalf("good message %x: %v", m, err)
+		}
 	}
 }
 
