@@ -52,18 +52,23 @@ type procWatch struct {
 	n       atomic.Uint64 // samples taken
 }
 
-func (w *procWatch) sample(now time.Time) {
+// sample records one reading; false when the process cannot be read.
+func (w *procWatch) sample(now time.Time) bool {
 	r, err := w.read(false)
 	if err != nil {
-		return
+		return false
 	}
 	i := w.n.Load() % starveSamples
 	w.samples[i].at.Store(now.UnixNano())
 	w.samples[i].run.Store(r.run)
 	w.samples[i].wait.Store(r.wait)
 	w.n.Add(1)
+	return true
 }
 
+// run samples until done, or until the process cannot be read: a Redis
+// that exited (restarted: a new process id) is gone for good from its
+// /proc files, and sampling it every starveInterval would be wasted.
 func (w *procWatch) run(done <-chan struct{}) {
 	t := time.NewTicker(starveInterval)
 	defer t.Stop()
@@ -72,7 +77,9 @@ func (w *procWatch) run(done <-chan struct{}) {
 		case <-done:
 			return
 		case now := <-t.C:
-			w.sample(now)
+			if !w.sample(now) {
+				return
+			}
 		}
 	}
 }
@@ -179,7 +186,9 @@ func procStat(pid int) ([]string, error) {
 // and that started when the server says it did (within 3 s). It returns
 // the process id, or an error saying why there is none (the store then
 // blames every silence past the budget on Redis, as without a watch).
-// Call it once, after Warm; the watch stops at Close.
+// Call it once, after Warm (a second call while it watches is refused); the
+// watch stops at Close, or when the process exits (a restarted Redis is not
+// watched).
 func (s *Store) WatchLocalRedis(ctx context.Context) (int, error) {
 	if s.cluster != nil {
 		return 0, errors.New("redisstore: a Cluster client: no local process watch")
@@ -212,12 +221,16 @@ func (s *Store) WatchLocalRedis(ctx context.Context) (int, error) {
 		f.Close()
 		return 0, err
 	}
-	s.watch.Store(w)
+	if !s.watch.CompareAndSwap(nil, w) {
+		f.Close()
+		return 0, errors.New("redisstore: WatchLocalRedis called twice")
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		defer f.Close()
 		w.run(s.done)
+		s.watch.CompareAndSwap(w, nil) // gone: no reads when deciding
 	}()
 	return pid, nil
 }

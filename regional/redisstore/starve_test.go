@@ -59,6 +59,29 @@ func TestStarvedNeedsHalfTheSilenceWaiting(t *testing.T) {
 	}
 }
 
+// The sampler stops, without Close, once the process cannot be read (it
+// exited): it does not read a gone process every starveInterval.
+func TestWatchStopsWhenProcessGone(t *testing.T) {
+	var reads atomic.Int64
+	w := &procWatch{read: func(bool) (sched, error) {
+		if reads.Add(1) > 3 {
+			return sched{}, errors.New("gone")
+		}
+		return sched{}, nil
+	}}
+	done, stopped := make(chan struct{}), make(chan struct{})
+	defer close(done)
+	go func() { w.run(done); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("sampler still running after the process became unreadable")
+	}
+	if n := w.n.Load(); n != 3 {
+		t.Fatalf("%d samples, want the 3 readable ones", n)
+	}
+}
+
 // The watch finds a redis-server started on this host, and a Redis that
 // sleeps (DEBUG SLEEP: silent, not waiting for a CPU) still fails a check
 // with ErrTimeout after the round-trip budget, not the queue budget.
@@ -82,6 +105,9 @@ func TestWatchedHungRedisStillTimesOut(t *testing.T) {
 	pid, err := s.WatchLocalRedis(ctx)
 	if err != nil || pid != r.PID() {
 		t.Fatalf("WatchLocalRedis: %d, %v; want the server's pid %d", pid, err, r.PID())
+	}
+	if _, err := s.WatchLocalRedis(ctx); err == nil {
+		t.Fatal("a second WatchLocalRedis was accepted: two samplers")
 	}
 	admin := redis.NewClient(&redis.Options{Addr: r.Addr})
 	t.Cleanup(func() { admin.Close() })
