@@ -3,6 +3,8 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -56,6 +58,41 @@ func TestStarvedNeedsHalfTheSilenceWaiting(t *testing.T) {
 	w.read = func(bool) (sched, error) { return sched{}, errors.New("gone") }
 	if w.starved(at.UnixNano()) {
 		t.Fatal("unreadable: want not starved")
+	}
+}
+
+// procSched parses schedstat's run and wait times and stat's state, which
+// follows the command name's last ')' (a name may hold ") ").
+func TestProcSchedParses(t *testing.T) {
+	dir := t.TempDir()
+	open := func(name, text string) *os.File {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	sf := open("schedstat", "123456 789 42\n")
+	for _, c := range []struct {
+		stat string
+		want bool
+	}{
+		{"4194304 (redis-server) R 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20\n", true},
+		{"77 (a) S (b) S 1 2 3\n", false},
+		{"77 (a) R (b) R 1 2 3\n", true},
+	} {
+		r, err := procSched(7, sf, open("stat", c.stat))(true)
+		if err != nil || r.run != 123456 || r.wait != 789 || r.runnable != c.want {
+			t.Errorf("%q: %+v, %v; want run 123456, wait 789, runnable %v", c.stat, r, err, c.want)
+		}
+	}
+	if _, err := procSched(7, sf, open("bad", "77 (no end"))(true); err == nil {
+		t.Error("a stat without ')' parsed")
 	}
 }
 
