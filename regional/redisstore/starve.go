@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -52,18 +53,23 @@ type procWatch struct {
 	n       atomic.Uint64 // samples taken
 }
 
-func (w *procWatch) sample(now time.Time) {
+// sample records one reading; false when the process cannot be read.
+func (w *procWatch) sample(now time.Time) bool {
 	r, err := w.read(false)
 	if err != nil {
-		return
+		return false
 	}
 	i := w.n.Load() % starveSamples
 	w.samples[i].at.Store(now.UnixNano())
 	w.samples[i].run.Store(r.run)
 	w.samples[i].wait.Store(r.wait)
 	w.n.Add(1)
+	return true
 }
 
+// run samples until done, or until the process cannot be read: a Redis
+// that exited (restarted: a new process id) is gone for good from its
+// /proc files, and sampling it every starveInterval would be wasted.
 func (w *procWatch) run(done <-chan struct{}) {
 	t := time.NewTicker(starveInterval)
 	defer t.Stop()
@@ -72,7 +78,9 @@ func (w *procWatch) run(done <-chan struct{}) {
 		case <-done:
 			return
 		case now := <-t.C:
-			w.sample(now)
+			if !w.sample(now) {
+				return
+			}
 		}
 	}
 }
@@ -109,12 +117,13 @@ func (w *procWatch) starved(since int64) bool {
 }
 
 // procSched reads /proc/PID/schedstat (run time, wait time, timeslices)
-// from f, opened once (a read at offset 0 reads it afresh: one system call
-// per sample, no allocation) and, asked, the state in /proc/PID/stat.
-func procSched(pid int, f *os.File) schedSource {
+// from sf and, asked, the state in /proc/PID/stat from stf, both opened
+// once (a read at offset 0 reads the file afresh: one system call each, no
+// allocation; a check deciding under a starved host pays no more).
+func procSched(pid int, sf, stf *os.File) schedSource {
 	return func(state bool) (sched, error) {
 		var buf [96]byte
-		n, err := f.ReadAt(buf[:], 0)
+		n, err := sf.ReadAt(buf[:], 0)
 		if n == 0 {
 			return sched{}, fmt.Errorf("redisstore: /proc/%d/schedstat: %w", pid, err)
 		}
@@ -127,11 +136,14 @@ func procSched(pid int, f *os.File) schedSource {
 			return sched{}, fmt.Errorf("redisstore: /proc/%d/schedstat: %q", pid, buf[:n])
 		}
 		if state {
-			st, err := procStat(pid)
-			if err != nil {
-				return sched{}, err
+			// "PID (comm) S ...": comm is at most 15 bytes, so the
+			// state is within the first 64.
+			n, err := stf.ReadAt(buf[:64], 0)
+			i := bytes.LastIndexByte(buf[:n], ')')
+			if i < 0 || i+2 >= n {
+				return sched{}, fmt.Errorf("redisstore: /proc/%d/stat: no state (%v)", pid, err)
 			}
-			r.runnable = st[0] == "R"
+			r.runnable = buf[i+2] == 'R'
 		}
 		return r, nil
 	}
@@ -179,7 +191,9 @@ func procStat(pid int) ([]string, error) {
 // and that started when the server says it did (within 3 s). It returns
 // the process id, or an error saying why there is none (the store then
 // blames every silence past the budget on Redis, as without a watch).
-// Call it once, after Warm; the watch stops at Close.
+// Call it once, after Warm (a second call while it watches is refused); the
+// watch stops at Close, or when the process exits (a restarted Redis is not
+// watched).
 func (s *Store) WatchLocalRedis(ctx context.Context) (int, error) {
 	if s.cluster != nil {
 		return 0, errors.New("redisstore: a Cluster client: no local process watch")
@@ -203,21 +217,31 @@ func (s *Store) WatchLocalRedis(ctx context.Context) (int, error) {
 	if age, err := processAge(pid); err != nil || age-time.Duration(up)*time.Second > 3*time.Second || time.Duration(up)*time.Second-age > 3*time.Second {
 		return 0, fmt.Errorf("redisstore: process %d did not start with the server (%v, uptime %ds, %v)", pid, age, up, err)
 	}
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/schedstat")
+	sf, err := os.Open("/proc/" + strconv.Itoa(pid) + "/schedstat")
 	if err != nil {
 		return 0, err
 	}
-	w := &procWatch{read: procSched(pid, f)}
-	if _, err := w.read(true); err != nil {
-		f.Close()
+	stf, err := os.Open("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		sf.Close()
 		return 0, err
 	}
-	s.watch.Store(w)
+	closeFiles := func() { sf.Close(); stf.Close() }
+	w := &procWatch{read: procSched(pid, sf, stf)}
+	if _, err := w.read(true); err != nil {
+		closeFiles()
+		return 0, err
+	}
+	if !s.watch.CompareAndSwap(nil, w) {
+		closeFiles()
+		return 0, errors.New("redisstore: WatchLocalRedis called twice")
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		defer f.Close()
+		defer closeFiles()
 		w.run(s.done)
+		s.watch.CompareAndSwap(w, nil) // gone: no reads when deciding
 	}()
 	return pid, nil
 }

@@ -3,6 +3,8 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -59,6 +61,64 @@ func TestStarvedNeedsHalfTheSilenceWaiting(t *testing.T) {
 	}
 }
 
+// procSched parses schedstat's run and wait times and stat's state, which
+// follows the command name's last ')' (a name may hold ") ").
+func TestProcSchedParses(t *testing.T) {
+	dir := t.TempDir()
+	open := func(name, text string) *os.File {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	sf := open("schedstat", "123456 789 42\n")
+	for _, c := range []struct {
+		stat string
+		want bool
+	}{
+		{"4194304 (redis-server) R 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20\n", true},
+		{"77 (a) S (b) S 1 2 3\n", false},
+		{"77 (a) R (b) R 1 2 3\n", true},
+	} {
+		r, err := procSched(7, sf, open("stat", c.stat))(true)
+		if err != nil || r.run != 123456 || r.wait != 789 || r.runnable != c.want {
+			t.Errorf("%q: %+v, %v; want run 123456, wait 789, runnable %v", c.stat, r, err, c.want)
+		}
+	}
+	if _, err := procSched(7, sf, open("bad", "77 (no end"))(true); err == nil {
+		t.Error("a stat without ')' parsed")
+	}
+}
+
+// The sampler stops, without Close, once the process cannot be read (it
+// exited): it does not read a gone process every starveInterval.
+func TestWatchStopsWhenProcessGone(t *testing.T) {
+	var reads atomic.Int64
+	w := &procWatch{read: func(bool) (sched, error) {
+		if reads.Add(1) > 3 {
+			return sched{}, errors.New("gone")
+		}
+		return sched{}, nil
+	}}
+	done, stopped := make(chan struct{}), make(chan struct{})
+	defer close(done)
+	go func() { w.run(done); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("sampler still running after the process became unreadable")
+	}
+	if n := w.n.Load(); n != 3 {
+		t.Fatalf("%d samples, want the 3 readable ones", n)
+	}
+}
+
 // The watch finds a redis-server started on this host, and a Redis that
 // sleeps (DEBUG SLEEP: silent, not waiting for a CPU) still fails a check
 // with ErrTimeout after the round-trip budget, not the queue budget.
@@ -82,6 +142,9 @@ func TestWatchedHungRedisStillTimesOut(t *testing.T) {
 	pid, err := s.WatchLocalRedis(ctx)
 	if err != nil || pid != r.PID() {
 		t.Fatalf("WatchLocalRedis: %d, %v; want the server's pid %d", pid, err, r.PID())
+	}
+	if _, err := s.WatchLocalRedis(ctx); err == nil {
+		t.Fatal("a second WatchLocalRedis was accepted: two samplers")
 	}
 	admin := redis.NewClient(&redis.Options{Addr: r.Addr})
 	t.Cleanup(func() { admin.Close() })
