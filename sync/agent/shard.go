@@ -351,8 +351,7 @@ func (a *Agent) layoutLost(err error) {
 		if st.Led != nil {
 			a.drv.Remove(id)
 			st.Rule = a.drv.Add(id)
-			st.lowered = 0 // the new ledger counts from 0
-			clear(st.holds.held)
+			st.newLedger()
 		}
 	}
 	a.publishSnapshot()
