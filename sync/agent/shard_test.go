@@ -520,3 +520,33 @@ func TestBadLayoutDocument(t *testing.T) {
 		t.Fatalf("an incarnation started under a corrupt layout document: %v", err)
 	}
 }
+
+// TestLayoutLostAndBack: a running agent that finds another layout in etcd
+// drops its ledger (a "layout" rejection) and starts none while it stays,
+// and starts a new incarnation once the layout is its own again.
+func TestLayoutLostAndBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	s := memStack(t, []string{"a", "b"})
+	rule := globalRule()
+	rule.Regions = map[string]float64{"a": 1, "b": 1}
+	s.putRule(t, rule)
+	a := s.regions["a"].agent
+	testutil.WaitFor(t, 30*time.Second, "a's first incarnation", func() bool { return a.Incarnation(testRule) > 0 })
+	first := a.Incarnation(testRule)
+	ctx := context.Background()
+	if _, err := s.etcd.Put(ctx, LayoutKey, `{"shards":2,"epoch":1}`); err != nil {
+		t.Fatal(err)
+	}
+	rejected := a.m.rejected.WithLabelValues(ReasonLayout)
+	testutil.WaitFor(t, 30*time.Second, "a to drop its ledger in another layout", func() bool {
+		return metricValue(rejected) > 0 && a.Incarnation(testRule) == 0
+	})
+	if _, err := s.etcd.Delete(ctx, LayoutKey); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 60*time.Second, "a new incarnation once the layout is a's again", func() bool {
+		return a.Incarnation(testRule) > first
+	})
+}
