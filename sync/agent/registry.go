@@ -270,14 +270,15 @@ func (r *EtcdRegistry) Records(ctx context.Context) (map[string]RuleRecords, err
 	}
 	out := make(map[string]RuleRecords, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		if !r.shard.ownGroup(strings.TrimPrefix(string(kv.Key), r.prefix)) {
+		id := strings.TrimPrefix(string(kv.Key), r.prefix)
+		if !r.shard.ownGroup(id) {
 			continue
 		}
 		reg, _, err := r.decode(kv.Value)
 		if err != nil {
 			continue
 		}
-		out[strings.TrimPrefix(string(kv.Key), r.prefix)] = RuleRecords{Revision: kv.ModRevision, Records: reg.Records()}
+		out[id] = RuleRecords{Revision: kv.ModRevision, Records: reg.Records()}
 	}
 	return out, nil
 }
