@@ -112,6 +112,14 @@ type ruleState struct {
 	holds    recordHolds // records to write again (refresh.go)
 }
 
+// newLedger resets what st keeps of its ledger when another takes its
+// place (a new incarnation, or none after a layout change): the new ledger
+// counts its lowered writes from 0, and no record of the old one is held.
+func (st *ruleState) newLedger() {
+	st.lowered = 0
+	clear(st.holds.held)
+}
+
 // New returns an agent. It does nothing until Start. store is the region's
 // Redis, nc a NATS connection reaching the region's server (reports cross
 // regions through the super-cluster gateways), reg the reclaim registry and

@@ -141,6 +141,17 @@ func newStackOf(t testing.TB, names []string, mkStore func(name string) (Store, 
 	return s
 }
 
+// memStack is a stack of regions names over memStores sharing one world.
+func memStack(t testing.TB, names []string, tweak ...func(*Config)) *stack {
+	w := &world{}
+	s := newStackOf(t, names, func(n string) (Store, *memStore) {
+		m := newMemStore(w, n)
+		return m, m
+	}, tweak...)
+	s.world = w
+	return s
+}
+
 func (s *stack) putRule(t testing.TB, r rules.Rule) {
 	t.Helper()
 	st, err := etcdstore.New(s.etcd)

@@ -93,7 +93,7 @@ func (a *Agent) noteHeld(st *ruleState, recs []redisstore.ShareRecord, vs []redi
 	}
 	st.holds.dueBy(at.Add(recordHold(a.cfg) / 2))
 	for i, r := range recs {
-		if i >= len(vs) || vs[i].Need > 0 || vs[i].Version != (redisstore.Version{Inc: r.Inc, Seq: r.Seq}) {
+		if i >= len(vs) || !holdsAt(r, vs[i]) {
 			continue
 		}
 		if r.Release {
@@ -102,6 +102,12 @@ func (a *Agent) noteHeld(st *ruleState, recs []redisstore.ShareRecord, vs []redi
 			st.holds.held[r.Key] = heldRecord{rec: r, at: at}
 		}
 	}
+}
+
+// holdsAt reports whether v, the store's answer to a write of r, says it
+// holds r at the version written.
+func holdsAt(r redisstore.ShareRecord, v redisstore.WindowApplied) bool {
+	return v.Need == 0 && v.Version == (redisstore.Version{Inc: r.Inc, Seq: r.Seq})
 }
 
 // refreshWrite writes recs with write. When Redis answered an error (a
@@ -165,7 +171,7 @@ func (a *Agent) refreshHeld(ctx context.Context) {
 				// only what is still held at that version is renewed (a
 				// newer write or a new incarnation replaced the rest)
 				for i, r := range recs {
-					if h, ok := st.holds.held[r.Key]; ok && h.rec.Inc == r.Inc && h.rec.Seq == r.Seq && i < len(vs) && vs[i].Need == 0 && vs[i].Version == (redisstore.Version{Inc: r.Inc, Seq: r.Seq}) {
+					if h, ok := st.holds.held[r.Key]; ok && h.rec.Inc == r.Inc && h.rec.Seq == r.Seq && i < len(vs) && holdsAt(r, vs[i]) {
 						h.at = now
 						st.holds.held[r.Key] = h
 					}

@@ -12,6 +12,7 @@ import (
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/sync/driver"
 	"github.com/apportion/apportion/sync/ledger"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -156,6 +157,18 @@ func (r *EtcdRegistry) decode(b []byte) (*ledger.Registry, Spec, error) {
 	return reg, doc.Spec, nil
 }
 
+// layoutGuard checks the layout read in lay (a range read of LayoutKey)
+// against r's shard (checkLayout) and returns the comparison that holds
+// while that layout document is unchanged (none: ModRevision 0).
+func (r *EtcdRegistry) layoutGuard(lay *etcdserverpb.RangeResponse) (clientv3.Cmp, error) {
+	var doc []byte
+	var rev int64
+	if len(lay.Kvs) > 0 {
+		doc, rev = lay.Kvs[0].Value, lay.Kvs[0].ModRevision
+	}
+	return clientv3.Compare(clientv3.ModRevision(LayoutKey), "=", rev), r.shard.checkLayout(doc)
+}
+
 // update runs fn on rule's registry (created with spec when absent, if spec
 // is not nil) and writes it back if the document did not change meanwhile,
 // retrying otherwise.
@@ -170,14 +183,8 @@ func (r *EtcdRegistry) update(ctx context.Context, rule string, spec *Spec, fn f
 			return err
 		}
 		resp := tr.Responses[0].GetResponseRange()
-		lay := tr.Responses[1].GetResponseRange()
-		layCmp := clientv3.Compare(clientv3.ModRevision(LayoutKey), "=", 0)
-		var layDoc []byte
-		if len(lay.Kvs) > 0 {
-			layDoc = lay.Kvs[0].Value
-			layCmp = clientv3.Compare(clientv3.ModRevision(LayoutKey), "=", lay.Kvs[0].ModRevision)
-		}
-		if err := r.shard.checkLayout(layDoc); err != nil {
+		layCmp, err := r.layoutGuard(tr.Responses[1].GetResponseRange())
+		if err != nil {
 			return err
 		}
 		var reg *ledger.Registry
@@ -258,23 +265,20 @@ func (r *EtcdRegistry) Records(ctx context.Context) (map[string]RuleRecords, err
 		return nil, err
 	}
 	resp := tr.Responses[0].GetResponseRange()
-	var layDoc []byte
-	if lay := tr.Responses[1].GetResponseRange(); len(lay.Kvs) > 0 {
-		layDoc = lay.Kvs[0].Value
-	}
-	if err := r.shard.checkLayout(layDoc); err != nil {
+	if _, err := r.layoutGuard(tr.Responses[1].GetResponseRange()); err != nil {
 		return nil, err
 	}
 	out := make(map[string]RuleRecords, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		if !r.shard.ownGroup(strings.TrimPrefix(string(kv.Key), r.prefix)) {
+		id := strings.TrimPrefix(string(kv.Key), r.prefix)
+		if !r.shard.ownGroup(id) {
 			continue
 		}
 		reg, _, err := r.decode(kv.Value)
 		if err != nil {
 			continue
 		}
-		out[strings.TrimPrefix(string(kv.Key), r.prefix)] = RuleRecords{Revision: kv.ModRevision, Records: reg.Records()}
+		out[id] = RuleRecords{Revision: kv.ModRevision, Records: reg.Records()}
 	}
 	return out, nil
 }

@@ -169,8 +169,7 @@ func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, 
 	}
 	a.drv.Started(st.Rule, led)
 	st.spec, st.backoff = spec, 0
-	st.lowered = 0 // a new ledger counts from 0
-	clear(st.holds.held)
+	st.newLedger()
 	a.log.Info("ledger started", logKeyRule, st.ID, logKeyInc, start.Inc)
 	a.publishSnapshot()
 }

@@ -56,6 +56,15 @@ type Layout struct {
 	Epoch  int `json:"epoch"`
 }
 
+// validate checks that l is a layout agents can run: 1 to MaxShards
+// shards, an epoch within [0, maxEpoch].
+func (l Layout) validate() error {
+	if l.Shards < 1 {
+		return fmt.Errorf("shard count %d outside [1, %d]", l.Shards, MaxShards)
+	}
+	return Shard{Count: l.Shards, Epoch: l.Epoch}.validate()
+}
+
 // Shard is this agent's part of the layout: shard Index of Count in Epoch.
 // The zero value and {0, 1, 0} are the unsharded agent (every key, rule ids
 // as they are, ReportSubject).
@@ -292,8 +301,8 @@ func decodeLayout(b []byte) (Layout, error) {
 	if err := json.Unmarshal(b, &l); err != nil {
 		return Layout{}, fmt.Errorf("%w: %s: %w", ErrLayout, LayoutKey, err)
 	}
-	if err := (Shard{Count: l.Shards, Epoch: l.Epoch}).validate(); err != nil || l.Shards < 1 {
-		return Layout{}, fmt.Errorf("%w: %s holds an invalid layout %s", ErrLayout, LayoutKey, b)
+	if err := l.validate(); err != nil {
+		return Layout{}, fmt.Errorf("%w: %s holds an invalid layout %s: %w", ErrLayout, LayoutKey, b, err)
 	}
 	return l, nil
 }
@@ -309,7 +318,7 @@ func ChangeLayout(ctx context.Context, kv clientv3.KV, shards int) (Layout, erro
 			return Layout{}, err
 		}
 		next := Layout{Shards: shards, Epoch: cur.Epoch + 1}
-		if err := (Shard{Count: shards, Epoch: next.Epoch}).validate(); err != nil || shards < 1 {
+		if err := next.validate(); err != nil {
 			return Layout{}, fmt.Errorf("%w: cannot change to %d shards in epoch %d: %v", ErrLayout, shards, next.Epoch, err)
 		}
 		b, _ := json.Marshal(next)
@@ -351,8 +360,7 @@ func (a *Agent) layoutLost(err error) {
 		if st.Led != nil {
 			a.drv.Remove(id)
 			st.Rule = a.drv.Add(id)
-			st.lowered = 0 // the new ledger counts from 0
-			clear(st.holds.held)
+			st.newLedger()
 		}
 	}
 	a.publishSnapshot()

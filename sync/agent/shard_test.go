@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -487,4 +488,65 @@ func TestShardedAgentsWithRedisCluster(t *testing.T) {
 	if samples.Load() < 100 {
 		t.Fatalf("only %d samples", samples.Load())
 	}
+}
+
+// TestBadLayoutDocument: a layout document in etcd that does not decode,
+// or names no layout agents can run, is ErrLayout naming why, for
+// ReadLayout and for a registry's Start; ChangeLayout refuses such a
+// layout with its reason.
+func TestBadLayoutDocument(t *testing.T) {
+	for _, doc := range []string{`{"shards":`, `null`, `{"shards":0}`, `{"shards":300}`, `{"shards":2,"epoch":-1}`} {
+		if _, err := decodeLayout([]byte(doc)); !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), LayoutKey) {
+			t.Errorf("decodeLayout(%s) = %v, want ErrLayout naming %s", doc, err, LayoutKey)
+		}
+	}
+	if _, err := decodeLayout([]byte(`{"shards":0}`)); err == nil || !strings.Contains(err.Error(), "shard count 0") {
+		t.Errorf("decodeLayout of 0 shards does not say why: %v", err)
+	}
+	ec := testutil.StartEtcd(t).Client(t)
+	ctx := context.Background()
+	if _, err := ChangeLayout(ctx, ec, 0); !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), "shard count 0") {
+		t.Fatalf("ChangeLayout(0) = %v, want ErrLayout saying why", err)
+	}
+	if _, err := ec.Put(ctx, LayoutKey, "not json"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ReadLayout(ctx, ec); !errors.Is(err, ErrLayout) {
+		t.Fatalf("ReadLayout of a corrupt document: %v, want ErrLayout", err)
+	}
+	base := testConfig("a", t).LedgerConfig()
+	spec := Spec{Units: base.Units, MinShare: 0.1, Regions: ledger.Regions(map[string]float64{"a": 1, "b": 1})}
+	if _, _, err := NewEtcdRegistry(ec, "", base).Start(ctx, "r", spec, "a"); !errors.Is(err, ErrLayout) {
+		t.Fatalf("an incarnation started under a corrupt layout document: %v", err)
+	}
+}
+
+// TestLayoutLostAndBack: a running agent that finds another layout in etcd
+// drops its ledger (a "layout" rejection) and starts none while it stays,
+// and starts a new incarnation once the layout is its own again.
+func TestLayoutLostAndBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	s := memStack(t, []string{"a", "b"})
+	rule := globalRule()
+	rule.Regions = map[string]float64{"a": 1, "b": 1}
+	s.putRule(t, rule)
+	a := s.regions["a"].agent
+	testutil.WaitFor(t, 30*time.Second, "a's first incarnation", func() bool { return a.Incarnation(testRule) > 0 })
+	first := a.Incarnation(testRule)
+	ctx := context.Background()
+	if _, err := s.etcd.Put(ctx, LayoutKey, `{"shards":2,"epoch":1}`); err != nil {
+		t.Fatal(err)
+	}
+	rejected := a.m.rejected.WithLabelValues(ReasonLayout)
+	testutil.WaitFor(t, 30*time.Second, "a to drop its ledger in another layout", func() bool {
+		return metricValue(rejected) > 0 && a.Incarnation(testRule) == 0
+	})
+	if _, err := s.etcd.Delete(ctx, LayoutKey); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 60*time.Second, "a new incarnation once the layout is a's again", func() bool {
+		return a.Incarnation(testRule) > first
+	})
 }

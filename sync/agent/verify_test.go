@@ -111,16 +111,11 @@ func TestForgedReportsChangeNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
-	w := &world{}
-	s := newStackOf(t, []string{"a", "b"}, func(n string) (Store, *memStore) {
-		m := newMemStore(w, n)
-		return m, m
-	}, func(c *Config) {
+	s := memStack(t, []string{"a", "b"}, func(c *Config) {
 		// A lease long enough that a loaded test machine does not fence
 		// anyone: the test asserts that nobody fences.
 		c.Lease, c.Margin = 5*time.Second, time.Second
 	})
-	s.world = w
 	rule := globalRule()
 	rule.Regions = map[string]float64{"a": 1, "b": 1}
 	s.probe = memProbe{s: s, floors: floorsOf(s.regions["a"].agent.specOf(rule))}
