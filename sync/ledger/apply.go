@@ -65,8 +65,8 @@ func (l *Ledger) confirm(name string, v Version) bool {
 	if k == nil {
 		return false
 	}
-	if k.confirmed.Less(v) {
-		k.confirmed = v
+	if l.version(k.confSeq).Less(v) { // v is of this incarnation (the callers check)
+		k.confSeq = v.Seq
 	}
 	changed := false
 	n := 0

@@ -66,37 +66,49 @@ type key struct {
 	ewma    float64       // EWMA of the interval samples, from 0
 	weight  float64       // total EWMA weight of the samples so far (-> 1)
 	busyAt  time.Duration // the last tick whose interval had usage
-	seen    int64         // cost seen since the average started, up to SilenceTokens
 	lastUse time.Duration
-	extra   int64        // paid by reclaims, beyond the base part (Payment.Keys)
-	frozen  int64        // terms of ended pairs: -Q of every frozen pair, and retired counters (retire.go)
-	ret     *retireState // non-nil while this region retires the key
-	rare    *keyRare     // nil unless a store reset or a hold concerns the key
+	extra   int64    // paid by reclaims, beyond the base part (Payment.Keys)
+	frozen  int64    // terms of ended pairs: -Q of every frozen pair, and retired counters (retire.go)
+	rare    *keyRare // nil unless a store reset, a hold, a settlement or a retirement concerns the key
 	pairs   []pair
 	pend    []snap
 
-	// The flags together, for the struct's size (a key per key in use).
+	// The flags and seen together, for the struct's size (a key per key
+	// in use).
 	active   bool
 	dirty    bool
 	written  bool
 	wRelease bool
-	force    bool // rewrite even if unchanged (store reset)
-	gifted   bool // give grew since the last write: a new version must cover it
+	force    bool  // rewrite even if unchanged (store reset)
+	gifted   bool  // give grew since the last write: a new version must cover it
+	seen     uint8 // cost seen since the average started, up to SilenceTokens
 
-	wUnits    int64
-	wVer      Version
-	wAt       time.Duration
-	confirmed Version
-	idleAt    time.Duration
+	wUnits int64
+	// Versions of this incarnation (Version{inc, seq}: the ledger writes
+	// and confirms no other) by their Seq alone; 0 is none (Version{}).
+	wSeq    uint64 // the last write's
+	wAt     time.Duration
+	confSeq uint64 // the highest the store confirmed holding
+	idleAt  time.Duration
+}
+
+// version is the version of this incarnation with sequence seq
+// (key.wSeq, key.confSeq); Version{} for 0.
+func (l *Ledger) version(seq uint64) Version {
+	if seq == 0 {
+		return Version{}
+	}
+	return Version{l.inc, seq}
 }
 
 // keyRare is what few keys need, apart so that the others do not carry it:
-// 224 bytes a key instead of 288 (the allocator's size classes).
+// 192 bytes a key instead of 256 (the allocator's size classes).
 type keyRare struct {
 	reassert  Version // after a store reset: the marker waits for this version
 	hold      int64   // the store cannot lower the key below this until holdUntil (Hold)
 	holdUntil time.Duration
-	settled   int64 // the sum of the pairs' |net| when this region last paid to settle (settle.go)
+	settled   int64        // the sum of the pairs' |net| when this region last paid to settle (settle.go)
+	ret       *retireState // non-nil while this region retires the key
 }
 
 func (k *key) rareState() *keyRare {
@@ -108,7 +120,7 @@ func (k *key) rareState() *keyRare {
 
 // dropRare releases k.rare once it holds nothing.
 func (k *key) dropRare() {
-	if r := k.rare; r != nil && r.reassert == (Version{}) && r.hold == 0 && r.holdUntil == 0 && r.settled == 0 {
+	if r := k.rare; r != nil && r.reassert == (Version{}) && r.hold == 0 && r.holdUntil == 0 && r.settled == 0 && r.ret == nil {
 		k.rare = nil
 	}
 }
@@ -280,6 +292,21 @@ func (l *Ledger) Position(name string) Share {
 		s.Units = s.Floor
 	}
 	return s
+}
+
+// Each calls fn with every key the ledger holds state for and its view
+// (Position's), in no particular order; fn must not call the ledger. It
+// allocates nothing: a reader that wants a few keys of many (the hottest,
+// the largest) need not copy them all.
+func (l *Ledger) Each(fn func(name string, s Share)) {
+	s := Share{Floor: l.floor[l.self], Initial: l.base}
+	for name, k := range l.keys {
+		s.Units, s.Demand, s.Active = l.position(k), int64(k.demand), k.active
+		if l.fenced {
+			s.Units = s.Floor
+		}
+		fn(name, s)
+	}
 }
 
 // Keys returns the names of the keys the ledger holds state for, sorted.

@@ -35,13 +35,21 @@ type closing struct {
 // a sequence below seq are ignored (counters from before a pair's restart).
 type mark struct{ inc, seq uint64 }
 
-func (k *key) retiring() bool { return k.ret != nil }
+func (k *key) retiring() bool { return k.retState() != nil }
+
+// retState is the key's retirement, nil unless this region retires it.
+func (k *key) retState() *retireState {
+	if k.rare == nil {
+		return nil
+	}
+	return k.rare.ret
+}
 
 func (k *key) retireSeq() uint64 {
-	if k.ret == nil {
+	if !k.retiring() {
 		return 0
 	}
-	return k.ret.seq
+	return k.rare.ret.seq
 }
 
 func zeroPair(pr *pair) bool {
@@ -194,12 +202,12 @@ func (l *Ledger) retireAcks(now time.Duration, i int, r *Report) {
 			continue
 		}
 		k := l.keys[c.Key]
-		if k == nil || k.retireSeq() != c.Retire || k.ret.closed[i] {
+		if k == nil || k.retireSeq() != c.Retire || k.retState().closed[i] {
 			continue
 		}
 		pr := &k.pairs[i]
 		l.rebase(k, i, pr.give, pr.recv)
-		k.ret.closed[i] = true
+		k.rare.ret.closed[i] = true
 		l.raiseMark(i, r)
 		l.finishRetire(k, now)
 	}
@@ -249,7 +257,7 @@ func (l *Ledger) retireKey(now time.Duration, i int, r *Report, kr *KeyReport, o
 	}
 	l.rebase(k, i, applied, gave)
 	if k.retiring() {
-		k.ret.closed[i] = true
+		k.rare.ret.closed[i] = true
 	}
 	if l.closing == nil {
 		l.closing = map[closeID]closing{}
@@ -294,7 +302,7 @@ func (l *Ledger) quiet(k *key, now time.Duration) bool {
 		k.force || k.gifted || l.position(k) != l.base {
 		return false
 	}
-	return !k.written || k.wRelease && k.confirmed.Inc == l.inc && !k.confirmed.Less(k.wVer)
+	return !k.written || k.wRelease && k.confSeq >= k.wSeq
 }
 
 // retireStep runs once per Tick for every key held: it forgets a quiet key
@@ -347,7 +355,7 @@ func (l *Ledger) retireStep(k *key, now time.Duration) {
 		return
 	}
 	l.retires++
-	k.ret = &retireState{seq: l.retires, closed: make([]bool, len(l.names))}
+	k.rareState().ret = &retireState{seq: l.retires, closed: make([]bool, len(l.names))}
 	k.dirty = true
 }
 
@@ -358,11 +366,12 @@ func (l *Ledger) finishRetire(k *key, now time.Duration) {
 		return
 	}
 	for i := range k.pairs {
-		if i != l.self && !k.ret.closed[i] && !zeroPair(&k.pairs[i]) {
+		if i != l.self && !k.rare.ret.closed[i] && !zeroPair(&k.pairs[i]) {
 			return
 		}
 	}
-	k.ret = nil
+	k.rare.ret = nil
+	k.dropRare()
 	k.dirty = true
 	if l.quiet(k, now) {
 		for i := range k.pairs {
