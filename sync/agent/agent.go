@@ -72,12 +72,12 @@ type Agent struct {
 	groups  map[string]string        // rule -> group id (groupOf), guarded by usageMu
 
 	rulesCh chan []rules.Rule // latest rule set, capacity 1
-	reports chan wire.Message
+	reports chan queuedReport
+	queued  atomic.Int64 // bytes of the reports in the queue
 	results chan func(context.Context)
 
 	snapMu sync.Mutex
-	snap   map[string][]KeyShare // rule -> keys, guarded by snapMu
-	incs   map[string]uint64     // rule -> incarnation (0: none), guarded by snapMu
+	incs   map[string]uint64 // rule -> incarnation (0: none), guarded by snapMu
 	ready  atomic.Bool
 
 	// Loop state: owned by the loop goroutine.
@@ -147,9 +147,8 @@ func New(cfg Config, store Store, nc *nats.Conn, reg Registry, src rules.Source)
 		logs:      logsample.New(cfg.Logger, logEvery),
 		usage:     map[bucketID]usageCounts{},
 		rulesCh:   make(chan []rules.Rule, 1),
-		reports:   make(chan wire.Message, reportQueue),
+		reports:   make(chan queuedReport, reportQueue),
 		results:   make(chan func(context.Context), 64),
-		snap:      map[string][]KeyShare{},
 		incs:      map[string]uint64{},
 		rules:     map[string]*ruleState{},
 		peers:     map[string]time.Time{},

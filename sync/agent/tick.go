@@ -18,10 +18,8 @@ func (a *Agent) loop(ctx context.Context) {
 			return
 		case rs := <-a.rulesCh:
 			a.setRules(rs)
-		case m := <-a.reports:
-			if a.drv.Receive(m) {
-				a.peers[m.From] = time.Now()
-			}
+		case q := <-a.reports:
+			a.receive(q)
 		case fn := <-a.results:
 			fn(ctx)
 		case <-tick.C:
