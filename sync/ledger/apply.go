@@ -76,9 +76,12 @@ func (l *Ledger) confirm(name string, v Version) bool {
 			n++
 			continue
 		}
-		for i := range k.pairs {
-			if s.inc[i] == l.peers[i].inc && s.give[i] > k.pairs[i].conf {
-				k.pairs[i].conf = s.give[i]
+		for i := range l.names {
+			if i == l.self {
+				continue
+			}
+			if pr := l.pair(k, i); s.inc[i] == l.peers[i].inc && s.give[i] > pr.conf {
+				pr.conf = s.give[i]
 				changed = true
 			}
 		}

@@ -70,7 +70,7 @@ type key struct {
 	extra   int64    // paid by reclaims, beyond the base part (Payment.Keys)
 	frozen  int64    // terms of ended pairs: -Q of every frozen pair, and retired counters (retire.go)
 	rare    *keyRare // nil unless a store reset, a hold, a settlement or a retirement concerns the key
-	pairs   []pair
+	pairs   []pair   // one per peer region, in region order, none for this one (Ledger.pair)
 	pend    []snap
 
 	// The flags and seen together, for the struct's size (a key per key
@@ -319,6 +319,18 @@ func (l *Ledger) Keys() []string {
 	return out
 }
 
+// pair is k's pair with peer region i (i != l.self): a key holds no pair
+// for this region itself, 56 bytes a key less.
+func (l *Ledger) pair(k *key, i int) *pair {
+	switch {
+	case i > l.self:
+		i--
+	case i == l.self:
+		panic("ledger: no pair of a region with itself")
+	}
+	return &k.pairs[i]
+}
+
 func (l *Ledger) position(k *key) int64 {
 	u := l.base + k.extra + k.frozen
 	for i := range k.pairs {
@@ -332,7 +344,7 @@ func (l *Ledger) key(name string) *key {
 	if k == nil {
 		// A copy: a name decoded from a report must not pin the message.
 		name = strings.Clone(name)
-		k = &key{name: name, pairs: make([]pair, len(l.names))}
+		k = &key{name: name, pairs: make([]pair, len(l.names)-1)}
 		l.keys[name] = k
 	}
 	return k

@@ -64,7 +64,8 @@ func (l *Ledger) plausible(r Report) error {
 		if k := l.keys[kr.Key]; k != nil {
 			pub = l.publishedUnits(k)
 			if same {
-				recv, conf = k.pairs[i].recv, k.pairs[i].conf
+				pr := l.pair(k, i)
+				recv, conf = pr.recv, pr.conf
 			}
 		}
 		for _, c := range kr.Gave {

@@ -94,7 +94,7 @@ func (l *Ledger) freeze(i int, inc uint64, now time.Duration) []Contribution {
 		if x == p.inc {
 			for _, n := range l.Keys() {
 				k := l.keys[n]
-				pr := &k.pairs[i]
+				pr := l.pair(k, i)
 				// Only confirmed gifts count: an unconfirmed one is cancelled
 				// (a raise back), since its lowering may not be in the store yet.
 				if q := pr.conf - pr.recv; q != 0 {

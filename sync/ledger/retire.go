@@ -99,7 +99,7 @@ func (l *Ledger) countersFor(kr *KeyReport) (gave, applied int64) {
 // ended terms (frozen), which leaves the position unchanged; gifts beyond a
 // stay in flight in the new counters.
 func (l *Ledger) rebase(k *key, i int, a, b int64) {
-	pr := &k.pairs[i]
+	pr := l.pair(k, i)
 	k.frozen += b - a
 	pr.give -= a
 	pr.conf -= a
@@ -158,7 +158,7 @@ func (l *Ledger) checkRetire(i int, r *Report) error {
 		// The counters we are about to apply and close with: the gift
 		// counter never below what we applied, the applied one never above
 		// what we confirmed (as plausible checks for any report).
-		pr := &k.pairs[i]
+		pr := l.pair(k, i)
 		gave, applied := l.countersFor(&kr)
 		if gave != applied || gave < pr.recv || applied > pr.conf {
 			// (A region retires only a key whose pairs are net zero.)
@@ -205,7 +205,7 @@ func (l *Ledger) retireAcks(now time.Duration, i int, r *Report) {
 		if k == nil || k.retireSeq() != c.Retire || k.retState().closed[i] {
 			continue
 		}
-		pr := &k.pairs[i]
+		pr := l.pair(k, i)
 		l.rebase(k, i, pr.give, pr.recv)
 		k.rare.ret.closed[i] = true
 		l.raiseMark(i, r)
@@ -241,7 +241,7 @@ func (l *Ledger) retireKey(now time.Duration, i int, r *Report, kr *KeyReport, o
 	if k == nil {
 		k = l.key(kr.Key)
 	}
-	pr := &k.pairs[i]
+	pr := l.pair(k, i)
 	if r.Seq > pr.peerSeq {
 		pr.peerSeq, pr.peerPos, pr.peerDemand = r.Seq, kr.Position, kr.Demand
 	}
@@ -314,9 +314,12 @@ func (l *Ledger) retireStep(k *key, now time.Duration) {
 	// with up to three reports an interval: the tick's and confirmations')
 	// holds no state or is idle (at its base, no demand), whatever its last
 	// report said.
-	for i := range k.pairs {
-		pr := &k.pairs[i]
-		if i != l.self && pr.peerSeq > 0 && l.peers[i].lastSeq > pr.peerSeq+uint64(8*l.cfg.FullEvery) {
+	for i := range l.names {
+		if i == l.self {
+			continue
+		}
+		pr := l.pair(k, i)
+		if pr.peerSeq > 0 && l.peers[i].lastSeq > pr.peerSeq+uint64(8*l.cfg.FullEvery) {
 			pr.peerSeq, pr.peerPos, pr.peerDemand = 0, 0, 0
 		}
 	}
@@ -329,11 +332,11 @@ func (l *Ledger) retireStep(k *key, now time.Duration) {
 		return
 	}
 	zero, net := true, false
-	for i := range k.pairs {
-		pr := &k.pairs[i]
+	for i := range l.names {
 		if i == l.self {
 			continue
 		}
+		pr := l.pair(k, i)
 		if pr.give != pr.conf || pr.conf != pr.peerApplied {
 			return // a gift in flight
 		}
@@ -365,8 +368,8 @@ func (l *Ledger) finishRetire(k *key, now time.Duration) {
 	if !k.retiring() {
 		return
 	}
-	for i := range k.pairs {
-		if i != l.self && !k.rare.ret.closed[i] && !zeroPair(&k.pairs[i]) {
+	for i := range l.names {
+		if i != l.self && !k.rare.ret.closed[i] && !zeroPair(l.pair(k, i)) {
 			return
 		}
 	}
@@ -374,8 +377,8 @@ func (l *Ledger) finishRetire(k *key, now time.Duration) {
 	k.dropRare()
 	k.dirty = true
 	if l.quiet(k, now) {
-		for i := range k.pairs {
-			if i != l.self && !zeroPair(&k.pairs[i]) {
+		for i := range k.pairs { // every peer's pair
+			if !zeroPair(&k.pairs[i]) {
 				return // gifts in flight in the new counters: stays, idle
 			}
 		}

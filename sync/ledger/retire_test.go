@@ -289,7 +289,7 @@ func TestRetireWithAGiftInFlight(t *testing.T) {
 	if k0 == nil || k0.retiring() {
 		t.Fatalf("setup: r0 should still coordinate k: %+v", k0)
 	}
-	k0.pairs[1].give += 1000
+	c.l[0].pair(k0, 1).give += 1000
 	k0.gifted, k0.active = true, true
 	c.now += c.cfg.Interval
 	w, ok := c.l[0].write(k0, c.now)

@@ -22,8 +22,10 @@ func (l *Ledger) write(k *key, now time.Duration) (Write, bool) {
 	l.wseq++
 	v := Version{l.inc, l.wseq}
 	s := snap{ver: v, give: make([]int64, len(l.names)), inc: make([]uint64, len(l.names))}
-	for i := range k.pairs {
-		s.give[i], s.inc[i] = k.pairs[i].give, l.peers[i].inc
+	for i := range l.names {
+		if s.inc[i] = l.peers[i].inc; i != l.self {
+			s.give[i] = l.pair(k, i).give
+		}
 	}
 	k.pend = append(k.pend, s)
 	k.gifted = false
