@@ -20,15 +20,26 @@ func (a *Agent) onUsage(b usage.Batch) {
 		if !sh.Owns(d.Key) {
 			continue // another shard's key (see the package doc, "Shards")
 		}
-		id := bucketID{a.groupOf(d.Rule), d.Key}
-		c, ok := a.usage[id]
-		if !ok && len(a.usage) >= a.cfg.MaxUsageKeys {
-			a.m.usageDropped.Inc()
-			continue
+		g := a.groupOf(d.Rule)
+		ks := a.usage.rules[g]
+		c, ok := ks[d.Key]
+		if !ok {
+			if a.usage.n >= a.cfg.MaxUsageKeys {
+				a.m.usageDropped.Inc()
+				continue
+			}
+			if ks == nil {
+				if a.usage.rules == nil {
+					a.usage.rules = map[string]map[string]usageCounts{}
+				}
+				ks = map[string]usageCounts{}
+				a.usage.rules[g] = ks
+			}
+			a.usage.n++
 		}
 		c.admitted += d.Admitted
 		c.rejected += d.Rejected
-		a.usage[id] = c
+		ks[d.Key] = c
 	}
 }
 

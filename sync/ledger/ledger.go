@@ -67,9 +67,7 @@ type key struct {
 	weight  float64       // total EWMA weight of the samples so far (-> 1)
 	busyAt  time.Duration // the last tick whose interval had usage
 	lastUse time.Duration
-	extra   int64    // paid by reclaims, beyond the base part (Payment.Keys)
-	frozen  int64    // terms of ended pairs: -Q of every frozen pair, and retired counters (retire.go)
-	rare    *keyRare // nil unless a store reset, a hold, a settlement or a retirement concerns the key
+	rare    *keyRare // nil unless a store reset, a hold, a settlement, a retirement or reclaim terms concern the key
 	pairs   []pair   // one per peer region, in region order, none for this one (Ledger.pair)
 	pend    []snap
 
@@ -102,13 +100,39 @@ func (l *Ledger) version(seq uint64) Version {
 }
 
 // keyRare is what few keys need, apart so that the others do not carry it:
-// 192 bytes a key instead of 256 (the allocator's size classes).
+// 176 bytes a key instead of 240 (the allocator's size classes).
 type keyRare struct {
+	extra     int64   // paid by reclaims, beyond the base part (Payment.Keys)
+	frozen    int64   // terms of ended pairs: -Q of every frozen pair, and retired counters (retire.go)
 	reassert  Version // after a store reset: the marker waits for this version
 	hold      int64   // the store cannot lower the key below this until holdUntil (Hold)
 	holdUntil time.Duration
 	settled   int64        // the sum of the pairs' |net| when this region last paid to settle (settle.go)
 	ret       *retireState // non-nil while this region retires the key
+}
+
+// extra is what reclaims paid k beyond the base part (keyRare.extra).
+func (k *key) extra() int64 {
+	if k.rare == nil {
+		return 0
+	}
+	return k.rare.extra
+}
+
+// frozen is k's terms of ended pairs (keyRare.frozen).
+func (k *key) frozen() int64 {
+	if k.rare == nil {
+		return 0
+	}
+	return k.rare.frozen
+}
+
+// addFrozen adds d to k's frozen terms.
+func (k *key) addFrozen(d int64) {
+	if d != 0 {
+		k.rareState().frozen += d
+		k.dropRare()
+	}
 }
 
 func (k *key) rareState() *keyRare {
@@ -120,7 +144,8 @@ func (k *key) rareState() *keyRare {
 
 // dropRare releases k.rare once it holds nothing.
 func (k *key) dropRare() {
-	if r := k.rare; r != nil && r.reassert == (Version{}) && r.hold == 0 && r.holdUntil == 0 && r.settled == 0 && r.ret == nil {
+	if r := k.rare; r != nil && r.reassert == (Version{}) && r.hold == 0 && r.holdUntil == 0 && r.settled == 0 && r.ret == nil &&
+		r.extra == 0 && r.frozen == 0 {
 		k.rare = nil
 	}
 }
@@ -332,7 +357,7 @@ func (l *Ledger) pair(k *key, i int) *pair {
 }
 
 func (l *Ledger) position(k *key) int64 {
-	u := l.base + k.extra + k.frozen
+	u := l.base + k.extra() + k.frozen()
 	for i := range k.pairs {
 		u += k.pairs[i].recv - k.pairs[i].give
 	}

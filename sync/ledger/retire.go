@@ -100,7 +100,7 @@ func (l *Ledger) countersFor(kr *KeyReport) (gave, applied int64) {
 // stay in flight in the new counters.
 func (l *Ledger) rebase(k *key, i int, a, b int64) {
 	pr := l.pair(k, i)
-	k.frozen += b - a
+	k.addFrozen(b - a)
 	pr.give -= a
 	pr.conf -= a
 	pr.peerApplied = max(0, pr.peerApplied-a)
@@ -298,7 +298,7 @@ func (l *Ledger) closures() []Closure {
 // at the base with nothing paid, no usage for IdleAfter, its last store
 // write confirmed.
 func (l *Ledger) quiet(k *key, now time.Duration) bool {
-	if k.active || k.extra != 0 || k.frozen != 0 || k.used != 0 || k.demand != 0 || now-k.lastUse < l.cfg.IdleAfter ||
+	if k.active || k.extra() != 0 || k.frozen() != 0 || k.used != 0 || k.demand != 0 || now-k.lastUse < l.cfg.IdleAfter ||
 		k.force || k.gifted || l.position(k) != l.base {
 		return false
 	}
@@ -385,7 +385,7 @@ func (l *Ledger) finishRetire(k *key, now time.Duration) {
 		l.forget(k)
 		return
 	}
-	if k.used > 0 || k.demand > 0 || k.extra != 0 || l.position(k) != l.base {
+	if k.used > 0 || k.demand > 0 || k.extra() != 0 || l.position(k) != l.base {
 		k.active = true
 	}
 }

@@ -75,7 +75,7 @@ func (l *Ledger) settleGive(k *key, idx []int, rest bool, now time.Duration) int
 		return 0
 	}
 	pos := l.position(k)
-	if pos <= l.base || k.extra != 0 || k.frozen != 0 {
+	if pos <= l.base || k.extra() != 0 || k.frozen() != 0 {
 		return 0
 	}
 	return l.settleOwed(k, idx, l.settleRoom(k, pos, now))

@@ -192,7 +192,7 @@ func (l *Ledger) gift(k *key, i int, g int64) {
 // maybeIdle releases a key from coordination once every region is back at its
 // initial part, nothing is in flight and the key has had no usage for IdleAfter.
 func (l *Ledger) maybeIdle(k *key, now time.Duration) {
-	if now-k.lastUse < l.cfg.IdleAfter || k.demand > 0 || k.extra != 0 || k.frozen != 0 || l.position(k) != l.base {
+	if now-k.lastUse < l.cfg.IdleAfter || k.demand > 0 || k.extra() != 0 || k.frozen() != 0 || l.position(k) != l.base {
 		return
 	}
 	for i := range l.names {
