@@ -68,16 +68,16 @@ type Agent struct {
 	wg     sync.WaitGroup
 
 	usageMu sync.Mutex
-	usage   map[bucketID]usageCounts // guarded by usageMu
-	groups  map[string]string        // rule -> group id (groupOf), guarded by usageMu
+	usage   usageSet          // guarded by usageMu
+	groups  map[string]string // rule -> group id (groupOf), guarded by usageMu
 
 	rulesCh chan []rules.Rule // latest rule set, capacity 1
-	reports chan wire.Message
+	reports chan queuedReport
+	queued  atomic.Int64 // bytes of the reports in the queue
 	results chan func(context.Context)
 
 	snapMu sync.Mutex
-	snap   map[string][]KeyShare // rule -> keys, guarded by snapMu
-	incs   map[string]uint64     // rule -> incarnation (0: none), guarded by snapMu
+	incs   map[string]uint64 // rule -> incarnation (0: none), guarded by snapMu
 	ready  atomic.Bool
 
 	// Loop state: owned by the loop goroutine.
@@ -94,9 +94,28 @@ type Agent struct {
 	fencedSeen bool
 }
 
-type bucketID struct{ rule, key string }
-
 type usageCounts struct{ admitted, rejected int64 }
+
+// usageSet is the enforcers' usage of one interval, per rule (group id)
+// and key: a map per rule, so that an entry is a key and its counts (the
+// rule is not repeated in every entry: a key in use has an entry every
+// interval).
+type usageSet struct {
+	rules map[string]map[string]usageCounts
+	n     int // entries
+}
+
+// next returns an empty set for the next interval, each rule's map sized
+// for the keys it had in this one.
+func (u *usageSet) next() usageSet {
+	n := usageSet{rules: make(map[string]map[string]usageCounts, len(u.rules))}
+	for r, ks := range u.rules {
+		if len(ks) > 0 {
+			n.rules[r] = make(map[string]usageCounts, len(ks))
+		}
+	}
+	return n
+}
 
 // ruleState is the loop goroutine's state of one coordinated rule: the
 // driver's (its ID and ledger, Led) and the agent's.
@@ -145,11 +164,9 @@ func New(cfg Config, store Store, nc *nats.Conn, reg Registry, src rules.Source)
 		log:       cfg.Logger,
 		ver:       wire.NewVerifier(cfg.PeerKeys, cfg.InsecureUnsigned),
 		logs:      logsample.New(cfg.Logger, logEvery),
-		usage:     map[bucketID]usageCounts{},
 		rulesCh:   make(chan []rules.Rule, 1),
-		reports:   make(chan wire.Message, reportQueue),
+		reports:   make(chan queuedReport, reportQueue),
 		results:   make(chan func(context.Context), 64),
-		snap:      map[string][]KeyShare{},
 		incs:      map[string]uint64{},
 		rules:     map[string]*ruleState{},
 		peers:     map[string]time.Time{},

@@ -38,7 +38,7 @@
 //     and the driver passes it to Ledger.Hold before them.
 //   - Reports: one message per tick on "ratelimit.report.<region>" (a shard:
 //     Shard.ReportSubject) carrying the
-//     report of every ledger that has one (sync/wire; split by EncodeSplit
+//     report of every ledger that has one (sync/wire; split by EncodeParts
 //     when larger than the connection's max payload); the agent subscribes
 //     to "ratelimit.report.*", ignores its own subject and feeds the rest to
 //     Ledger.Receive. A message whose From differs from its subject token is
@@ -218,8 +218,16 @@
 //     issued breaks the ledger's lease arithmetic; the agent bounds its own
 //     calls by StoreTimeout and disables client retries, but cannot stop a
 //     request already sent from being applied late.
-//   - Shares and the metrics snapshot are recomputed every tick for every
-//     key a ledger holds: O(keys x regions) per tick.
+//   - Shares, Snapshot, /v1/shares and the apportion_sync_share_units
+//     gauge read the ledgers on demand on the loop goroutine (no copy of
+//     the keys is kept between ticks), so they wait for the loop: up to a
+//     tick, or a tick's store writes (bounded by StoreTimeout each), and at
+//     most shareViewTimeout. Each visits every key a ledger holds, keeping
+//     only the keys it answers with; the tick itself only counts the
+//     coordinated keys for the gauge.
+//   - Reports wait for the loop in their encoded form, verified on the
+//     NATS goroutine and decoded by the loop one at a time, at most
+//     reportQueue messages.
 //   - Shards: more than one needs a Redis Cluster; every shard receives
 //     every usage delta of its region and drops the others' (no per-shard
 //     usage subject: the enforcers would need the layout); a shard's

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -86,57 +85,27 @@ type ruleParams struct {
 	floor    int64
 }
 
-// params asks the loop goroutine for rule's parameters (a.rules belongs to
-// it). ok is false when the rule is not coordinated here.
-func (a *Agent) params(ctx context.Context, rule string) (p ruleParams, ok bool, err error) {
-	a.mu.Lock()
-	running := a.cancel != nil && !a.closed
-	a.mu.Unlock()
-	if !running {
-		return ruleParams{}, false, ErrNotRunning
-	}
-	type answer struct {
-		p  ruleParams
-		ok bool
-	}
-	ch := make(chan answer, 1)
-	ask := func(context.Context) {
-		st := a.rules[rule]
-		if st == nil {
-			ch <- answer{}
-			return
-		}
-		p := ruleParams{rate: usageRate(st.rule), capacity: wholeLimit(st.rule), units: st.spec.Units, floor: st.floor}
-		if p.units == 0 { // no incarnation yet: the spec this agent would propose
-			spec := a.specOf(st.rule)
-			p.units = spec.Units
-			floors, _ := ledger.Split(spec.ledgerConfig(a.lcfg), spec.Regions)
-			for i, r := range spec.Regions {
-				if r.Name == a.cfg.Region {
-					p.floor = floors[i]
-				}
+// paramsOf is st's parameters (on the loop goroutine).
+func (a *Agent) paramsOf(st *ruleState) ruleParams {
+	p := ruleParams{rate: usageRate(st.rule), capacity: wholeLimit(st.rule), units: st.spec.Units, floor: st.floor}
+	if p.units == 0 { // no incarnation yet: the spec this agent would propose
+		spec := a.specOf(st.rule)
+		p.units = spec.Units
+		floors, _ := ledger.Split(spec.ledgerConfig(a.lcfg), spec.Regions)
+		for i, r := range spec.Regions {
+			if r.Name == a.cfg.Region {
+				p.floor = floors[i]
 			}
 		}
-		ch <- answer{p, true}
 	}
-	select {
-	case a.results <- ask:
-	case <-ctx.Done():
-		return ruleParams{}, false, fmt.Errorf("%w: %w", ErrNotRunning, ctx.Err())
-	}
-	select {
-	case ans := <-ch:
-		return ans.p, ans.ok, nil
-	case <-ctx.Done():
-		return ruleParams{}, false, fmt.Errorf("%w: %w", ErrNotRunning, ctx.Err())
-	}
+	return p
 }
 
-// ShareView returns this region's live shares of rule as of the last tick:
-// at most limit keys (limit <= 0: DefaultSharesLimit), by units descending.
-// It fails with ErrUnknownRule when the rule is not coordinated here and
-// with ErrNotRunning when the agent does not run (or its loop did not answer
-// before ctx was done).
+// ShareView returns this region's live shares of rule, read from its
+// ledger on the loop goroutine: at most limit keys (limit <= 0:
+// DefaultSharesLimit), by units descending. It fails with ErrUnknownRule
+// when the rule is not coordinated here and with ErrNotRunning when the
+// agent does not run (or its loop did not answer before ctx was done).
 func (a *Agent) ShareView(ctx context.Context, rule string, limit int) (RuleShares, error) {
 	if limit <= 0 {
 		limit = DefaultSharesLimit
@@ -144,37 +113,45 @@ func (a *Agent) ShareView(ctx context.Context, rule string, limit int) (RuleShar
 	if !strings.Contains(rule, "#") {
 		rule = a.cfg.Shard.Group(rule) // a shard answers for its own keys (see "Shards")
 	}
-	p, ok, err := a.params(ctx, rule)
+	var (
+		p     ruleParams
+		known bool
+		inc   uint64
+		total int
+		top   []KeyShare
+	)
+	err := a.onLoop(ctx, func() {
+		st := a.rules[rule]
+		if st == nil {
+			return
+		}
+		p, known = a.paramsOf(st), true
+		if st.Led == nil {
+			return
+		}
+		inc = st.Led.Incarnation().Inc
+		t := topN{n: limit, cmp: func(x, y KeyShare) int {
+			return cmp.Or(cmp.Compare(y.Units, x.Units), cmp.Compare(x.Key, y.Key))
+		}}
+		st.Led.Each(func(k string, s ledger.Share) {
+			total++
+			t.add(KeyShare{Rule: rule, Key: k, Units: s.Units})
+		})
+		top = t.result()
+	})
 	if err != nil {
 		return RuleShares{}, err
 	}
-	if !ok {
+	if !known {
 		return RuleShares{}, fmt.Errorf("%w: %q is not a coordinated global rule of region %s", ErrUnknownRule, rule, a.cfg.Region)
 	}
-	// Keys and incarnation from one snapshot; its slices are never modified
-	// once published.
-	a.snapMu.Lock()
-	ks, inc := a.snap[rule], a.incs[rule]
-	a.snapMu.Unlock()
-
 	out := RuleShares{Region: a.cfg.Region, Rule: rule, Incarnation: inc, Fenced: inc == 0, Units: p.units, Floor: p.floor,
-		TotalKeys: len(ks), Keys: []RuleShareKey{}}
-	if inc == 0 {
-		out.TotalKeys = 0
-		return out, nil
-	}
-	top := slices.Clone(ks)
-	slices.SortFunc(top, func(x, y KeyShare) int {
-		if c := cmp.Compare(y.Units, x.Units); c != 0 {
-			return c
-		}
-		return cmp.Compare(x.Key, y.Key)
-	})
+		TotalKeys: total, Keys: []RuleShareKey{}}
 	// The store's arithmetic (see applyWrites and redisstore): rate and
 	// capacity in thousandths, share floor(x*u/U).
 	rateM := allocation.Thousandths(p.rate)
 	capM := p.capacity * 1000
-	for _, k := range top[:min(limit, len(top))] {
+	for _, k := range top {
 		out.Keys = append(out.Keys, RuleShareKey{Key: k.Key, Units: k.Units,
 			Rate: float64(shareOf(rateM, k.Units, p.units)) / 1000, Burst: float64(shareOf(capM, k.Units, p.units)) / 1000})
 	}

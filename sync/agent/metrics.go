@@ -1,9 +1,11 @@
 package agent
 
 import (
-	"sort"
+	"cmp"
+	"context"
 
 	"github.com/apportion/apportion/sync/driver"
+	"github.com/apportion/apportion/sync/ledger"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -108,22 +110,24 @@ type KeyShare struct {
 	Active    bool
 }
 
+// hottest returns the n keys of the most demand (then by rule and key),
+// read from the ledgers on the loop goroutine; none if the agent does not
+// run or its loop did not answer within shareViewTimeout.
 func (a *Agent) hottest(n int) []KeyShare {
-	a.snapMu.Lock()
-	var all []KeyShare
-	for _, ks := range a.snap {
-		all = append(all, ks...)
-	}
-	a.snapMu.Unlock()
-	sort.Slice(all, func(i, j int) bool {
-		x, y := all[i], all[j]
-		if x.Demand != y.Demand {
-			return x.Demand > y.Demand
-		}
-		if x.Rule != y.Rule {
-			return x.Rule < y.Rule
-		}
-		return x.Key < y.Key
+	ctx, cancel := context.WithTimeout(context.Background(), shareViewTimeout)
+	defer cancel()
+	var out []KeyShare
+	err := a.onLoop(ctx, func() {
+		t := topN{n: n, cmp: func(x, y KeyShare) int {
+			return cmp.Or(cmp.Compare(y.Demand, x.Demand), cmp.Compare(x.Rule, y.Rule), cmp.Compare(x.Key, y.Key))
+		}}
+		a.eachKey(func(rule, key string, s ledger.Share) {
+			t.add(KeyShare{Rule: rule, Key: key, Units: s.Units, Demand: s.Demand, Active: s.Active})
+		})
+		out = t.result()
 	})
-	return all[:min(n, len(all))]
+	if err != nil {
+		return nil
+	}
+	return out
 }

@@ -35,12 +35,14 @@ func (p ports) Write(writes map[*driver.Rule][]ledger.Write) map[*driver.Rule]dr
 
 func (p ports) Publish(m wire.Message) {
 	a := p.a
-	parts, err := wire.EncodeSplit(m, int(a.nc.MaxPayload())-wire.Overhead)
+	// One part encoded, sealed and handed to NATS at a time: a report of
+	// every key is several parts of up to the max payload each.
+	parts, err := wire.EncodeParts(m, int(a.nc.MaxPayload())-wire.Overhead)
 	if err != nil {
 		a.logs.Log(slog.LevelError, "encode", "cannot encode reports", logKeyErr, err)
 		return
 	}
-	for _, part := range parts {
+	for part := range parts {
 		if a.cfg.Signer != nil {
 			part = a.cfg.Signer.Seal(part)
 		}

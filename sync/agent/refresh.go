@@ -69,10 +69,23 @@ func (h *recordHolds) dueBy(t time.Time) {
 	}
 }
 
-// heldRecord is a record the store confirmed and when it was last written.
+// heldRecord is a record the store confirmed and when it was last written,
+// compact (one per key held, so its size counts per key): what the
+// records of one write differ in (units, version) and a template shared by
+// the records of that write for the rest (the rule's parameters, the
+// incarnation, the Hold).
 type heldRecord struct {
-	rec redisstore.ShareRecord
-	at  time.Time
+	tmpl  *redisstore.ShareRecord // Key, Seq and Units zero
+	seq   uint64
+	units int64
+	at    time.Duration // since the agent's start
+}
+
+// record returns the record held for key.
+func (h heldRecord) record(key string) redisstore.ShareRecord {
+	r := *h.tmpl
+	r.Key, r.Seq, r.Units = key, h.seq, h.units
+	return r
 }
 
 // holdRecords gives recs the agent's Hold.
@@ -92,15 +105,22 @@ func (a *Agent) noteHeld(st *ruleState, recs []redisstore.ShareRecord, vs []redi
 		st.holds.held = map[string]heldRecord{}
 	}
 	st.holds.dueBy(at.Add(recordHold(a.cfg) / 2))
+	since := at.Sub(a.start)
+	var tmpl *redisstore.ShareRecord
 	for i, r := range recs {
 		if i >= len(vs) || !holdsAt(r, vs[i]) {
 			continue
 		}
 		if r.Release {
 			delete(st.holds.held, r.Key)
-		} else {
-			st.holds.held[r.Key] = heldRecord{rec: r, at: at}
+			continue
 		}
+		t := r
+		t.Key, t.Seq, t.Units = "", 0, 0
+		if tmpl == nil || *tmpl != t {
+			tmpl = &t
+		}
+		st.holds.held[r.Key] = heldRecord{tmpl: tmpl, seq: r.Seq, units: r.Units, at: since}
 	}
 }
 
@@ -143,11 +163,11 @@ func (a *Agent) refreshHeld(ctx context.Context) {
 		}
 		var recs []redisstore.ShareRecord
 		st.holds.next = time.Time{}
-		for _, h := range st.holds.held {
-			if !h.at.After(due) && len(recs) < refreshBatch {
-				recs = append(recs, h.rec)
+		for k, h := range st.holds.held {
+			if at := a.start.Add(h.at); !at.After(due) && len(recs) < refreshBatch {
+				recs = append(recs, h.record(k))
 			} else {
-				st.holds.dueBy(h.at.Add(half)) // not due yet, or past the batch (due now)
+				st.holds.dueBy(at.Add(half)) // not due yet, or past the batch (due now)
 			}
 		}
 		if len(recs) == 0 {
@@ -171,8 +191,8 @@ func (a *Agent) refreshHeld(ctx context.Context) {
 				// only what is still held at that version is renewed (a
 				// newer write or a new incarnation replaced the rest)
 				for i, r := range recs {
-					if h, ok := st.holds.held[r.Key]; ok && h.rec.Inc == r.Inc && h.rec.Seq == r.Seq && i < len(vs) && holdsAt(r, vs[i]) {
-						h.at = now
+					if h, ok := st.holds.held[r.Key]; ok && h.tmpl.Inc == r.Inc && h.seq == r.Seq && i < len(vs) && holdsAt(r, vs[i]) {
+						h.at = now.Sub(a.start)
 						st.holds.held[r.Key] = h
 					}
 				}

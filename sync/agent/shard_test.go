@@ -147,7 +147,7 @@ func BenchmarkUsageFilter(b *testing.B) {
 			a := &Agent{cfg: Config{Shard: sh, MaxUsageKeys: 1 << 20}, m: newMetrics("a", nil, nil)}
 			b.ReportAllocs()
 			for b.Loop() {
-				a.usage = make(map[bucketID]usageCounts, 256)
+				a.usage = usageSet{}
 				a.onUsage(usage.Batch{Deltas: ds})
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/256, "ns/delta")

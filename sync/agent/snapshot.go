@@ -1,36 +1,129 @@
 package agent
 
 import (
-	"maps"
+	"cmp"
+	"context"
+	"fmt"
 	"slices"
 	"time"
+
+	"github.com/apportion/apportion/sync/ledger"
 )
 
-// Shares returns, for rule, the units this region may enforce per key the
-// ledger holds state for (as of the last tick); nil if the rule is not
-// coordinated here.
-func (a *Agent) Shares(rule string) map[string]int64 {
-	a.snapMu.Lock()
-	defer a.snapMu.Unlock()
-	ks, ok := a.snap[rule]
-	if !ok {
-		return nil
+// The keys' shares are read from the ledgers on demand, on the loop
+// goroutine (onLoop), not copied every tick: a copy of every key per tick
+// cost about 150 bytes per key (two copies alive while the new one was
+// built) and a sort of every key per tick, for readers that come rarely
+// (an HTTP request, a metrics scrape) and mostly want a few keys.
+
+// onLoop runs fn on the loop goroutine, which owns a.rules and the
+// ledgers, and waits for it. It fails with ErrNotRunning when the agent is
+// not started or closed, or when ctx ends first (fn may then still run,
+// and its results must not be read).
+func (a *Agent) onLoop(ctx context.Context, fn func()) error {
+	a.mu.Lock()
+	running, lctx := a.cancel != nil && !a.closed, a.ctx
+	a.mu.Unlock()
+	if !running {
+		return ErrNotRunning
 	}
-	out := make(map[string]int64, len(ks))
-	for _, k := range ks {
-		out[k.Key] = k.Units
+	done := make(chan struct{})
+	select {
+	case a.results <- func(context.Context) { fn(); close(done) }:
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %w", ErrNotRunning, ctx.Err())
+	case <-lctx.Done():
+		return ErrNotRunning
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %w", ErrNotRunning, ctx.Err())
+	case <-lctx.Done():
+		return ErrNotRunning
+	}
+}
+
+// eachKey calls fn with every key of every rule with a ledger (on the loop
+// goroutine), rules in no particular order.
+func (a *Agent) eachKey(fn func(rule, key string, s ledger.Share)) {
+	for id, st := range a.rules {
+		if st.Led != nil {
+			st.Led.Each(func(k string, s ledger.Share) { fn(id, k, s) })
+		}
+	}
+}
+
+// topN keeps the n first of the keys added by cmp's order: at most 2n are
+// held at a time, so it is O(keys log n) in time and O(n) in memory.
+type topN struct {
+	n   int
+	cmp func(x, y KeyShare) int
+	ks  []KeyShare
+}
+
+func (t *topN) add(k KeyShare) {
+	if t.n <= 0 {
+		return
+	}
+	t.ks = append(t.ks, k)
+	if len(t.ks) >= 2*t.n {
+		t.trim()
+	}
+}
+
+func (t *topN) trim() {
+	slices.SortFunc(t.ks, t.cmp)
+	t.ks = t.ks[:min(t.n, len(t.ks))]
+}
+
+// result returns the kept keys in order.
+func (t *topN) result() []KeyShare {
+	t.trim()
+	return t.ks
+}
+
+// Shares returns, for rule, the units this region may enforce per key the
+// ledger holds state for (as the loop goroutine holds them when it
+// answers); nil if the rule is not coordinated here, has no ledger, or the
+// agent does not run or did not answer within shareViewTimeout.
+func (a *Agent) Shares(rule string) map[string]int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), shareViewTimeout)
+	defer cancel()
+	var out map[string]int64
+	err := a.onLoop(ctx, func() {
+		st := a.rules[rule]
+		if st == nil || st.Led == nil {
+			return
+		}
+		m := map[string]int64{}
+		st.Led.Each(func(k string, s ledger.Share) { m[k] = s.Units })
+		out = m
+	})
+	if err != nil {
+		return nil
 	}
 	return out
 }
 
-// Snapshot returns every coordinated key of every rule as of the last tick,
-// sorted by rule and key.
+// Snapshot returns every coordinated key of every rule (as the loop
+// goroutine holds them when it answers), sorted by rule and key; nil if
+// the agent does not run or did not answer within shareViewTimeout.
 func (a *Agent) Snapshot() []KeyShare {
-	a.snapMu.Lock()
-	defer a.snapMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), shareViewTimeout)
+	defer cancel()
 	var out []KeyShare
-	for _, id := range slices.Sorted(maps.Keys(a.snap)) {
-		out = append(out, a.snap[id]...)
+	err := a.onLoop(ctx, func() {
+		var all []KeyShare
+		a.eachKey(func(rule, key string, s ledger.Share) {
+			all = append(all, KeyShare{Rule: rule, Key: key, Units: s.Units, Demand: s.Demand, Active: s.Active})
+		})
+		slices.SortFunc(all, func(x, y KeyShare) int { return cmp.Or(cmp.Compare(x.Rule, y.Rule), cmp.Compare(x.Key, y.Key)) })
+		out = all
+	})
+	if err != nil {
+		return nil
 	}
 	return out
 }
@@ -43,32 +136,26 @@ func (a *Agent) Incarnation(rule string) uint64 {
 	return a.incs[rule]
 }
 
-// publishSnapshot copies the ledgers' positions for Shares, Snapshot and the
-// share collector, and updates the gauges.
+// publishSnapshot publishes the ledgers' incarnations for Incarnation and
+// updates the gauges.
 func (a *Agent) publishSnapshot() {
-	snap := make(map[string][]KeyShare, len(a.rules))
 	incs := make(map[string]uint64, len(a.rules))
 	active, fenced := 0, 0
 	for id, st := range a.rules {
 		if st.Led == nil {
 			fenced++
 			incs[id] = 0
-			snap[id] = nil
 			continue
 		}
 		incs[id] = st.Led.Incarnation().Inc
-		var ks []KeyShare
-		for _, k := range st.Led.Keys() {
-			p := st.Led.Position(k)
-			ks = append(ks, KeyShare{Rule: id, Key: k, Units: p.Units, Demand: p.Demand, Active: p.Active})
-			if p.Active {
-				active++
-			}
-		}
-		snap[id] = ks
 	}
+	a.eachKey(func(_, _ string, s ledger.Share) {
+		if s.Active {
+			active++
+		}
+	})
 	a.snapMu.Lock()
-	a.snap, a.incs = snap, incs
+	a.incs = incs
 	a.snapMu.Unlock()
 	a.m.coordinated.Set(float64(active))
 	if fenced > 0 && a.fencedSeen {

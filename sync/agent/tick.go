@@ -18,10 +18,8 @@ func (a *Agent) loop(ctx context.Context) {
 			return
 		case rs := <-a.rulesCh:
 			a.setRules(rs)
-		case m := <-a.reports:
-			if a.drv.Receive(m) {
-				a.peers[m.From] = time.Now()
-			}
+		case q := <-a.reports:
+			a.receive(q)
 		case fn := <-a.results:
 			fn(ctx)
 		case <-tick.C:
@@ -37,12 +35,17 @@ func (a *Agent) tick(ctx context.Context) {
 	a.checkRunID(ctx)
 	a.usageMu.Lock()
 	pending := a.usage
-	a.usage = make(map[bucketID]usageCounts, len(pending))
+	a.usage = pending.next()
 	a.usageMu.Unlock()
-	us := make([]driver.Usage, 0, len(pending))
-	for id, c := range pending {
-		if st := a.rules[id.rule]; st != nil {
-			us = append(us, driver.Usage{Rule: id.rule, Key: id.key, Rate: usageRate(st.rule), Admitted: c.admitted, Rejected: c.rejected})
+	us := make([]driver.Usage, 0, pending.n)
+	for rule, ks := range pending.rules {
+		st := a.rules[rule]
+		if st == nil {
+			continue
+		}
+		rate := usageRate(st.rule)
+		for k, c := range ks {
+			us = append(us, driver.Usage{Rule: rule, Key: k, Rate: rate, Admitted: c.admitted, Rejected: c.rejected})
 		}
 	}
 	a.drv.Tick(us)

@@ -65,8 +65,8 @@ func (l *Ledger) confirm(name string, v Version) bool {
 	if k == nil {
 		return false
 	}
-	if k.confirmed.Less(v) {
-		k.confirmed = v
+	if l.version(k.confSeq).Less(v) { // v is of this incarnation (the callers check)
+		k.confSeq = v.Seq
 	}
 	changed := false
 	n := 0
@@ -76,9 +76,12 @@ func (l *Ledger) confirm(name string, v Version) bool {
 			n++
 			continue
 		}
-		for i := range k.pairs {
-			if s.inc[i] == l.peers[i].inc && s.give[i] > k.pairs[i].conf {
-				k.pairs[i].conf = s.give[i]
+		for i := range l.names {
+			if i == l.self {
+				continue
+			}
+			if pr := l.pair(k, i); s.inc[i] == l.peers[i].inc && s.give[i] > pr.conf {
+				pr.conf = s.give[i]
 				changed = true
 			}
 		}

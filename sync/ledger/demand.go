@@ -61,7 +61,7 @@ func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 	}
 	k.ewma = a*inst + (1-a)*k.ewma
 	k.weight = a + (1-a)*k.weight
-	k.seen = min(k.seen+k.used, SilenceTokens)
+	k.seen = uint8(min(int64(k.seen)+k.used, SilenceTokens))
 	k.demand = k.ewma
 	if slow && k.seen >= SilenceTokens {
 		k.demand /= k.weight

@@ -23,11 +23,14 @@ func (l *Ledger) Hold(now time.Duration, name string, units int64, until time.Du
 	r := k.rareState()
 	r.hold, r.holdUntil = units, now+until
 	short := units - l.position(k)
-	for i := range k.pairs {
+	for i := range l.names {
 		if short <= 0 {
 			break
 		}
-		pr := &k.pairs[i]
+		if i == l.self {
+			continue
+		}
+		pr := l.pair(k, i)
 		if c := min(pr.give-pr.conf, short); c > 0 {
 			pr.give -= c
 			short -= c

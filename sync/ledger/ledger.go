@@ -66,37 +66,73 @@ type key struct {
 	ewma    float64       // EWMA of the interval samples, from 0
 	weight  float64       // total EWMA weight of the samples so far (-> 1)
 	busyAt  time.Duration // the last tick whose interval had usage
-	seen    int64         // cost seen since the average started, up to SilenceTokens
 	lastUse time.Duration
-	extra   int64        // paid by reclaims, beyond the base part (Payment.Keys)
-	frozen  int64        // terms of ended pairs: -Q of every frozen pair, and retired counters (retire.go)
-	ret     *retireState // non-nil while this region retires the key
-	rare    *keyRare     // nil unless a store reset or a hold concerns the key
-	pairs   []pair
+	rare    *keyRare // nil unless a store reset, a hold, a settlement, a retirement or reclaim terms concern the key
+	pairs   []pair   // one per peer region, in region order, none for this one (Ledger.pair)
 	pend    []snap
 
-	// The flags together, for the struct's size (a key per key in use).
+	// The flags and seen together, for the struct's size (a key per key
+	// in use).
 	active   bool
 	dirty    bool
 	written  bool
 	wRelease bool
-	force    bool // rewrite even if unchanged (store reset)
-	gifted   bool // give grew since the last write: a new version must cover it
+	force    bool  // rewrite even if unchanged (store reset)
+	gifted   bool  // give grew since the last write: a new version must cover it
+	seen     uint8 // cost seen since the average started, up to SilenceTokens
 
-	wUnits    int64
-	wVer      Version
-	wAt       time.Duration
-	confirmed Version
-	idleAt    time.Duration
+	wUnits int64
+	// Versions of this incarnation (Version{inc, seq}: the ledger writes
+	// and confirms no other) by their Seq alone; 0 is none (Version{}).
+	wSeq    uint64 // the last write's
+	wAt     time.Duration
+	confSeq uint64 // the highest the store confirmed holding
+	idleAt  time.Duration
+}
+
+// version is the version of this incarnation with sequence seq
+// (key.wSeq, key.confSeq); Version{} for 0.
+func (l *Ledger) version(seq uint64) Version {
+	if seq == 0 {
+		return Version{}
+	}
+	return Version{l.inc, seq}
 }
 
 // keyRare is what few keys need, apart so that the others do not carry it:
-// 224 bytes a key instead of 288 (the allocator's size classes).
+// 176 bytes a key instead of 240 (the allocator's size classes).
 type keyRare struct {
+	extra     int64   // paid by reclaims, beyond the base part (Payment.Keys)
+	frozen    int64   // terms of ended pairs: -Q of every frozen pair, and retired counters (retire.go)
 	reassert  Version // after a store reset: the marker waits for this version
 	hold      int64   // the store cannot lower the key below this until holdUntil (Hold)
 	holdUntil time.Duration
-	settled   int64 // the sum of the pairs' |net| when this region last paid to settle (settle.go)
+	settled   int64        // the sum of the pairs' |net| when this region last paid to settle (settle.go)
+	ret       *retireState // non-nil while this region retires the key
+}
+
+// extra is what reclaims paid k beyond the base part (keyRare.extra).
+func (k *key) extra() int64 {
+	if k.rare == nil {
+		return 0
+	}
+	return k.rare.extra
+}
+
+// frozen is k's terms of ended pairs (keyRare.frozen).
+func (k *key) frozen() int64 {
+	if k.rare == nil {
+		return 0
+	}
+	return k.rare.frozen
+}
+
+// addFrozen adds d to k's frozen terms.
+func (k *key) addFrozen(d int64) {
+	if d != 0 {
+		k.rareState().frozen += d
+		k.dropRare()
+	}
 }
 
 func (k *key) rareState() *keyRare {
@@ -108,7 +144,8 @@ func (k *key) rareState() *keyRare {
 
 // dropRare releases k.rare once it holds nothing.
 func (k *key) dropRare() {
-	if r := k.rare; r != nil && r.reassert == (Version{}) && r.hold == 0 && r.holdUntil == 0 && r.settled == 0 {
+	if r := k.rare; r != nil && r.reassert == (Version{}) && r.hold == 0 && r.holdUntil == 0 && r.settled == 0 && r.ret == nil &&
+		r.extra == 0 && r.frozen == 0 {
 		k.rare = nil
 	}
 }
@@ -282,6 +319,21 @@ func (l *Ledger) Position(name string) Share {
 	return s
 }
 
+// Each calls fn with every key the ledger holds state for and its view
+// (Position's), in no particular order; fn must not call the ledger. It
+// allocates nothing: a reader that wants a few keys of many (the hottest,
+// the largest) need not copy them all.
+func (l *Ledger) Each(fn func(name string, s Share)) {
+	s := Share{Floor: l.floor[l.self], Initial: l.base}
+	for name, k := range l.keys {
+		s.Units, s.Demand, s.Active = l.position(k), int64(k.demand), k.active
+		if l.fenced {
+			s.Units = s.Floor
+		}
+		fn(name, s)
+	}
+}
+
 // Keys returns the names of the keys the ledger holds state for, sorted.
 func (l *Ledger) Keys() []string {
 	out := make([]string, 0, len(l.keys))
@@ -292,8 +344,20 @@ func (l *Ledger) Keys() []string {
 	return out
 }
 
+// pair is k's pair with peer region i (i != l.self): a key holds no pair
+// for this region itself, 56 bytes a key less.
+func (l *Ledger) pair(k *key, i int) *pair {
+	switch {
+	case i > l.self:
+		i--
+	case i == l.self:
+		panic("ledger: no pair of a region with itself")
+	}
+	return &k.pairs[i]
+}
+
 func (l *Ledger) position(k *key) int64 {
-	u := l.base + k.extra + k.frozen
+	u := l.base + k.extra() + k.frozen()
 	for i := range k.pairs {
 		u += k.pairs[i].recv - k.pairs[i].give
 	}
@@ -305,7 +369,7 @@ func (l *Ledger) key(name string) *key {
 	if k == nil {
 		// A copy: a name decoded from a report must not pin the message.
 		name = strings.Clone(name)
-		k = &key{name: name, pairs: make([]pair, len(l.names))}
+		k = &key{name: name, pairs: make([]pair, len(l.names)-1)}
 		l.keys[name] = k
 	}
 	return k

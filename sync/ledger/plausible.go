@@ -24,7 +24,7 @@ func (l *Ledger) maxHold(i int) int64 {
 // publishedUnits is the position of k counting only the gifts this region
 // has published (confirmed): the bound its store enforces (invariant 1).
 func (l *Ledger) publishedUnits(k *key) int64 {
-	u := l.base + k.extra + k.frozen
+	u := l.base + k.extra() + k.frozen()
 	for i := range k.pairs {
 		u += k.pairs[i].recv - k.pairs[i].conf
 	}
@@ -64,7 +64,8 @@ func (l *Ledger) plausible(r Report) error {
 		if k := l.keys[kr.Key]; k != nil {
 			pub = l.publishedUnits(k)
 			if same {
-				recv, conf = k.pairs[i].recv, k.pairs[i].conf
+				pr := l.pair(k, i)
+				recv, conf = pr.recv, pr.conf
 			}
 		}
 		for _, c := range kr.Gave {

@@ -63,7 +63,7 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 			continue
 		}
 		k := l.key(kr.Key)
-		pr := &k.pairs[i]
+		pr := l.pair(k, i)
 		if r.Seq > pr.peerSeq {
 			pr.peerSeq, pr.peerPos, pr.peerDemand = r.Seq, kr.Position, kr.Demand
 		}
@@ -138,7 +138,7 @@ func (l *Ledger) check(r Report) error {
 		if !same || k == nil || r.Seq <= p.lastSeq || l.exempt(i, &r, &kr) {
 			continue
 		}
-		pr := &k.pairs[i]
+		pr := l.pair(k, i)
 		for _, c := range kr.Gave {
 			if c.Region == me && c.Inc == l.inc && c.Units < pr.recv {
 				return fmt.Errorf("%w: gave %d < %d", ErrBackwards, c.Units, pr.recv)

@@ -67,8 +67,9 @@ func (l *Ledger) payOwed(now time.Duration) {
 	}
 	for n, v := range keys {
 		k := l.key(n)
-		if k.extra != v {
-			k.extra = v
+		if k.extra() != v {
+			k.rareState().extra = v
+			k.dropRare()
 			k.active, k.dirty = true, true
 			k.lastUse = now
 		}
@@ -94,12 +95,12 @@ func (l *Ledger) freeze(i int, inc uint64, now time.Duration) []Contribution {
 		if x == p.inc {
 			for _, n := range l.Keys() {
 				k := l.keys[n]
-				pr := &k.pairs[i]
+				pr := l.pair(k, i)
 				// Only confirmed gifts count: an unconfirmed one is cancelled
 				// (a raise back), since its lowering may not be in the store yet.
 				if q := pr.conf - pr.recv; q != 0 {
 					c.Q = append(c.Q, KeyUnits{n, q})
-					k.frozen -= q
+					k.addFrozen(-q)
 					k.dirty = true
 				}
 				*pr = pair{}

@@ -35,13 +35,21 @@ type closing struct {
 // a sequence below seq are ignored (counters from before a pair's restart).
 type mark struct{ inc, seq uint64 }
 
-func (k *key) retiring() bool { return k.ret != nil }
+func (k *key) retiring() bool { return k.retState() != nil }
+
+// retState is the key's retirement, nil unless this region retires it.
+func (k *key) retState() *retireState {
+	if k.rare == nil {
+		return nil
+	}
+	return k.rare.ret
+}
 
 func (k *key) retireSeq() uint64 {
-	if k.ret == nil {
+	if !k.retiring() {
 		return 0
 	}
-	return k.ret.seq
+	return k.rare.ret.seq
 }
 
 func zeroPair(pr *pair) bool {
@@ -91,8 +99,8 @@ func (l *Ledger) countersFor(kr *KeyReport) (gave, applied int64) {
 // ended terms (frozen), which leaves the position unchanged; gifts beyond a
 // stay in flight in the new counters.
 func (l *Ledger) rebase(k *key, i int, a, b int64) {
-	pr := &k.pairs[i]
-	k.frozen += b - a
+	pr := l.pair(k, i)
+	k.addFrozen(b - a)
 	pr.give -= a
 	pr.conf -= a
 	pr.peerApplied = max(0, pr.peerApplied-a)
@@ -150,7 +158,7 @@ func (l *Ledger) checkRetire(i int, r *Report) error {
 		// The counters we are about to apply and close with: the gift
 		// counter never below what we applied, the applied one never above
 		// what we confirmed (as plausible checks for any report).
-		pr := &k.pairs[i]
+		pr := l.pair(k, i)
 		gave, applied := l.countersFor(&kr)
 		if gave != applied || gave < pr.recv || applied > pr.conf {
 			// (A region retires only a key whose pairs are net zero.)
@@ -194,12 +202,12 @@ func (l *Ledger) retireAcks(now time.Duration, i int, r *Report) {
 			continue
 		}
 		k := l.keys[c.Key]
-		if k == nil || k.retireSeq() != c.Retire || k.ret.closed[i] {
+		if k == nil || k.retireSeq() != c.Retire || k.retState().closed[i] {
 			continue
 		}
-		pr := &k.pairs[i]
+		pr := l.pair(k, i)
 		l.rebase(k, i, pr.give, pr.recv)
-		k.ret.closed[i] = true
+		k.rare.ret.closed[i] = true
 		l.raiseMark(i, r)
 		l.finishRetire(k, now)
 	}
@@ -233,7 +241,7 @@ func (l *Ledger) retireKey(now time.Duration, i int, r *Report, kr *KeyReport, o
 	if k == nil {
 		k = l.key(kr.Key)
 	}
-	pr := &k.pairs[i]
+	pr := l.pair(k, i)
 	if r.Seq > pr.peerSeq {
 		pr.peerSeq, pr.peerPos, pr.peerDemand = r.Seq, kr.Position, kr.Demand
 	}
@@ -249,7 +257,7 @@ func (l *Ledger) retireKey(now time.Duration, i int, r *Report, kr *KeyReport, o
 	}
 	l.rebase(k, i, applied, gave)
 	if k.retiring() {
-		k.ret.closed[i] = true
+		k.rare.ret.closed[i] = true
 	}
 	if l.closing == nil {
 		l.closing = map[closeID]closing{}
@@ -290,11 +298,11 @@ func (l *Ledger) closures() []Closure {
 // at the base with nothing paid, no usage for IdleAfter, its last store
 // write confirmed.
 func (l *Ledger) quiet(k *key, now time.Duration) bool {
-	if k.active || k.extra != 0 || k.frozen != 0 || k.used != 0 || k.demand != 0 || now-k.lastUse < l.cfg.IdleAfter ||
+	if k.active || k.extra() != 0 || k.frozen() != 0 || k.used != 0 || k.demand != 0 || now-k.lastUse < l.cfg.IdleAfter ||
 		k.force || k.gifted || l.position(k) != l.base {
 		return false
 	}
-	return !k.written || k.wRelease && k.confirmed.Inc == l.inc && !k.confirmed.Less(k.wVer)
+	return !k.written || k.wRelease && k.confSeq >= k.wSeq
 }
 
 // retireStep runs once per Tick for every key held: it forgets a quiet key
@@ -306,9 +314,12 @@ func (l *Ledger) retireStep(k *key, now time.Duration) {
 	// with up to three reports an interval: the tick's and confirmations')
 	// holds no state or is idle (at its base, no demand), whatever its last
 	// report said.
-	for i := range k.pairs {
-		pr := &k.pairs[i]
-		if i != l.self && pr.peerSeq > 0 && l.peers[i].lastSeq > pr.peerSeq+uint64(8*l.cfg.FullEvery) {
+	for i := range l.names {
+		if i == l.self {
+			continue
+		}
+		pr := l.pair(k, i)
+		if pr.peerSeq > 0 && l.peers[i].lastSeq > pr.peerSeq+uint64(8*l.cfg.FullEvery) {
 			pr.peerSeq, pr.peerPos, pr.peerDemand = 0, 0, 0
 		}
 	}
@@ -321,11 +332,11 @@ func (l *Ledger) retireStep(k *key, now time.Duration) {
 		return
 	}
 	zero, net := true, false
-	for i := range k.pairs {
-		pr := &k.pairs[i]
+	for i := range l.names {
 		if i == l.self {
 			continue
 		}
+		pr := l.pair(k, i)
 		if pr.give != pr.conf || pr.conf != pr.peerApplied {
 			return // a gift in flight
 		}
@@ -347,7 +358,7 @@ func (l *Ledger) retireStep(k *key, now time.Duration) {
 		return
 	}
 	l.retires++
-	k.ret = &retireState{seq: l.retires, closed: make([]bool, len(l.names))}
+	k.rareState().ret = &retireState{seq: l.retires, closed: make([]bool, len(l.names))}
 	k.dirty = true
 }
 
@@ -357,23 +368,24 @@ func (l *Ledger) finishRetire(k *key, now time.Duration) {
 	if !k.retiring() {
 		return
 	}
-	for i := range k.pairs {
-		if i != l.self && !k.ret.closed[i] && !zeroPair(&k.pairs[i]) {
+	for i := range l.names {
+		if i != l.self && !k.rare.ret.closed[i] && !zeroPair(l.pair(k, i)) {
 			return
 		}
 	}
-	k.ret = nil
+	k.rare.ret = nil
+	k.dropRare()
 	k.dirty = true
 	if l.quiet(k, now) {
-		for i := range k.pairs {
-			if i != l.self && !zeroPair(&k.pairs[i]) {
+		for i := range k.pairs { // every peer's pair
+			if !zeroPair(&k.pairs[i]) {
 				return // gifts in flight in the new counters: stays, idle
 			}
 		}
 		l.forget(k)
 		return
 	}
-	if k.used > 0 || k.demand > 0 || k.extra != 0 || l.position(k) != l.base {
+	if k.used > 0 || k.demand > 0 || k.extra() != 0 || l.position(k) != l.base {
 		k.active = true
 	}
 }

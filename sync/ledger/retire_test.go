@@ -64,7 +64,7 @@ func (s *sim) checkHeld() {
 			switch {
 			case k.retiring():
 				retiring++
-			case !k.active && k.extra == 0:
+			case !k.active && k.extra() == 0:
 				lingering++
 			}
 		}
@@ -88,7 +88,7 @@ func (s *sim) forgotten() string {
 	for _, r := range s.regions {
 		if r.led != nil {
 			for n, k := range r.led.keys {
-				keep[n] = keep[n] || k.extra != 0 || k.demand > 0
+				keep[n] = keep[n] || k.extra() != 0 || k.demand > 0
 			}
 		}
 	}
@@ -112,7 +112,7 @@ func (s *sim) forgotten() string {
 			// the payments' reports (which moved a position off its base)
 			// before it leaves coordination, then the idle reports.
 			recent := s.local(r)-k.lastUse < 2*s.cfg.IdleAfter+l.idleReported()
-			if k.retiring() || !keep[n] && k.frozen == 0 && !cycle && !recent {
+			if k.retiring() || !keep[n] && k.frozen() == 0 && !cycle && !recent {
 				bad = append(bad, fmt.Sprintf("%s/%d holds %s (active %v, retiring %v, pairs %+v)", r.name, r.inc, n, k.active, k.retiring(), k.pairs))
 			}
 		}
@@ -289,7 +289,7 @@ func TestRetireWithAGiftInFlight(t *testing.T) {
 	if k0 == nil || k0.retiring() {
 		t.Fatalf("setup: r0 should still coordinate k: %+v", k0)
 	}
-	k0.pairs[1].give += 1000
+	c.l[0].pair(k0, 1).give += 1000
 	k0.gifted, k0.active = true, true
 	c.now += c.cfg.Interval
 	w, ok := c.l[0].write(k0, c.now)

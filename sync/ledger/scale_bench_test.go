@@ -88,7 +88,7 @@ func benchLedger(b *testing.B, n int) {
 		tick()
 	}
 	k := l.keys[names[0]]
-	if k.pairs[1].conf == 0 || k.pairs[2].recv != 1000 {
+	if l.pair(k, 1).conf == 0 || l.pair(k, 2).recv != 1000 {
 		b.Fatalf("setup: want gifts both ways, got %+v", k.pairs)
 	}
 	perKey := float64(heapNow()-before) / float64(n)

@@ -9,10 +9,10 @@ import "time"
 // short, the settlement moves units only by ordinary gifts, so it inherits
 // their safety, and each of its gifts lowers the sum of the pairs' nets.
 
-// owed is what this region owes peer i on k: the units of i's gifts it
+// owedTo is what this region owes peer i on k: the units of i's gifts it
 // applied beyond those it gave i (negative: i owes us).
-func owed(k *key, i int) int64 {
-	pr := &k.pairs[i]
+func (l *Ledger) owedTo(k *key, i int) int64 {
+	pr := l.pair(k, i)
 	return pr.recv - pr.give
 }
 
@@ -35,9 +35,9 @@ func (l *Ledger) settleOwed(k *key, idx []int, room int64) int64 {
 		if i == l.self || !l.giftable(i) {
 			continue
 		}
-		if o := owed(k, i); o > 0 {
+		if o := l.owedTo(k, i); o > 0 {
 			g := min(o, room)
-			gift(k, i, g)
+			l.gift(k, i, g)
 			room -= g
 			gave += g
 		}
@@ -75,7 +75,7 @@ func (l *Ledger) settleGive(k *key, idx []int, rest bool, now time.Duration) int
 		return 0
 	}
 	pos := l.position(k)
-	if pos <= l.base || k.extra != 0 || k.frozen != 0 {
+	if pos <= l.base || k.extra() != 0 || k.frozen() != 0 {
 		return 0
 	}
 	return l.settleOwed(k, idx, l.settleRoom(k, pos, now))
@@ -84,8 +84,9 @@ func (l *Ledger) settleGive(k *key, idx []int, rest bool, now time.Duration) int
 // netSum is the sum of k's pairs' |net| as this region sees them.
 func netSum(k *key) int64 {
 	var s int64
-	for i := range k.pairs {
-		s += max(owed(k, i), -owed(k, i))
+	for i := range k.pairs { // every peer's pair
+		o := k.pairs[i].recv - k.pairs[i].give
+		s += max(o, -o)
 	}
 	return s
 }
@@ -97,7 +98,7 @@ func netSum(k *key) int64 {
 // what they owe in turn (settleGive) until the units are back.
 func (l *Ledger) settleStart(k *key, now time.Duration) {
 	var idx []int
-	for i := range k.pairs {
+	for i := range l.names {
 		if i == l.self || !l.live(i, now) {
 			continue
 		}

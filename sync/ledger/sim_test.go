@@ -620,7 +620,7 @@ func published(l *Ledger, name string) int64 {
 	if k == nil {
 		return l.Base()
 	}
-	u := l.base + k.extra + k.frozen
+	u := l.base + k.extra() + k.frozen()
 	for i := range k.pairs {
 		u += k.pairs[i].recv - k.pairs[i].conf
 	}

@@ -13,17 +13,19 @@ func (l *Ledger) write(k *key, now time.Duration) (Write, bool) {
 		return Write{}, false
 	}
 	if k.written && !k.force && !k.gifted && units == k.wUnits && release == k.wRelease {
-		if k.confirmed.Less(k.wVer) && now-k.wAt >= l.cfg.RetryWrite {
+		if k.confSeq < k.wSeq && now-k.wAt >= l.cfg.RetryWrite {
 			k.wAt = now
-			return Write{Key: k.name, Version: k.wVer, Units: k.wUnits, Release: k.wRelease}, true
+			return Write{Key: k.name, Version: l.version(k.wSeq), Units: k.wUnits, Release: k.wRelease}, true
 		}
 		return Write{}, false
 	}
 	l.wseq++
 	v := Version{l.inc, l.wseq}
 	s := snap{ver: v, give: make([]int64, len(l.names)), inc: make([]uint64, len(l.names))}
-	for i := range k.pairs {
-		s.give[i], s.inc[i] = k.pairs[i].give, l.peers[i].inc
+	for i := range l.names {
+		if s.inc[i] = l.peers[i].inc; i != l.self {
+			s.give[i] = l.pair(k, i).give
+		}
 	}
 	k.pend = append(k.pend, s)
 	k.gifted = false
@@ -33,7 +35,7 @@ func (l *Ledger) write(k *key, now time.Duration) (Write, bool) {
 	if prev := k.wUnits; !release && units < prev || !k.written && units < l.base {
 		l.stats.Lowered++
 	}
-	k.written, k.wUnits, k.wRelease, k.wVer, k.wAt = true, units, release, v, now
+	k.written, k.wUnits, k.wRelease, k.wSeq, k.wAt = true, units, release, v.Seq, now
 	return Write{Key: k.name, Version: v, Units: units, Release: release}, true
 }
 
@@ -60,7 +62,7 @@ func (l *Ledger) markerDefault() int64 {
 	u := l.base
 	if u > l.markerUnits {
 		for _, k := range l.keys {
-			if l.position(k) < u && !(k.written && !k.wRelease && k.confirmed.Inc == l.inc && !k.confirmed.Less(k.wVer)) {
+			if l.position(k) < u && !(k.written && !k.wRelease && k.confSeq >= k.wSeq) {
 				u = l.markerUnits
 				break
 			}
@@ -86,7 +88,7 @@ func (l *Ledger) marker(now time.Duration) (Write, bool) {
 	}
 	if l.reset {
 		for _, k := range l.keys {
-			if k.rare != nil && k.rare.reassert != (Version{}) && k.confirmed.Less(k.rare.reassert) {
+			if k.rare != nil && k.rare.reassert != (Version{}) && l.version(k.confSeq).Less(k.rare.reassert) {
 				return Write{}, false
 			}
 		}

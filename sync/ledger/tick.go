@@ -115,7 +115,7 @@ func (l *Ledger) give(k *key, now time.Duration) {
 		case i == l.self:
 			pos, dem = l.position(k), int64(k.demand)
 		case l.live(i, now):
-			pr := &k.pairs[i]
+			pr := l.pair(k, i)
 			pos = l.peers[i].base
 			if pr.peerSeq > 0 {
 				pos, dem = pr.peerPos, pr.peerDemand
@@ -169,7 +169,7 @@ func (l *Ledger) give(k *key, now time.Duration) {
 		}
 		g := min(def[j], int64(float64(excess)*float64(def[j])/float64(sumD)))
 		if g > 0 {
-			gift(k, i, g)
+			l.gift(k, i, g)
 			gave = true
 		}
 	}
@@ -177,29 +177,29 @@ func (l *Ledger) give(k *key, now time.Duration) {
 		// Every share rounded down to zero (an excess of a few units over
 		// several deficits): the largest deficit takes it, or the units
 		// would stay off their targets for good.
-		gift(k, idx[best], min(def[best], excess))
+		l.gift(k, idx[best], min(def[best], excess))
 	}
 }
 
 // gift adds g units to what this region gives peer i on k: the one way
 // units leave a region, for the gifts to deficits and the settlement's
 // payments (settle.go) alike.
-func gift(k *key, i int, g int64) {
-	k.pairs[i].give += g
+func (l *Ledger) gift(k *key, i int, g int64) {
+	l.pair(k, i).give += g
 	k.dirty, k.gifted = true, true
 }
 
 // maybeIdle releases a key from coordination once every region is back at its
 // initial part, nothing is in flight and the key has had no usage for IdleAfter.
 func (l *Ledger) maybeIdle(k *key, now time.Duration) {
-	if now-k.lastUse < l.cfg.IdleAfter || k.demand > 0 || k.extra != 0 || k.frozen != 0 || l.position(k) != l.base {
+	if now-k.lastUse < l.cfg.IdleAfter || k.demand > 0 || k.extra() != 0 || k.frozen() != 0 || l.position(k) != l.base {
 		return
 	}
-	for i := range k.pairs {
+	for i := range l.names {
 		if i == l.self {
 			continue
 		}
-		pr := &k.pairs[i]
+		pr := l.pair(k, i)
 		if pr.give != pr.conf || pr.conf != pr.peerApplied || !l.peerAtRest(k, i) {
 			return
 		}
@@ -211,7 +211,7 @@ func (l *Ledger) maybeIdle(k *key, now time.Duration) {
 // peerAtRest reports whether peer i's last report shows k at its base with
 // no demand (or it has not reported k: it is at its base).
 func (l *Ledger) peerAtRest(k *key, i int) bool {
-	pr := &k.pairs[i]
+	pr := l.pair(k, i)
 	return pr.peerDemand <= 0 && (pr.peerSeq == 0 || pr.peerPos == l.peers[i].base)
 }
 
@@ -262,14 +262,15 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 		}
 		k.dirty = false
 		kr := KeyReport{Key: n, Demand: int64(k.demand), Position: l.position(k), Retire: k.retireSeq()}
-		for i := range k.pairs {
+		for i := range l.names {
 			if i == l.self {
 				continue
 			}
-			if c := k.pairs[i].conf; c > 0 {
+			pr := l.pair(k, i)
+			if c := pr.conf; c > 0 {
 				kr.Gave = append(kr.Gave, Counter{l.names[i], l.peers[i].inc, c})
 			}
-			if a := k.pairs[i].recv; a > 0 {
+			if a := pr.recv; a > 0 {
 				kr.Applied = append(kr.Applied, Counter{l.names[i], l.peers[i].inc, a})
 			}
 		}

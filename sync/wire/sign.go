@@ -195,37 +195,55 @@ func NewVerifier(keys Keys, acceptUnsigned bool) *Verifier {
 }
 
 // Open checks the message data that arrived on region from's subject and
-// decodes it. It fails with ErrUnsigned, ErrUnknownKey, ErrBadSignature or
-// ErrMalformed (also when the message names another sender than from);
-// a message that fails changes nothing.
+// decodes it: Verify, then DecodeFrom. It fails with ErrUnsigned,
+// ErrUnknownKey, ErrBadSignature or ErrMalformed (also when the message
+// names another sender than from); a message that fails changes nothing.
 func (v *Verifier) Open(from string, data []byte) (Message, error) {
+	msg, err := v.Verify(from, data)
+	if err != nil {
+		return Message{}, err
+	}
+	return DecodeFrom(from, msg)
+}
+
+// Verify checks the message data that arrived on region from's subject
+// and returns the report message it carries (a sub-slice of data, not yet
+// decoded: DecodeFrom decodes it), so that a receiver can keep verified
+// messages in their compact encoded form until it consumes them. It fails
+// with ErrUnsigned, ErrUnknownKey, ErrBadSignature or ErrMalformed.
+func (v *Verifier) Verify(from string, data []byte) ([]byte, error) {
 	if len(data) == 0 {
-		return Message{}, fmt.Errorf("%w: empty", ErrMalformed)
+		return nil, fmt.Errorf("%w: empty", ErrMalformed)
 	}
 	key, haveKey := v.keys[from]
-	var msg []byte
 	switch data[0] {
 	case magicV2:
 		if haveKey || !v.unsigned {
-			return Message{}, fmt.Errorf("%w from %q", ErrUnsigned, from)
+			return nil, fmt.Errorf("%w from %q", ErrUnsigned, from)
 		}
-		msg = data
+		return data, nil
 	case magicSigned:
 		if len(data) < Overhead+1 {
-			return Message{}, fmt.Errorf("%w: signed message of %d bytes", ErrMalformed, len(data))
+			return nil, fmt.Errorf("%w: signed message of %d bytes", ErrMalformed, len(data))
 		}
-		msg = data[1 : len(data)-SignatureSize]
+		msg := data[1 : len(data)-SignatureSize]
 		switch {
 		case haveKey:
 			if !ed25519.Verify(key, signedBytes(msg), data[len(data)-SignatureSize:]) {
-				return Message{}, fmt.Errorf("%w: message on %q's subject", ErrBadSignature, from)
+				return nil, fmt.Errorf("%w: message on %q's subject", ErrBadSignature, from)
 			}
 		case !v.unsigned:
-			return Message{}, fmt.Errorf("%w: %q", ErrUnknownKey, from)
+			return nil, fmt.Errorf("%w: %q", ErrUnknownKey, from)
 		}
-	default:
-		return Message{}, fmt.Errorf("%w: unknown format byte 0x%02x", ErrMalformed, data[0])
+		return msg, nil
 	}
+	return nil, fmt.Errorf("%w: unknown format byte 0x%02x", ErrMalformed, data[0])
+}
+
+// DecodeFrom decodes a message that arrived on region from's subject
+// (Verify's result): Decode, failing with ErrMalformed also when the
+// message names another sender than from.
+func DecodeFrom(from string, msg []byte) (Message, error) {
 	m, err := Decode(msg)
 	if err != nil {
 		return Message{}, err

@@ -60,6 +60,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/apportion/apportion/internal/bincode"
+	"iter"
 	"slices"
 
 	"github.com/apportion/apportion/sync/ledger"
@@ -128,12 +129,25 @@ func Encode(m Message) ([]byte, error) {
 // several reports with one sequence number as one: see ledger.Receive). It
 // returns ErrTooLarge if a rule header with one key does not fit.
 func EncodeSplit(m Message, maxSize int) ([][]byte, error) {
+	parts, err := EncodeParts(m, maxSize)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Collect(parts), nil
+}
+
+// EncodeParts is EncodeSplit yielding one message at a time, each encoded
+// when it is asked for, so that a sender of a large report (every key,
+// every FullEvery-th tick) holds one part, not all of them. Every error is
+// returned before the first part: a message either encodes whole or not
+// at all.
+func EncodeParts(m Message, maxSize int) (iter.Seq[[]byte], error) {
 	if err := validate(m); err != nil {
 		return nil, err
 	}
 	maxSize = min(maxSize, MaxMessageSize)
 	if b := appendMessage(nil, m.From, regionTable(m), m.Rules); len(b) <= maxSize {
-		return [][]byte{b}, nil
+		return func(yield func([]byte) bool) { yield(b) }, nil
 	}
 	// Cut the reports into pieces that fit alone, then pack them greedily.
 	var pieces []RuleReport
@@ -180,23 +194,24 @@ func EncodeSplit(m Message, maxSize int) ([][]byte, error) {
 			keys = keys[n:]
 		}
 	}
-	var out [][]byte
-	var cur []RuleReport
-	flush := func() {
-		if len(cur) > 0 {
+	return func(yield func([]byte) bool) {
+		var cur []RuleReport
+		flush := func() bool {
+			if len(cur) == 0 {
+				return true
+			}
 			sub := Message{From: m.From, Rules: cur}
-			out = append(out, appendMessage(nil, m.From, regionTable(sub), cur))
 			cur = nil
+			return yield(appendMessage(nil, m.From, regionTable(sub), sub.Rules))
 		}
-	}
-	for _, p := range pieces {
-		if len(cur) > 0 && size(m.From, append(slices.Clip(cur), p)) > maxSize {
-			flush()
+		for _, p := range pieces {
+			if len(cur) > 0 && size(m.From, append(slices.Clip(cur), p)) > maxSize && !flush() {
+				return
+			}
+			cur = append(cur, p)
 		}
-		cur = append(cur, p)
-	}
-	flush()
-	return out, nil
+		flush()
+	}, nil
 }
 
 func size(from string, rs []RuleReport) int {
