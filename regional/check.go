@@ -314,7 +314,7 @@ func decision(r Response) string {
 
 func (e *Enforcer) observe(start time.Time, outcome string) {
 	if e.metrics != nil {
-		e.metrics.latency.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
+		e.metrics.observe(outcome, time.Since(start).Seconds())
 	}
 }
 
@@ -428,7 +428,7 @@ func (e *Enforcer) record(ms []matched, resp *Response, cost int64) {
 			d = "fail_" + d
 		}
 		if e.metrics != nil {
-			e.metrics.checks.WithLabelValues(st.RuleID, d).Inc()
+			e.metrics.checked(st.RuleID, d)
 		}
 	}
 }
