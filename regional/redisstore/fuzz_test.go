@@ -119,7 +119,7 @@ func FuzzParseReplies(f *testing.F) {
 			}
 		}
 		for n := 0; n <= 3 && ints; n++ {
-			allowed, res, err := parseCheck(vals, n)
+			allowed, res, err := parseCheck(vals, n, nil)
 			if len(a) != 1+5*n {
 				if !errors.Is(err, ErrBadReply) {
 					t.Fatalf("parseCheck(%#v, %d) = %v, want ErrBadReply", v, n, err)

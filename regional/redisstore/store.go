@@ -88,7 +88,8 @@ type Load struct {
 type call struct {
 	ctx    context.Context
 	budget Budget
-	items  []item
+	items  []item // in one (a single call: one allocation less) or their own array
+	one    [1]item
 	sent   atomic.Int64 // unix ns when the worker sent the pipeline
 	state  atomic.Int32
 	done   chan struct{}
@@ -108,8 +109,9 @@ const (
 type item struct {
 	args []any
 	nums [2 * inlineBuckets]int64
-	out  int     // index in Do's calls
-	val  []int64 // the script's reply, read by go-redis as integers
+	out  int      // index in Do's calls
+	res  []Result // the array Do's caller gave for its results (out[out].Results)
+	val  []int64  // the script's reply, read by go-redis as integers
 	err  error
 }
 
@@ -267,6 +269,9 @@ func (s *Store) Check(ctx context.Context, cost int64, buckets []Bucket) (allowe
 // ErrInvalidCost). Every call sent fails with ctx.Err() once ctx is done,
 // with ErrQueueTimeout when no worker took it within b.Queue, and with an
 // error wrapping ErrTimeout when Redis did not answer within b.RoundTrip.
+// out[i].Results' array, when it has room for call i's buckets, receives
+// its results (a caller's buffer: one allocation less per call); pass nil
+// Results to have new ones.
 func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 	start := time.Now()
 	if b.RoundTrip > 0 {
@@ -275,8 +280,12 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 		}
 	}
 	now, nowErr := s.nowArg()
-	c := &call{ctx: ctx, budget: b, done: make(chan struct{}), items: make([]item, 0, len(calls))}
+	c := &call{ctx: ctx, budget: b, done: make(chan struct{})}
+	if c.items = c.one[:0]; len(calls) > len(c.one) {
+		c.items = make([]item, 0, len(calls))
+	}
 	for i, cl := range calls {
+		res := out[i].Results[:0] // its array is reused (see Do)
 		out[i] = Answer{}
 		if nowErr != nil {
 			out[i].Err = nowErr
@@ -290,7 +299,7 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 			out[i].Allowed = true
 			continue
 		}
-		c.items = append(c.items, item{out: i}) // in place: args point into it
+		c.items = append(c.items, item{out: i, res: res}) // in place: args point into it
 		it := &c.items[len(c.items)-1]
 		it.args = s.scriptArgs(it, cl.Cost, now, cl.Buckets)
 	}
@@ -375,7 +384,7 @@ wait:
 			s.clusterTrouble(it.err)
 			continue
 		}
-		a.Allowed, a.Results, a.Err = parseCheck(it.val, len(calls[it.out].Buckets))
+		a.Allowed, a.Results, a.Err = parseCheck(it.val, len(calls[it.out].Buckets), it.res)
 	}
 }
 
@@ -436,10 +445,12 @@ func (s *Store) scriptArgs(it *item, cost int64, now any, buckets []Bucket) []an
 		default:
 			x, y = b.Limit, b.Window.Milliseconds()
 		}
-		var xa, ya any = x, y
+		var xa, ya any
 		if i < inlineBuckets {
 			it.nums[2*i], it.nums[2*i+1] = x, y
 			xa, ya = &it.nums[2*i], &it.nums[2*i+1]
+		} else {
+			xa, ya = x, y
 		}
 		shadow := 0
 		if b.Shadow {
@@ -456,11 +467,15 @@ func (s *Store) scriptArgs(it *item, cost int64, now any, buckets []Bucket) []an
 
 // parseCheck reads the check script's reply for n buckets: 1+5n integers
 // (go-redis read them as such; a reply of another shape failed the read).
-func parseCheck(v []int64, n int) (bool, []Result, error) {
+// The results go to res's array when it has room for n.
+func parseCheck(v []int64, n int, res []Result) (bool, []Result, error) {
 	if len(v) != 1+5*n {
 		return false, nil, fmt.Errorf("%w: %d integers for %d buckets", ErrBadReply, len(v), n)
 	}
-	res := make([]Result, n)
+	if cap(res) < n {
+		res = make([]Result, n)
+	}
+	res = res[:n]
 	for i := range res {
 		r := v[1+5*i:]
 		res[i] = Result{Allowed: r[0] == 1, Limit: r[1], Remaining: r[2], RetryAfterMs: r[3], ResetAfterMs: r[4]}
