@@ -313,31 +313,41 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 	}
 	var timer *time.Timer
 	var expired <-chan time.Time
-	if b.Queue > 0 {
-		timer = getTimer(b.Queue)
-		defer putTimer(timer)
-		expired = timer.C
-	}
 	s.queued.Add(1)
 	select {
-	case s.queue <- c:
-	case <-ctx.Done():
-		s.queued.Add(-1)
-		fail(ctx.Err())
-		return
-	case <-s.done:
-		s.queued.Add(-1)
-		fail(ErrClosed)
-		return
-	case <-expired:
-		s.queued.Add(-1)
-		fail(ErrQueueTimeout)
-		return
+	case s.queue <- c: // room in the queue: no timer for the send
+	default:
+		if b.Queue > 0 {
+			timer = getTimer(b.Queue)
+			defer putTimer(timer)
+			expired = timer.C
+		}
+		select {
+		case s.queue <- c:
+		case <-ctx.Done():
+			s.queued.Add(-1)
+			fail(ctx.Err())
+			return
+		case <-s.done:
+			s.queued.Add(-1)
+			fail(ErrClosed)
+			return
+		case <-expired:
+			s.queued.Add(-1)
+			fail(ErrQueueTimeout)
+			return
+		}
 	}
 	// From here the timer polls, every RoundTrip at most, what the call is
 	// waiting for (see decide).
-	if timer != nil {
-		timer.Reset(s.decideNext(c, b, start))
+	if b.Queue > 0 {
+		if timer == nil {
+			timer = getTimer(s.decideNext(c, b, start))
+			defer putTimer(timer)
+			expired = timer.C
+		} else {
+			timer.Reset(s.decideNext(c, b, start))
+		}
 	}
 wait:
 	for {
