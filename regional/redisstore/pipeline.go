@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -242,7 +243,7 @@ func (s *Store) run(batch []*call) {
 		case it.err == nil:
 		case timedOut || isTimeout(it.err):
 			it.err = s.late(sent, rt, it.err)
-		case !isReply(it.err) && strings.HasPrefix(it.err.Error(), "redis: can't parse"):
+		case !isReply(it.err) && isParseError(it.err):
 			// A reply that is not an array of integers: go-redis
 			// stopped reading this connection there (the calls after
 			// it carry the same error).
@@ -311,6 +312,13 @@ func (s *Store) answered() int64 {
 func isReply(err error) bool {
 	var re redis.Error
 	return errors.As(err, &re)
+}
+
+// isParseError reports go-redis refusing a reply it read whole (an
+// IntSliceCmd's element that is no integer), as opposed to a failed read.
+func isParseError(err error) bool {
+	var ne *strconv.NumError
+	return strings.HasPrefix(err.Error(), "redis: can't parse") || errors.As(err, &ne)
 }
 
 // isTimeout reports a network timeout or an expired deadline.
