@@ -167,7 +167,7 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 	if len(idx) == 0 {
 		return
 	}
-	// One allocation for the calls, answers and buckets of a single
+	// One allocation for the calls, answers, buckets and results of a single
 	// request of up to two rules (the closure below takes them to the
 	// heap), three for a batch.
 	total := 0
@@ -180,6 +180,7 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 	if len(idx) == 1 && total <= 2 {
 		one := new(oneStoreCall)
 		calls, answers, all = one.calls[:0], one.answers[:], one.buckets[:total]
+		answers[0].Results = one.results[:0]
 	} else {
 		calls, answers, all = make([]redisstore.Call, 0, len(idx)), make([]redisstore.Answer, len(idx)), make([]redisstore.Bucket, total)
 	}
@@ -269,6 +270,7 @@ type oneStoreCall struct {
 	calls   [1]redisstore.Call
 	answers [1]redisstore.Answer
 	buckets [2]redisstore.Bucket
+	results [2]redisstore.Result
 }
 
 // heardAgain reports, for a check the breaker refused (open, or half-open
@@ -314,7 +316,7 @@ func decision(r Response) string {
 
 func (e *Enforcer) observe(start time.Time, outcome string) {
 	if e.metrics != nil {
-		e.metrics.latency.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
+		e.metrics.observe(outcome, time.Since(start).Seconds())
 	}
 }
 
@@ -428,7 +430,7 @@ func (e *Enforcer) record(ms []matched, resp *Response, cost int64) {
 			d = "fail_" + d
 		}
 		if e.metrics != nil {
-			e.metrics.checks.WithLabelValues(st.RuleID, d).Inc()
+			e.metrics.checked(st.RuleID, d)
 		}
 	}
 }

@@ -164,9 +164,23 @@ func fromProto(in *ratelimitv1.CheckLimitRequest) Request {
 }
 
 func toProto(r Response) *ratelimitv1.CheckLimitResponse {
+	if len(r.Statuses) <= 1 {
+		// The answer of one rule in one allocation, not three.
+		one := &oneProto{}
+		k := len(r.Statuses)
+		toProtoInto(r, &one.resp, one.sts[:k], one.ptrs[:k])
+		return &one.resp
+	}
 	out := &ratelimitv1.CheckLimitResponse{}
 	toProtoInto(r, out, make([]ratelimitv1.RuleStatus, len(r.Statuses)), make([]*ratelimitv1.RuleStatus, len(r.Statuses)))
 	return out
+}
+
+// oneProto holds toProto's answer of at most one status.
+type oneProto struct {
+	resp ratelimitv1.CheckLimitResponse
+	sts  [1]ratelimitv1.RuleStatus
+	ptrs [1]*ratelimitv1.RuleStatus
 }
 
 // toProtoInto fills out (zero) with r, its statuses in sts and ptrs (both of

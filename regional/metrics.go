@@ -2,6 +2,7 @@ package regional
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
@@ -23,6 +24,13 @@ type Metrics struct {
 
 	mu    sync.Mutex
 	rules map[string]bool // the rules whose checks series exist
+
+	// The series of known label values, resolved once: a check looks
+	// them up in a map instead of hashing its labels into the vector
+	// (WithLabelValues, the fallback for any other value).
+	latencyOf  map[string]prometheus.Observer
+	requestsOf map[[2]string]prometheus.Counter                 // protocol, result
+	checksOf   atomic.Pointer[map[[2]string]prometheus.Counter] // rule, decision: the rule set's
 }
 
 // Metric names, shared with deploy/ dashboards and alerts.
@@ -74,15 +82,17 @@ func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
 	reg.MustRegister(m.checks, m.latency, m.storeErrors, m.breaker, m.rulesLoaded, m.ruleUpdates, m.requests, m.inFlight, m.shed, m.leaseAnswers)
 	// Every series with a known label value exists from the start (at 0), so
 	// dashboards and rate() see "0", not "No data", before the first event.
+	m.latencyOf = make(map[string]prometheus.Observer, len(outcomes))
 	for _, o := range outcomes {
-		m.latency.WithLabelValues(o)
+		m.latencyOf[o] = m.latency.WithLabelValues(o)
 	}
 	for _, k := range storeErrorKinds {
 		m.storeErrors.WithLabelValues(k)
 	}
+	m.requestsOf = make(map[[2]string]prometheus.Counter, len(protocols)*len(requestResults))
 	for _, p := range protocols {
 		for _, r := range requestResults {
-			m.requests.WithLabelValues(p, r)
+			m.requestsOf[[2]string{p, r}] = m.requests.WithLabelValues(p, r)
 		}
 	}
 	for _, r := range shedReasons {
@@ -107,14 +117,16 @@ var (
 // rule set (ids) and deletes those of rules no longer in it.
 func (m *Metrics) ruleSet(ids []string) {
 	keep := make(map[string]bool, len(ids))
+	of := make(map[[2]string]prometheus.Counter, len(ids)*len(ruleDecisions))
 	for _, id := range ids {
 		keep[id] = true
 		for _, d := range ruleDecisions {
-			m.checks.WithLabelValues(id, d)
+			of[[2]string{id, d}] = m.checks.WithLabelValues(id, d)
 		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.checksOf.Store(&of)
 	for id := range m.rules {
 		if !keep[id] {
 			m.checks.DeletePartialMatch(prometheus.Labels{"rule": id})
@@ -146,7 +158,31 @@ func (m *Metrics) request(protocol string, resp Response, err error) {
 	case !resp.Allowed:
 		r = "rejected"
 	}
+	if c, ok := m.requestsOf[[2]string{protocol, r}]; ok {
+		c.Inc()
+		return
+	}
 	m.requests.WithLabelValues(protocol, r).Inc()
+}
+
+// observe records a check's latency by outcome.
+func (m *Metrics) observe(outcome string, seconds float64) {
+	if o, ok := m.latencyOf[outcome]; ok {
+		o.Observe(seconds)
+		return
+	}
+	m.latency.WithLabelValues(outcome).Observe(seconds)
+}
+
+// checked counts one rule evaluation by decision.
+func (m *Metrics) checked(rule, decision string) {
+	if of := m.checksOf.Load(); of != nil {
+		if c, ok := (*of)[[2]string{rule, decision}]; ok {
+			c.Inc()
+			return
+		}
+	}
+	m.checks.WithLabelValues(rule, decision).Inc()
 }
 
 // ScriptLoadsCollector exports a monotonically increasing count (the

@@ -262,7 +262,10 @@
 // script is loaded and the call retried (ScriptLoads counts the loads);
 // Warm loads the scripts on the workers' connections before the first
 // check. The go-redis client's own retries may re-run a script whose reply
-// was lost; configure MaxRetries to taste.
+// was lost; configure MaxRetries to taste. A check's reply is read as a
+// list of integers: any other (a bug) fails its call with ErrBadReply, and
+// go-redis stops reading that connection there, failing the calls behind it
+// in the pipeline with the same error.
 //
 // Budgets. Do takes a Budget with two parts, measured apart: Queue, the wait
 // for a worker (this process's own load), and RoundTrip, Redis. A call past

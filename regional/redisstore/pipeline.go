@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -209,7 +211,12 @@ func (s *Store) run(batch []*call) {
 			its = append(its, &c.items[i])
 		}
 	}
-	cmds := s.evalShas(ctx, s.check, len(its), func(i int) []string { return its[i].keys }, func(i int) []any { return its[i].args })
+	cmds := make([]*redis.IntSliceCmd, len(its))
+	s.scriptPipeline(ctx, s.check, len(its), func(i int) redis.Cmder {
+		cmds[i] = redis.NewIntSliceCmd(ctx, its[i].args...)
+		cmds[i].SetFirstKeyPos(3) // Cluster routing: the first key
+		return cmds[i]
+	})
 	rt := time.Since(sent)
 	for _, cmd := range cmds {
 		if err := cmd.Err(); err == nil || isReply(err) {
@@ -232,8 +239,15 @@ func (s *Store) run(batch []*call) {
 	timedOut := ctx.Err() != nil
 	for k, it := range its {
 		it.val, it.err = cmds[k].Val(), cmds[k].Err()
-		if it.err != nil && (timedOut || isTimeout(it.err)) {
+		switch {
+		case it.err == nil:
+		case timedOut || isTimeout(it.err):
 			it.err = s.late(sent, rt, it.err)
+		case !isReply(it.err) && isParseError(it.err):
+			// A reply that is not an array of integers: go-redis
+			// stopped reading this connection there (the calls after
+			// it carry the same error).
+			it.err = fmt.Errorf("%w: %w", ErrBadReply, it.err)
 		}
 	}
 	for _, c := range batch {
@@ -300,6 +314,13 @@ func isReply(err error) bool {
 	return errors.As(err, &re)
 }
 
+// isParseError reports go-redis refusing a reply it read whole (an
+// IntSliceCmd's element that is no integer), as opposed to a failed read.
+func isParseError(err error) bool {
+	var ne *strconv.NumError
+	return strings.HasPrefix(err.Error(), "redis: can't parse") || errors.As(err, &ne)
+}
+
 // isTimeout reports a network timeout or an expired deadline.
 func isTimeout(err error) bool {
 	var ne net.Error
@@ -307,16 +328,38 @@ func isTimeout(err error) bool {
 }
 
 // evalShas runs sc n times in one pipeline, call i with keys(i) and args(i),
-// and returns the n commands with their replies or errors. Calls that find
-// the script missing (NOSCRIPT: a restarted or flushed server) are sent
-// again, in a second pipeline, once the script is loaded; if loading fails,
-// they carry that error. This is the store's one NOSCRIPT retry.
+// and returns the n commands with their replies or errors (NOSCRIPT: see
+// scriptPipeline).
 func (s *Store) evalShas(ctx context.Context, sc *redis.Script, n int, keys func(i int) []string, args func(i int) []any) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, n)
+	s.scriptPipeline(ctx, sc, n, func(i int) redis.Cmder {
+		k, a := keys(i), args(i)
+		cmdArgs := make([]any, 0, 3+len(k)+len(a))
+		cmdArgs = append(cmdArgs, "evalsha", sc.Hash(), len(k))
+		for _, key := range k {
+			cmdArgs = append(cmdArgs, key)
+		}
+		cmds[i] = redis.NewCmd(ctx, append(cmdArgs, a...)...)
+		if len(k) > 0 {
+			cmds[i].SetFirstKeyPos(3)
+		}
+		return cmds[i]
+	})
+	return cmds
+}
+
+// scriptPipeline sends the n EVALSHA commands of sc that cmd(i) makes in one
+// pipeline. Calls that find the script missing (NOSCRIPT: a restarted or
+// flushed server) are made again and sent in a second pipeline, once the
+// script is loaded; if loading fails, they carry that error. This is the
+// store's one NOSCRIPT retry.
+func (s *Store) scriptPipeline(ctx context.Context, sc *redis.Script, n int, cmd func(i int) redis.Cmder) {
+	cmds := make([]redis.Cmder, n)
 	send := func(idx []int) {
 		pipe := s.client.Pipeline()
 		for _, i := range idx {
-			cmds[i] = pipe.EvalSha(ctx, sc.Hash(), keys(i), args(i)...)
+			cmds[i] = cmd(i)
+			_ = pipe.Process(ctx, cmds[i])
 		}
 		_, _ = pipe.Exec(ctx) // errors are per command
 	}
@@ -332,16 +375,15 @@ func (s *Store) evalShas(ctx context.Context, sc *redis.Script, n int, keys func
 		}
 	}
 	if len(retry) == 0 {
-		return cmds
+		return
 	}
 	if err := s.load(ctx, sc); err != nil {
 		for _, i := range retry {
 			cmds[i].SetErr(err)
 		}
-		return cmds
+		return
 	}
 	send(retry)
-	return cmds
 }
 
 func (s *Store) load(ctx context.Context, sc *redis.Script) error {

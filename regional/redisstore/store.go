@@ -24,6 +24,8 @@ type Store struct {
 	winShares       *redis.Script // global windows' records (global_window.go)
 	opts            options
 	slackMs         int64
+	slackArg        any // slackMs, boxed once for every check's command
+	checkHash       any // the check script's SHA1, boxed once
 	queue           chan *call
 	ctx             context.Context // canceled by Close; parent of every pipeline's context
 	cancel          context.CancelFunc
@@ -86,7 +88,8 @@ type Load struct {
 type call struct {
 	ctx    context.Context
 	budget Budget
-	items  []item
+	items  []item // in one (a single call: one allocation less) or their own array
+	one    [1]item
 	sent   atomic.Int64 // unix ns when the worker sent the pipeline
 	state  atomic.Int32
 	done   chan struct{}
@@ -99,13 +102,22 @@ const (
 	callAbandoned
 )
 
+// item is one script call of a Do. args is the whole EVALSHA command (name,
+// hash, key count, keys, the script's arguments), built once in the form
+// go-redis writes it; the limits of its first inlineBuckets buckets point
+// into nums rather than being boxed one by one.
 type item struct {
-	keys []string
 	args []any
-	out  int // index in Do's calls
-	val  any
+	nums [2 * inlineBuckets]int64
+	out  int      // index in Do's calls
+	res  []Result // the array Do's caller gave for its results (out[out].Results)
+	val  []int64  // the script's reply, read by go-redis as integers
 	err  error
 }
+
+// inlineBuckets is how many buckets of a call have their limits in
+// item.nums (one allocation less each); the others' are boxed.
+const inlineBuckets = 2
 
 // New returns a Store on client and starts its workers. It does not touch
 // the network: the scripts are loaded by Warm, or on first use (NOSCRIPT).
@@ -138,6 +150,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 		stopped: make(chan struct{}),
 	}
 	s.winShares = redis.NewScript(winSharesSrc)
+	s.slackArg, s.checkHash = s.slackMs, s.check.Hash()
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		s.cluster = cc
 		s.cs.views = map[string]*clusterView{}
@@ -256,6 +269,9 @@ func (s *Store) Check(ctx context.Context, cost int64, buckets []Bucket) (allowe
 // ErrInvalidCost). Every call sent fails with ctx.Err() once ctx is done,
 // with ErrQueueTimeout when no worker took it within b.Queue, and with an
 // error wrapping ErrTimeout when Redis did not answer within b.RoundTrip.
+// out[i].Results' array, when it has room for call i's buckets, receives
+// its results (a caller's buffer: one allocation less per call); pass nil
+// Results to have new ones.
 func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 	start := time.Now()
 	if b.RoundTrip > 0 {
@@ -265,7 +281,11 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 	}
 	now, nowErr := s.nowArg()
 	c := &call{ctx: ctx, budget: b, done: make(chan struct{})}
+	if c.items = c.one[:0]; len(calls) > len(c.one) {
+		c.items = make([]item, 0, len(calls))
+	}
 	for i, cl := range calls {
+		res := out[i].Results[:0] // its array is reused (see Do)
 		out[i] = Answer{}
 		if nowErr != nil {
 			out[i].Err = nowErr
@@ -279,8 +299,9 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 			out[i].Allowed = true
 			continue
 		}
-		keys, args := s.scriptArgs(cl.Cost, now, cl.Buckets)
-		c.items = append(c.items, item{keys: keys, args: args, out: i})
+		c.items = append(c.items, item{out: i, res: res}) // in place: args point into it
+		it := &c.items[len(c.items)-1]
+		it.args = s.scriptArgs(it, cl.Cost, now, cl.Buckets)
 	}
 	if len(c.items) == 0 {
 		return
@@ -292,31 +313,41 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 	}
 	var timer *time.Timer
 	var expired <-chan time.Time
-	if b.Queue > 0 {
-		timer = getTimer(b.Queue)
-		defer putTimer(timer)
-		expired = timer.C
-	}
 	s.queued.Add(1)
 	select {
-	case s.queue <- c:
-	case <-ctx.Done():
-		s.queued.Add(-1)
-		fail(ctx.Err())
-		return
-	case <-s.done:
-		s.queued.Add(-1)
-		fail(ErrClosed)
-		return
-	case <-expired:
-		s.queued.Add(-1)
-		fail(ErrQueueTimeout)
-		return
+	case s.queue <- c: // room in the queue: no timer for the send
+	default:
+		if b.Queue > 0 {
+			timer = getTimer(b.Queue)
+			defer putTimer(timer)
+			expired = timer.C
+		}
+		select {
+		case s.queue <- c:
+		case <-ctx.Done():
+			s.queued.Add(-1)
+			fail(ctx.Err())
+			return
+		case <-s.done:
+			s.queued.Add(-1)
+			fail(ErrClosed)
+			return
+		case <-expired:
+			s.queued.Add(-1)
+			fail(ErrQueueTimeout)
+			return
+		}
 	}
 	// From here the timer polls, every RoundTrip at most, what the call is
 	// waiting for (see decide).
-	if timer != nil {
-		timer.Reset(s.decideNext(c, b, start))
+	if b.Queue > 0 {
+		if timer == nil {
+			timer = getTimer(s.decideNext(c, b, start))
+			defer putTimer(timer)
+			expired = timer.C
+		} else {
+			timer.Reset(s.decideNext(c, b, start))
+		}
 	}
 wait:
 	for {
@@ -363,7 +394,7 @@ wait:
 			s.clusterTrouble(it.err)
 			continue
 		}
-		a.Allowed, a.Results, a.Err = parseCheck(it.val, len(calls[it.out].Buckets))
+		a.Allowed, a.Results, a.Err = parseCheck(it.val, len(calls[it.out].Buckets), it.res)
 	}
 }
 
@@ -384,14 +415,38 @@ func putTimer(t *time.Timer) {
 	timers.Put(t)
 }
 
-func (s *Store) scriptArgs(cost int64, now any, buckets []Bucket) ([]string, []any) {
-	keys := make([]string, len(buckets), len(buckets)+1)
-	args := make([]any, 3, 3+4*len(buckets))
-	args[0], args[1], args[2] = cost, now, s.slackMs
-	for i, b := range buckets {
-		keys[i] = b.Key
+// scriptArgs is the check script's EVALSHA command for buckets: its keys
+// (the buckets', then each distinct marker key of a global one) and
+// arguments. The limits of the first inlineBuckets buckets are written to
+// it.nums and passed by pointer (go-redis writes *int64 as the number).
+func (s *Store) scriptArgs(it *item, cost int64, now any, buckets []Bucket) []any {
+	var kbuf [4]string // the marker keys, distinct
+	var ibuf [8]int    // per bucket: its marker's index in markers
+	markers, midx := kbuf[:0], ibuf[:0]
+	if len(buckets) > len(ibuf) {
+		midx = make([]int, 0, len(buckets))
 	}
 	for _, b := range buckets {
+		j := -1
+		if b.Global != nil {
+			mk := s.markerKeyFor(b.Global.Rule, buckets[0].Key)
+			if j = slices.Index(markers, mk); j < 0 {
+				j, markers = len(markers), append(markers, mk)
+			}
+		}
+		midx = append(midx, j)
+	}
+	nk := len(buckets) + len(markers)
+	args := make([]any, 0, 3+nk+3+7*len(buckets))
+	args = append(args, "evalsha", s.checkHash, nk)
+	for _, b := range buckets {
+		args = append(args, b.Key)
+	}
+	for _, mk := range markers {
+		args = append(args, mk)
+	}
+	args = append(args, cost, now, s.slackArg)
+	for i, b := range buckets {
 		alg := algCode(b.Algorithm)
 		var x, y int64
 		switch alg {
@@ -400,44 +455,40 @@ func (s *Store) scriptArgs(cost int64, now any, buckets []Bucket) ([]string, []a
 		default:
 			x, y = b.Limit, b.Window.Milliseconds()
 		}
+		var xa, ya any
+		if i < inlineBuckets {
+			it.nums[2*i], it.nums[2*i+1] = x, y
+			xa, ya = &it.nums[2*i], &it.nums[2*i+1]
+		} else {
+			xa, ya = x, y
+		}
 		shadow := 0
 		if b.Shadow {
 			shadow = 1
 		}
 		if b.Global == nil {
-			args = append(args, alg, x, y, shadow)
+			args = append(args, alg, xa, ya, shadow)
 			continue
 		}
-		mk := s.markerKeyFor(b.Global.Rule, buckets[0].Key)
-		idx := slices.Index(keys[len(buckets):], mk)
-		if idx < 0 {
-			idx = len(keys) - len(buckets)
-			keys = append(keys, mk)
-		}
-		args = append(args, globalCode(alg), x, y, shadow, b.Global.Units, b.Global.Floor, len(buckets)+idx+1)
+		args = append(args, globalCode(alg), xa, ya, shadow, b.Global.Units, b.Global.Floor, len(buckets)+midx[i]+1)
 	}
-	return keys, args
+	return args
 }
 
-func parseCheck(v any, n int) (bool, []Result, error) {
-	a, ok := v.([]any)
-	if !ok || len(a) != 1+5*n {
-		return false, nil, fmt.Errorf("%w: %T of length %d", ErrBadReply, v, len(a))
+// parseCheck reads the check script's reply for n buckets: 1+5n integers
+// (go-redis read them as such; a reply of another shape failed the read).
+// The results go to res's array when it has room for n.
+func parseCheck(v []int64, n int, res []Result) (bool, []Result, error) {
+	if len(v) != 1+5*n {
+		return false, nil, fmt.Errorf("%w: %d integers for %d buckets", ErrBadReply, len(v), n)
 	}
-	var ints [1 + 5*8]int64 // on the stack for up to 8 buckets
-	vals := ints[:]
-	if len(a) > len(ints) {
-		vals = make([]int64, len(a))
+	if cap(res) < n {
+		res = make([]Result, n)
 	}
-	for i, x := range a {
-		if vals[i], ok = x.(int64); !ok {
-			return false, nil, fmt.Errorf("%w: element %d is %T", ErrBadReply, i, x)
-		}
-	}
-	res := make([]Result, n)
+	res = res[:n]
 	for i := range res {
-		r := vals[1+5*i:]
+		r := v[1+5*i:]
 		res[i] = Result{Allowed: r[0] == 1, Limit: r[1], Remaining: r[2], RetryAfterMs: r[3], ResetAfterMs: r[4]}
 	}
-	return vals[0] == 1, res, nil
+	return v[0] == 1, res, nil
 }
