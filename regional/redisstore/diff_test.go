@@ -145,7 +145,7 @@ func compareState(t *testing.T, ctx context.Context, c *redis.Client, m *Model, 
 		}
 		if k == nil {
 			if n, _ := c.Exists(ctx, b.Key).Result(); n != 0 {
-				t.Fatalf("%s exists in Redis, not in the model", b.Key)
+				t.Fatalf("%s exists in Redis, not in the model (now %d, PTTL %v)", b.Key, now, pttl)
 			}
 			continue
 		}
