@@ -177,7 +177,7 @@ local function loadwin(key, n)
   return error('redisstore: bad state in ' .. key)
 end
 -- savewin writes w, x (fixed: n; sliding: c), y (sliding: p; fixed: nil)
--- and the record inc, seq, units*2+release if inc; ttl as set's
+-- and the record inc, seq, units*2+release if inc; ttl as savetb's
 local function savewin(key, ttl, w, x, y, inc, seq, ru)
   local s
   if not y then
@@ -185,7 +185,9 @@ local function savewin(key, ttl, w, x, y, inc, seq, ru)
   elseif not inc then s = packle('<I6I6I6', w, x, y)
   elseif x < C40 and y < C40 then s = packle('<I6I5I5I3I5I4', w, x, y, inc, seq, ru)
   else s = packle('<I6I6I6I3I5I4', w, x, y, inc, seq, ru) end
-  return set(key, s, ttl)
+  if ttl > 0 then redis.call('SET', key, s, 'PX', ttl)
+  elseif ttl == 0 then redis.call('SET', key, s, 'KEEPTTL')
+  else redis.call('SET', key, s) end
 end
 `
 
@@ -209,7 +211,7 @@ local inc, seq, units, rel = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV
 local alg, L, W = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local UN, F = tonumber(ARGV[8]), tonumber(ARGV[9])
 local ttl = tonumber(ARGV[10])
-local now = clock(ARGV[11])
+local now = ARGV[11]` + clockLua + `
 local slack = tonumber(ARGV[12])
 local hold = tonumber(ARGV[13])
 local n = 2

@@ -27,11 +27,6 @@ local function idiv(a, b)
   return q
 end
 local function cdiv(a, b) return -idiv(-a, b) end
-local function clock(arg)
-  if arg ~= '' then return tonumber(arg) end
-  local tm = redis.call('TIME')
-  return tonumber(tm[1]) * 1000 + idiv(tonumber(tm[2]), 1000)
-end
 -- state: a binary string of little-endian unsigned integers (every value
 -- an integer in [0, 2^48)). unpackle(f, s) returns the values of layout f
 -- (a struct format such as '<I6I6') read from s, then a position, as
@@ -70,12 +65,6 @@ else
     end
     return string.char(unpack(b, 1, n))
   end
-end
--- set writes s to key: ttl > 0: PX ttl; 0: KEEPTTL; -1: no TTL (persistent)
-local function set(key, s, ttl)
-  if ttl > 0 then redis.call('SET', key, s, 'PX', ttl)
-  elseif ttl == 0 then redis.call('SET', key, s, 'KEEPTTL')
-  else redis.call('SET', key, s) end
 end
 -- token bucket state, by length: 12 bytes t, l (regional); 16 t, l, e
 -- (global: e the units it last enforced); 28 t, l, e, then its share
@@ -117,7 +106,8 @@ local function loadtb(key, now)
   return error('redisstore: bad state in ' .. key)
 end
 -- savetb writes t, l and for a global state e, and inc, seq,
--- units*2+release if it has a record; ttl as set's; capU, for a regional
+-- units*2+release if it has a record; ttl > 0: PX ttl; 0: KEEPTTL;
+-- -1: no TTL (persistent); capU, for a regional
 -- bucket: its capacity (millionths), for the decimal layout
 local function savetb(key, ttl, capU, t, l, e, inc, seq, ru)
   local s
@@ -126,7 +116,10 @@ local function savetb(key, ttl, capU, t, l, e, inc, seq, ru)
   elseif not e then s = packle('<I6I6', t, l)
   elseif not inc then s = packle('<I6I6I4', t, l, e)
   else s = packle('<I6I6I4I3I5I4', t, l, e, inc, seq, ru) end
-  return set(key, s, ttl)
+  -- ttl > 0: PX ttl; 0: KEEPTTL; -1: no TTL (persistent)
+  if ttl > 0 then redis.call('SET', key, s, 'PX', ttl)
+  elseif ttl == 0 then redis.call('SET', key, s, 'KEEPTTL')
+  else redis.call('SET', key, s) end
 end
 -- refill t (millionths) for el ms at rate (thousandths/s) up to capU,
 -- after clamping to capU; el < 0 counts as 0
@@ -138,6 +131,16 @@ local function refill(t, el, capU, rate)
   end
   return t
 end
+`
+
+// clockLua follows "local now = <argument>": now becomes its number of
+// ms, or Redis TIME if it is "" (inline, not a helper: one closure fewer
+// per call).
+const clockLua = `
+if now == '' then
+  local tm = redis.call('TIME')
+  now = tonumber(tm[1]) * 1000 + idiv(tonumber(tm[2]), 1000)
+else now = tonumber(now) end
 `
 
 // globalLocals and globalHelpers are the helpers of global buckets, as
@@ -205,21 +208,30 @@ end
 // Reply: {allowed, then per bucket: allowed, limit, remaining, retry_after_ms, reset_after_ms}.
 const checkSrc = prelude + windowPrelude + globalLocals + `
 local cost = tonumber(ARGV[1])
-local now = clock(ARGV[2])
+local now = ARGV[2]` + clockLua + `
 local slack = tonumber(ARGV[3])
 local costU = cost * U
 local markers, gunits -- built at the first global bucket
 
-local plans = {}
+-- the plans: 16 values per bucket (one table, sized for one bucket):
+-- key, alg, ok, limit, retry, ttl, then by algorithm (x: unused)
+--   token, leaky bucket: t0, t1, capU, rate, back, changed, u, rinc, rseq, ru
+--   fixed window: n0, n1, w, reset, L, x, x, rinc, rseq, ru
+--   sliding window: c0, c1, w, pc, L, W, off, rinc, rseq, ru
+--   sliding log: cnt0, cnt1, eff, W, reset0, L
+-- (t0, n0, c0, cnt0: the state if the request is not taken; t1, n1, c1,
+-- cnt1: if it is; rinc, rseq, ru: the share record kept, if any)
+local P = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 local all = true
 local base, i = 3, 0
 while base < #ARGV do
+  local k = 16 * i
   i = i + 1
   local key = KEYS[i]
   local alg = tonumber(ARGV[base + 1])
   local a = tonumber(ARGV[base + 2])
   local b = tonumber(ARGV[base + 3])
-  local shadow = ARGV[base + 4] == '1'
+  local ok
   if alg >= 6 and not markers then
     markers = {}
 ` + globalHelpers + `
@@ -233,7 +245,6 @@ while base < #ARGV do
       return enforced(m, now, UN, F, nil, 0), UN
     end
   end
-  local p
   if alg == 1 or alg == 6 then
     -- token bucket; t in millionths of a token, l in ms
     local t, l, e, oc, orate, rinc, rseq, ru = loadtb(key, now)
@@ -261,7 +272,8 @@ while base < #ARGV do
       t = refill(t, now - l, cap * 1000, rate)
     end
     local capU = cap * 1000
-    local ok, t1, retry = costU <= t, t, 0
+    local t1, retry = t, 0
+    ok = costU <= t
     if ok then t1 = t - costU
     elseif costU > capU or rate == 0 then retry = -1
     else retry = cdiv(costU - t, rate) end
@@ -271,8 +283,9 @@ while base < #ARGV do
     -- a record that is not a Release record keeps the key's TTL (the
     -- hold its writer renews) or its persistence
     if rinc and ru % 2 == 0 then ttl = 0 end
-    p = {key = key, alg = alg, shadow = shadow, ok = ok, limit = idiv(cap, 1000), t0 = t, t1 = t1, retry = retry,
-      cap = capU, rate = rate, ttl = ttl, back = now < l, changed = changed, u = u, rinc = rinc, rseq = rseq, ru = ru}
+    P[k + 1], P[k + 2], P[k + 3], P[k + 4], P[k + 5], P[k + 6] = key, alg, ok, idiv(cap, 1000), retry, ttl
+    P[k + 7], P[k + 8], P[k + 9], P[k + 10], P[k + 11], P[k + 12] = t, t1, capU, rate, now < l, changed
+    P[k + 13], P[k + 14], P[k + 15], P[k + 16] = u, rinc, rseq, ru
   elseif alg == 5 then
     -- leaky bucket (meter); t = level in millionths of a token
     local s = redis.call('GET', key)
@@ -287,12 +300,14 @@ while base < #ARGV do
     if lv > 0 then
       if el >= cdiv(lv, rate) then lv = 0 else lv = lv - el * rate end
     end
-    local ok, t1, retry = lv + costU <= capU, lv, 0
+    local t1, retry = lv, 0
+    ok = lv + costU <= capU
     if ok then t1 = lv + costU; retry = cdiv(lv, rate)
     elseif costU > capU then retry = -1
     else retry = cdiv(lv + costU - capU, rate) end
-    p = {key = key, alg = alg, shadow = shadow, ok = ok, limit = idiv(a, 1000), t0 = lv, t1 = t1, retry = retry,
-      cap = capU, rate = rate, ttl = math.max(cdiv(capU, rate) + slack, 1000), back = now < l}
+    P[k + 1], P[k + 2], P[k + 3], P[k + 4], P[k + 5], P[k + 6] = key, alg, ok, idiv(a, 1000), retry, math.max(cdiv(capU, rate) + slack, 1000)
+    P[k + 7], P[k + 8], P[k + 9], P[k + 10], P[k + 11], P[k + 12] = lv, t1, capU, rate, now < l, false
+    P[k + 13], P[k + 14], P[k + 15], P[k + 16] = nil, nil, nil, nil
   elseif alg == 3 or alg == 7 then
     -- fixed window: w = window index, n = count
     local L, W = a, b
@@ -309,14 +324,16 @@ while base < #ARGV do
     if wi > w then w = wi; n = 0 end
     local off = 0
     if wi == w then off = now - w * W end
-    local ok, n1, retry = n + cost <= L, n, 0
+    local n1, retry = n, 0
+    ok = n + cost <= L
     if ok then n1 = n + cost
     elseif cost > L then retry = -1
     else retry = W - off end
     local ttl = math.max(W - off + slack, 1000)
     if rinc and ru % 2 == 0 then ttl = 0 end
-    p = {key = key, alg = alg, shadow = shadow, ok = ok, limit = L, retry = retry, w = w, n0 = n, n1 = n1,
-      L = L, reset = W - off, ttl = ttl, rinc = rinc, rseq = rseq, ru = ru}
+    P[k + 1], P[k + 2], P[k + 3], P[k + 4], P[k + 5], P[k + 6] = key, alg, ok, L, retry, ttl
+    P[k + 7], P[k + 8], P[k + 9], P[k + 10], P[k + 11] = n, n1, w, W - off, L
+    P[k + 14], P[k + 15], P[k + 16] = rinc, rseq, ru
   elseif alg == 2 or alg == 8 then
     -- sliding window counter: w = current window index, c = its count, pc = previous window's count
     local L, W = a, b
@@ -332,7 +349,7 @@ while base < #ARGV do
     if wi == w + 1 then pc = c; c = 0; w = wi elseif wi > w + 1 then pc = 0; c = 0; w = wi end
     local off = 0
     if wi == w then off = now - w * W end
-    local ok = false
+    ok = false
     if cost <= L then ok = c * W + pc * (W - off) + cost * W <= L * W end
     local c1, retry = c, 0
     if ok then c1 = c + cost
@@ -341,8 +358,9 @@ while base < #ARGV do
     else retry = (W - off) + W - idiv((L - cost) * W, c) end
     local ttl = math.max(2 * W - off + slack, 1000)
     if rinc and ru % 2 == 0 then ttl = 0 end
-    p = {key = key, alg = alg, shadow = shadow, ok = ok, limit = L, retry = retry, w = w, c0 = c, c1 = c1, pc = pc,
-      L = L, W = W, off = off, ttl = ttl, rinc = rinc, rseq = rseq, ru = ru}
+    P[k + 1], P[k + 2], P[k + 3], P[k + 4], P[k + 5], P[k + 6] = key, alg, ok, L, retry, ttl
+    P[k + 7], P[k + 8], P[k + 9], P[k + 10], P[k + 11], P[k + 12], P[k + 13] = c, c1, w, pc, L, W, off
+    P[k + 14], P[k + 15], P[k + 16] = rinc, rseq, ru
   elseif alg == 4 then
     -- sliding log: one sorted-set member per token, scored by its time
     local L, W = a, b
@@ -354,8 +372,8 @@ while base < #ARGV do
     end
     local lo = '(' .. string.format('%.0f', eff - W)
     local cnt = redis.call('ZCOUNT', key, lo, '+inf')
-    local ok = cnt + cost <= L
     local cnt1, retry = cnt, 0
+    ok = cnt + cost <= L
     if ok then cnt1 = cnt + cost
     elseif cost > L then retry = -1
     else
@@ -364,81 +382,80 @@ while base < #ARGV do
     end
     local reset0 = 0
     if cnt > 0 then reset0 = last + W - eff end
-    p = {key = key, alg = alg, shadow = shadow, ok = ok, limit = L, retry = retry, eff = eff, W = W,
-      cnt0 = cnt, cnt1 = cnt1, reset0 = reset0, L = L, ttl = math.max(W + slack, 1000)}
+    P[k + 1], P[k + 2], P[k + 3], P[k + 4], P[k + 5], P[k + 6] = key, alg, ok, L, retry, math.max(W + slack, 1000)
+    P[k + 7], P[k + 8], P[k + 9], P[k + 10], P[k + 11], P[k + 12] = cnt, cnt1, eff, W, reset0, L
   else
     return redis.error_reply('ERR redisstore: unknown algorithm code ' .. tostring(alg))
   end
-  if not p.ok and not shadow then all = false end
-  plans[i] = p
+  if not ok and ARGV[base + 4] ~= '1' then all = false end
   if alg >= 6 then base = base + 7 else base = base + 4 end
 end
 
-local out = {all and 1 or 0}
-for i = 1, #plans do
-  local p = plans[i]
-  local take = all and p.ok
-  local alg = p.alg
+local out
+if i == 0 then out = {1} end
+for j = 0, i - 1 do
+  local key, alg, ok, limit, retry, ttl, x0, x1, v9, v10, v11, v12, v13, rinc, rseq, ru = unpack(P, 16 * j + 1, 16 * j + 16)
+  local take = all and ok
   local rem, reset
   if alg == 1 or alg == 6 or alg == 5 then
-    local t = p.t0
-    if take then t = p.t1 end
-    if all or p.back or p.changed then
-      -- also after a clock step back: the bucket's time follows the clock
-      -- (settled level, nothing consumed), so refill resumes at once; and
-      -- after a share change, so the next check settles at the new rate
-      if alg == 6 then savetb(p.key, p.ttl, nil, t, now, p.u, p.rinc, p.rseq, p.ru)
-      elseif alg == 1 then savetb(p.key, p.ttl, p.cap, t, now)
-      else set(p.key, packle('<I6I6', t, now), p.ttl) end
+    local t, capU, rate = x0, v9, v10
+    if take then t = x1 end
+    if all or v11 or v12 then
+      -- also after a clock step back (v11): the bucket's time follows the
+      -- clock (settled level, nothing consumed), so refill resumes at once;
+      -- and after a share change (v12), so the next check settles at the
+      -- new rate
+      if alg == 6 then savetb(key, ttl, nil, t, now, v13, rinc, rseq, ru)
+      elseif alg == 1 then savetb(key, ttl, capU, t, now)
+      else savetb(key, ttl, nil, t, now) end
     end
     if alg ~= 5 then
       rem = idiv(t, U)
-      if t >= p.cap then reset = 0 elseif p.rate == 0 then reset = -1 else reset = cdiv(p.cap - t, p.rate) end
+      if t >= capU then reset = 0 elseif rate == 0 then reset = -1 else reset = cdiv(capU - t, rate) end
     else
-      rem = idiv(p.cap - t, U)
-      reset = cdiv(t, p.rate)
+      rem = idiv(capU - t, U)
+      reset = cdiv(t, rate)
     end
   elseif alg == 3 or alg == 7 then
-    local n = p.n0
-    if take then n = p.n1 end
-    if all then savewin(p.key, p.ttl, p.w, n, nil, p.rinc, p.rseq, p.ru) end
-    rem = p.L - n
-    reset = p.reset
+    local n = x0
+    if take then n = x1 end
+    if all then savewin(key, ttl, v9, n, nil, rinc, rseq, ru) end
+    rem = v11 - n
+    reset = v10
   elseif alg == 2 or alg == 8 then
-    local c = p.c0
-    if take then c = p.c1 end
-    if all then savewin(p.key, p.ttl, p.w, c, p.pc, p.rinc, p.rseq, p.ru) end
-    rem = idiv(p.L * p.W - c * p.W - p.pc * (p.W - p.off), p.W)
-    if c > 0 then reset = (p.W - p.off) + p.W elseif p.pc > 0 then reset = p.W - p.off else reset = 0 end
+    local c, pc, L, W, off = x0, v10, v11, v12, v13
+    if take then c = x1 end
+    if all then savewin(key, ttl, v9, c, pc, rinc, rseq, ru) end
+    rem = idiv(L * W - c * W - pc * (W - off), W)
+    if c > 0 then reset = (W - off) + W elseif pc > 0 then reset = W - off else reset = 0 end
   else
-    local cnt = p.cnt0
-    reset = p.reset0
+    local cnt, eff, W = x0, v9, v10
+    reset = v11
     if take then
-      cnt = p.cnt1
-      reset = p.W
-      redis.call('ZREMRANGEBYSCORE', p.key, '-inf', string.format('%.0f', p.eff - p.W))
-      local score = string.format('%.0f', p.eff)
-      local same = redis.call('ZCOUNT', p.key, score, score)
+      cnt = x1
+      reset = W
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.0f', eff - W))
+      local score = string.format('%.0f', eff)
+      local same = redis.call('ZCOUNT', key, score, score)
       local args = {}
-      for j = 1, cost do
+      for n = 1, cost do
         args[#args + 1] = score
-        args[#args + 1] = score .. '.' .. string.format('%.0f', same + j)
-        if #args >= 200 or j == cost then
-          redis.call('ZADD', p.key, unpack(args))
+        args[#args + 1] = score .. '.' .. string.format('%.0f', same + n)
+        if #args >= 200 or n == cost then
+          redis.call('ZADD', key, unpack(args))
           args = {}
         end
       end
-      redis.call('PEXPIRE', p.key, p.ttl)
+      redis.call('PEXPIRE', key, ttl)
     end
-    rem = p.L - cnt
+    rem = v12 - cnt
   end
   if rem < 0 then rem = 0 end
-  local o = #out
-  out[o + 1] = p.ok and 1 or 0
-  out[o + 2] = p.limit
-  out[o + 3] = rem
-  out[o + 4] = p.retry
-  out[o + 5] = reset
+  if j == 0 then out = {all and 1 or 0, ok and 1 or 0, limit, rem, retry, reset}
+  else
+    local o = 5 * j + 1
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = ok and 1 or 0, limit, rem, retry, reset
+  end
 end
 return out
 `
@@ -455,7 +472,7 @@ local key = KEYS[1]
 local inc, seq, units, rel = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local C, R, UN, F = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local ttl = tonumber(ARGV[9])
-local now = clock(ARGV[10])
+local now = ARGV[10]` + clockLua + `
 local slack = tonumber(ARGV[11])
 local hold = tonumber(ARGV[12])
 local t, l, e, oc, orate, hinc, hseq = loadtb(key, now)
@@ -497,7 +514,7 @@ const markerSrc = prelude + globalLocals + globalHelpers + `
 local key = KEYS[1]
 local inc, seq, units, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local create, run = ARGV[5] == '1', ARGV[6]
-local now = clock(ARGV[7])
+local now = ARGV[7]` + clockLua + `
 local cur = currentrun()
 local m = loadmarker(key)
 if m and m.run ~= cur then m = nil end
