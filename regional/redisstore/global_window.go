@@ -151,10 +151,15 @@ func versionsOf(as []WindowApplied, err error) ([]Version, error) {
 // class with the fixed window's 24, not the 64-byte one 30 bytes take.
 const windowPrelude = `
 local C40 = 1099511627776
+local loadwin, savewin -- winHelpers
+`
+
+// winHelpers are the window helpers (see prelude).
+const winHelpers = `
 -- nothing for a missing key, else the n window values (w, n; or w, c, p),
 -- for n = 2 a nil, then the share record's inc, seq, units*2+release if
 -- the state holds one
-local function loadwin(key, n)
+loadwin = function(key, n)
   local s = redis.call('GET', key)
   if not s then return nil end
   local b = #s
@@ -178,7 +183,7 @@ local function loadwin(key, n)
 end
 -- savewin writes w, x (fixed: n; sliding: c), y (sliding: p; fixed: nil)
 -- and the record inc, seq, units*2+release if inc; ttl as savetb's
-local function savewin(key, ttl, w, x, y, inc, seq, ru)
+savewin = function(key, ttl, w, x, y, inc, seq, ru)
   local s
   if not y then
     if inc then s = packle('<I6I6I3I5I4', w, x, inc, seq, ru) else s = packle('<I6I6', w, x) end
@@ -205,7 +210,7 @@ end
 // record) when the key's use of the current window exceeds the allowance of
 // the record's units or of the units it would enforce now: fixed, n >
 // allowance; sliding, c*W + p*(W-off) > allowance*W.
-const winSharesSrc = prelude + windowPrelude + globalLocals + globalHelpers + `
+const winSharesSrc = prelude + windowPrelude + winHelpers + globalLocals + globalHelpers + `
 local key = KEYS[1]
 local inc, seq, units, rel = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local alg, L, W = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])

@@ -13,11 +13,13 @@ package redisstore
 
 // prelude holds the helpers every script shares. A script's top level runs
 // on every call, so every closure and table it builds is built (and
-// collected) per call: on Redis 7, each costs about 700 to 1,300
-// instructions of the 30,000 to 60,000 a simple check takes
+// collected) per call: on Redis 7, each costs about 1,000 instructions
+// (callgrind) of the 80,000 to 90,000 a simple check takes
 // (TestScriptCost). So the helpers are few, return several values rather
-// than tables, use struct with literal formats, and the global ones
-// (globalHelpers) are built only by a check that has a global bucket.
+// than tables and use struct with literal formats, and the check script
+// builds the helpers of a kind (tbHelpers, winHelpers, globalHelpers,
+// assignments to locals declared here) only at its first bucket of that
+// kind.
 const prelude = `
 local U = 1000000
 local floor = math.floor
@@ -66,6 +68,13 @@ else
     return string.char(unpack(b, 1, n))
   end
 end
+local CP, CMAX = 1000000000, 8000000000
+local loadtb, savetb, refill -- tbHelpers
+`
+
+// tbHelpers are the token and leaky bucket helpers (as globalHelpers,
+// built by the check script only when it has such a bucket).
+const tbHelpers = `
 -- token bucket state, by length: 12 bytes t, l (regional); 16 t, l, e
 -- (global: e the units it last enforced); 28 t, l, e, then its share
 -- record's inc, seq, units*2+release. Also read, never written: 24 t, l,
@@ -74,10 +83,9 @@ end
 -- a regional token bucket small enough is one decimal (Redis keeps it as
 -- an integer: no string allocation): 10^18 + t*10^9 + l mod 10^9; l is
 -- the one within half of 10^9 ms of now (see doc.go)
-local CP, CMAX = 1000000000, 8000000000
 -- loadtb returns nothing for a missing key, else t, l, e, c, r, inc,
 -- seq, units*2+release (nil where the layout has none)
-local function loadtb(key, now)
+loadtb = function(key, now)
   local s = redis.call('GET', key)
   if not s then return nil end
   local n = #s
@@ -109,7 +117,7 @@ end
 -- units*2+release if it has a record; ttl > 0: PX ttl; 0: KEEPTTL;
 -- -1: no TTL (persistent); capU, for a regional
 -- bucket: its capacity (millionths), for the decimal layout
-local function savetb(key, ttl, capU, t, l, e, inc, seq, ru)
+savetb = function(key, ttl, capU, t, l, e, inc, seq, ru)
   local s
   if capU and capU <= CMAX and ttl > 0 and ttl < CP / 2 then
     s = string.format('%.0f%09d', CP + t, l % CP)
@@ -123,7 +131,7 @@ local function savetb(key, ttl, capU, t, l, e, inc, seq, ru)
 end
 -- refill t (millionths) for el ms at rate (thousandths/s) up to capU,
 -- after clamping to capU; el < 0 counts as 0
-local function refill(t, el, capU, rate)
+refill = function(t, el, capU, rate)
   if t > capU then t = capU end
   if el < 0 then el = 0 end
   if rate > 0 and t < capU then
@@ -232,6 +240,14 @@ while base < #ARGV do
   local a = tonumber(ARGV[base + 2])
   local b = tonumber(ARGV[base + 3])
   local ok
+  -- build the helpers of this kind of bucket, once
+  if alg == 1 or alg == 5 or alg == 6 then
+    if not savetb then
+` + tbHelpers + `
+    end
+  elseif alg ~= 4 and not savewin then
+` + winHelpers + `
+  end
   if alg >= 6 and not markers then
     markers = {}
 ` + globalHelpers + `
@@ -467,7 +483,7 @@ return out
 // floor units, ttl ms (Release records), now ms or "" for TIME, slack ms,
 // hold ms (any other record; 0: persistent).
 // Reply: {inc, seq}, the record version the key holds afterwards.
-const sharesSrc = prelude + globalLocals + globalHelpers + `
+const sharesSrc = prelude + tbHelpers + globalLocals + globalHelpers + `
 local key = KEYS[1]
 local inc, seq, units, rel = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local C, R, UN, F = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
