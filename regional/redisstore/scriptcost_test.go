@@ -24,6 +24,7 @@ type costPath struct {
 	name    string
 	buckets func(i int) []Bucket
 	seed    func(ctx context.Context, s *Store, buckets []Bucket) error
+	src     string // a script to run instead of the check (with its keys and arguments)
 }
 
 const costKeys = 1000
@@ -59,8 +60,18 @@ func costPaths() []costPath {
 		_, err := s.WriteShares(ctx, b.Global.Rule, []ShareRecord{r})
 		return err
 	}
+	// the parts of a call: what the 12-byte token bucket's call costs
+	// before any of the check's Lua runs, and the commands it calls
+	part := func(name, src string) costPath {
+		return costPath{name: "part/" + name, buckets: tb(100_000_000_000, 100_000_000_000), src: src}
+	}
 	return []costPath{
 		{name: "return1"},
+		part("args", "return 1"),
+		part("TIME", "redis.call('TIME') return 1"),
+		part("TIME+GET", "redis.call('TIME') redis.call('GET', KEYS[1]) return 1"),
+		part("TIME+GET+SET", "redis.call('TIME') redis.call('SET', KEYS[1], redis.call('GET', KEYS[1]), 'PX', 100000) return 1"),
+		part("INFO", "local s = redis.call('INFO', 'server') return string.match(s, 'run_id:(%x+)') and 1"),
 		{name: "token_bucket/decimal", buckets: tb(1_000_000, 1_000_000_000)},
 		{name: "token_bucket/12byte", buckets: tb(100_000_000_000, 100_000_000_000)},
 		{name: "leaky_bucket", buckets: func(i int) []Bucket {
@@ -97,7 +108,11 @@ func costPaths() []costPath {
 //	REDISSTORE_SCRIPTCOST=usec go test -count=1 -run TestScriptCost -v ./regional/redisstore/
 //
 // usec_per_call of INFO commandstats over 50,000 calls per path, pipelined
-// 16 deep. "return1" is EVALSHA of a script that returns 1: the fixed cost.
+// 16 deep. "return1" is EVALSHA of a script that returns 1: the fixed cost;
+// part/... run a script of one part of a call with the 12-byte token
+// bucket's keys and arguments: "args" only returns 1, the others call
+// the commands the check does (and "INFO" what a global check adds to
+// learn the server's run id).
 func TestScriptCost(t *testing.T) {
 	mode := os.Getenv("REDISSTORE_SCRIPTCOST")
 	if mode != "callgrind" && mode != "usec" {
@@ -175,6 +190,9 @@ func runCostPath(t *testing.T, rc *redis.Client, p costPath, calls int) int {
 			}
 		}
 	}
+	if p.src != "" {
+		sc = redis.NewScript(p.src)
+	}
 	if err := sc.Load(ctx, rc).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +208,7 @@ func runCostPath(t *testing.T, rc *redis.Client, p costPath, calls int) int {
 		if _, err := pipe.Exec(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if p.buckets != nil {
+		if p.src == "" && p.buckets != nil {
 			for j, c := range cmds {
 				if ok, _, err := parseCheck(c.Val(), len(p.buckets(i+j))); err != nil || !ok {
 					t.Fatalf("call %d: allowed %v, %v", i+j, ok, err)
