@@ -141,6 +141,20 @@ refill = function(t, el, capU, rate)
 end
 `
 
+// tbDecide decides a token bucket of t millionths of a token, capacity
+// capU and rate: sets ok (cost fits), t1 (the tokens if taken), retry and
+// ttl (the key's TTL once written), all declared before it.
+const tbDecide = `
+    t1, retry = t, 0
+    ok = costU <= t
+    if ok then t1 = t - costU
+    elseif costU > capU or rate == 0 then retry = -1
+    else retry = cdiv(costU - t, rate) end
+    local r1 = rate
+    if r1 < 1 then r1 = 1 end
+    ttl = math.max(cdiv(capU, r1) + slack, 1000)
+`
+
 // clockLua follows "local now = <argument>": now becomes its number of
 // ms, or Redis TIME if it is "" (inline, not a helper: one closure fewer
 // per call).
@@ -219,6 +233,27 @@ local cost = tonumber(ARGV[1])
 local now = ARGV[2]` + clockLua + `
 local slack = tonumber(ARGV[3])
 local costU = cost * U
+
+if #ARGV == 7 and ARGV[4] == '1' then
+  -- one regional token bucket, the most common call: no plans (the same
+  -- steps as the general path below, for one bucket)
+` + tbHelpers + `
+  local key, cap, rate = KEYS[1], tonumber(ARGV[5]), tonumber(ARGV[6])
+  local t, l = loadtb(key, now)
+  local capU = cap * 1000
+  if t == nil then t = capU; l = now end
+  t = refill(t, now - l, capU, rate)
+  local ok, t1, retry, ttl
+` + tbDecide + `
+  local all = ok or ARGV[7] == '1'
+  if ok then t = t1 end
+  if all or now < l then savetb(key, ttl, capU, t, now) end
+  local rem, reset = idiv(t, U), -1
+  if rem < 0 then rem = 0 end
+  if t >= capU then reset = 0 elseif rate ~= 0 then reset = cdiv(capU - t, rate) end
+  return {all and 1 or 0, ok and 1 or 0, idiv(cap, 1000), rem, retry, reset}
+end
+
 local markers, gunits -- built at the first global bucket
 
 -- the plans: 16 values per bucket (one table, sized for one bucket):
@@ -288,14 +323,8 @@ while base < #ARGV do
       t = refill(t, now - l, cap * 1000, rate)
     end
     local capU = cap * 1000
-    local t1, retry = t, 0
-    ok = costU <= t
-    if ok then t1 = t - costU
-    elseif costU > capU or rate == 0 then retry = -1
-    else retry = cdiv(costU - t, rate) end
-    local r1 = rate
-    if r1 < 1 then r1 = 1 end
-    local ttl = math.max(cdiv(capU, r1) + slack, 1000)
+    local t1, retry, ttl
+` + tbDecide + `
     -- a record that is not a Release record keeps the key's TTL (the
     -- hold its writer renews) or its persistence
     if rinc and ru % 2 == 0 then ttl = 0 end
