@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -111,21 +110,7 @@ func BenchmarkCheckGlobal(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			stats, err := rc.Info(ctx, "commandstats").Result()
-			if err != nil {
-				b.Fatal(err)
-			}
-			for _, l := range strings.Split(stats, "\n") {
-				if _, rest, ok := strings.Cut(l, "cmdstat_evalsha:"); ok {
-					for _, f := range strings.Split(strings.TrimSpace(rest), ",") {
-						if v, ok := strings.CutPrefix(f, "usec_per_call="); ok {
-							var us float64
-							fmt.Sscan(v, &us)
-							b.ReportMetric(us, "redis-µs/call")
-						}
-					}
-				}
-			}
+			b.ReportMetric(commandstat(b, rc, "evalsha", "usec_per_call"), "redis-µs/call")
 		})
 	}
 }

@@ -150,33 +150,46 @@ func versionsOf(as []WindowApplied, err error) ([]Version, error) {
 // p in 5 bytes each instead: 28 bytes, which Redis keeps in its 48-byte
 // class with the fixed window's 24, not the 64-byte one 30 bytes take.
 const windowPrelude = `
-local wfmt = {
-  [12] = {'<I6I6', {6, 6}, 2}, [24] = {'<I6I6I3I5I4', {6, 6, 3, 5, 4}, 2},
-  [18] = {'<I6I6I6', {6, 6, 6}, 3}, [30] = {'<I6I6I6I3I5I4', {6, 6, 6, 3, 5, 4}, 3},
-  [28] = {'<I6I5I5I3I5I4', {6, 5, 5, 3, 5, 4}, 3},
-}
 local C40 = 1099511627776
--- nil for a missing key, else the n window values, and rec = {inc, seq,
--- units*2+release} when the state holds a share record
-local function loadwin(key, n)
+local loadwin, savewin -- winHelpers
+`
+
+// winHelpers are the window helpers (see prelude).
+const winHelpers = `
+-- nothing for a missing key, else the n window values (w, n; or w, c, p),
+-- for n = 2 a nil, then the share record's inc, seq, units*2+release if
+-- the state holds one
+loadwin = function(key, n)
   local s = redis.call('GET', key)
   if not s then return nil end
-  local f = wfmt[#s]
-  if not f or f[3] ~= n then return error('redisstore: bad state in ' .. key) end
-  local v = getle(s, f[1], f[2], #f[2])
-  if #f[2] > n then v.rec = {v[n + 1], v[n + 2], v[n + 3]}; v[n + 1] = nil; v[n + 2] = nil; v[n + 3] = nil end
-  return v
-end
--- ttl > 0: PX ttl; 0: KEEPTTL; -1: no TTL (persistent)
-local function savewin(key, vals, rec, ttl)
-  local v, b = {}, 6 * #vals
-  for k = 1, #vals do v[k] = vals[k] end
-  if rec then
-    v[#v + 1] = rec[1]; v[#v + 1] = rec[2]; v[#v + 1] = rec[3]; b = b + 12
-    if #vals == 3 and vals[2] < C40 and vals[3] < C40 then b = 28 end
+  local b = #s
+  if n == 2 then
+    if b == 12 then
+      local w, c = unpackle('<I6I6', s)
+      return w, c
+    elseif b == 24 then
+      local w, c, i, q, u = unpackle('<I6I6I3I5I4', s)
+      return w, c, nil, i, q, u
+    end
+  elseif b == 18 then
+    local w, c, p = unpackle('<I6I6I6', s)
+    return w, c, p
+  elseif b == 30 then
+    return unpackle('<I6I6I6I3I5I4', s)
+  elseif b == 28 then
+    return unpackle('<I6I5I5I3I5I4', s)
   end
-  local f = wfmt[b]
-  local s = putle(v, f[1], f[2])
+  return error('redisstore: bad state in ' .. key)
+end
+-- savewin writes w, x (fixed: n; sliding: c), y (sliding: p; fixed: nil)
+-- and the record inc, seq, units*2+release if inc; ttl as savetb's
+savewin = function(key, ttl, w, x, y, inc, seq, ru)
+  local s
+  if not y then
+    if inc then s = packle('<I6I6I3I5I4', w, x, inc, seq, ru) else s = packle('<I6I6', w, x) end
+  elseif not inc then s = packle('<I6I6I6', w, x, y)
+  elseif x < C40 and y < C40 then s = packle('<I6I5I5I3I5I4', w, x, y, inc, seq, ru)
+  else s = packle('<I6I6I6I3I5I4', w, x, y, inc, seq, ru) end
   if ttl > 0 then redis.call('SET', key, s, 'PX', ttl)
   elseif ttl == 0 then redis.call('SET', key, s, 'KEEPTTL')
   else redis.call('SET', key, s) end
@@ -197,42 +210,39 @@ end
 // record) when the key's use of the current window exceeds the allowance of
 // the record's units or of the units it would enforce now: fixed, n >
 // allowance; sliding, c*W + p*(W-off) > allowance*W.
-const winSharesSrc = prelude + windowPrelude + `
+const winSharesSrc = prelude + windowPrelude + winHelpers + globalLocals + globalHelpers + `
 local key = KEYS[1]
 local inc, seq, units, rel = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local alg, L, W = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local UN, F = tonumber(ARGV[8]), tonumber(ARGV[9])
 local ttl = tonumber(ARGV[10])
-local now = clock(ARGV[11])
+local now = ARGV[11]` + clockLua + `
 local slack = tonumber(ARGV[12])
 local hold = tonumber(ARGV[13])
 local n = 2
 if alg == 2 then n = 3 end
-local h = loadwin(key, n)
+local hw, hc, hp, hinc, hseq = loadwin(key, n)
 local held = {0, 0}
-if h and h.rec then
-  held = {h.rec[1], h.rec[2]}
-  if inc < h.rec[1] or (inc == h.rec[1] and seq < h.rec[2]) then return held end
+if hinc then
+  held = {hinc, hseq}
+  if inc < hinc or (inc == hinc and seq < hseq) then return held end
 end
 local u = enforced(loadmarker(KEYS[2]) or false, now, UN, F, inc, units)
 if units < u then u = units end
 local A = shareOf(L, u, UN)
 local wi = idiv(now, W)
-local vals, used, off = nil, 0, 0
+local w, c, pc, used, off = wi, 0, nil, 0, 0
 if n == 2 then
-  local w, c = wi, 0
-  if h and h[1] >= wi then w = h[1]; c = h[2] end
+  if hw and hw >= wi then w = hw; c = hc end
   if wi == w then off = now - w * W end
-  vals = {w, c}
   used = c * W
 else
-  local w, c, pc = wi, 0, 0
-  if h then
-    w, c, pc = h[1], h[2], h[3]
+  pc = 0
+  if hw then
+    w, c, pc = hw, hc, hp
     if wi == w + 1 then pc = c; c = 0; w = wi elseif wi > w + 1 then pc = 0; c = 0; w = wi end
   end
   if wi == w then off = now - w * W end
-  vals = {w, c, pc}
   used = c * W + pc * (W - off)
 end
 if used > A * W then
@@ -245,15 +255,14 @@ if used > A * W then
   while need > 0 and shareOf(L, need - 1, UN) >= nreq do need = need - 1 end
   return {held[1], held[2], need, W - off}
 end
-local rec = {inc, seq, units * 2 + rel}
 if rel == 0 then ttl = hold end
 if rel == 1 or hold > 0 then
   local want = (n - 1) * W - off + slack
   if ttl > want then want = ttl end
   if want < 1000 then want = 1000 end
-  savewin(key, vals, rec, want)
+  savewin(key, want, w, c, pc, inc, seq, units * 2 + rel)
 else
-  savewin(key, vals, rec, -1)
+  savewin(key, -1, w, c, pc, inc, seq, units * 2 + rel)
 end
 return {inc, seq}
 `
