@@ -240,12 +240,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		log.Warn("redis unreachable at start; answering from the failure policy until it returns", "addr", o.redis.Addr, "error", err)
 	}
 	// A Redis on this host that waits for a CPU is overload, not a failed
-	// store: find its process, so that its silence is told apart.
-	if pid, err := store.WatchLocalRedis(ctx); err == nil {
-		log.Info("watching the local Redis process's scheduling: a Redis waiting for a CPU is overload, not a store failure", "pid", pid)
-	} else {
-		log.Debug("no local Redis process to watch", "reason", err)
-	}
+	// store: find its process, so that its silence is told apart; again
+	// every 5 s while there is none (a Redis down at start, or restarted).
+	store.KeepWatchingLocalRedis(ctx, 5*time.Second, func(pid int, err error) {
+		if err == nil {
+			log.Info("watching the local Redis process's scheduling: a Redis waiting for a CPU is overload, not a store failure", "pid", pid)
+		} else {
+			log.Debug("no local Redis process to watch", "reason", err)
+		}
+	})
 	reg.MustRegister(regional.ScriptLoadsCollector(o.region, store.ScriptLoads))
 
 	var rec *usage.Recorder

@@ -283,7 +283,8 @@
 // reply, not only when a pipeline completes, and before blaming a silence
 // it asks the kernel whether a reply waits unread in a socket (then Redis
 // has answered and this process is behind). With WatchLocalRedis (a Redis
-// on this host) a silence during which Redis was waiting for a CPU
+// on this host; KeepWatchingLocalRedis looks again while none is watched,
+// for a Redis down at start or restarted) a silence during which Redis was waiting for a CPU
 // (runnable and hardly running, from /proc/PID/schedstat and stat) is
 // overload too: the call waits up to Queue + RoundTrip, then fails with
 // ErrQueueTimeout; a Redis that sleeps, is stopped, runs a long script or

@@ -202,12 +202,16 @@ func runCostPath(t *testing.T, rc *redis.Client, p costPath, calls int) int {
 					t.Fatal(err)
 				}
 			}
-			ks[i], as[i] = s.scriptArgs(1, "", bs)
+			ks[i], as[i] = splitEvalSha(s.scriptArgs(&item{}, 1, "", bs))
 		}
 		keys = func(i int) []string { return ks[i%costKeys] }
 		args = func(i int) []any { return as[i%costKeys] }
 		for i := range costKeys {
-			ok, _, err := parseCheck(rc.Eval(ctx, checkSrc, keys(i), args(i)...).Val(), len(p.buckets(i)))
+			v, err := rc.Eval(ctx, checkSrc, keys(i), args(i)...).Int64Slice()
+			if err != nil {
+				t.Fatalf("first round, key %d: %v", i, err)
+			}
+			ok, _, err := parseCheck(v, len(p.buckets(i)), nil)
 			if err != nil || !ok {
 				t.Fatalf("first round, key %d: allowed %v, %v", i, ok, err)
 			}
@@ -233,13 +237,28 @@ func runCostPath(t *testing.T, rc *redis.Client, p costPath, calls int) int {
 		}
 		if p.src == "" && p.buckets != nil {
 			for j, c := range cmds {
-				if ok, _, err := parseCheck(c.Val(), len(p.buckets(i+j))); err != nil || !ok {
+				v, err := c.Int64Slice()
+				if err != nil {
+					t.Fatalf("call %d: %v", i+j, err)
+				}
+				if ok, _, err := parseCheck(v, len(p.buckets(i+j)), nil); err != nil || !ok {
 					t.Fatalf("call %d: allowed %v, %v", i+j, ok, err)
 				}
 			}
 		}
 	}
 	return calls
+}
+
+// splitEvalSha splits a check's command as the store writes it ("evalsha",
+// hash, numkeys, keys..., args...) into its keys and its arguments.
+func splitEvalSha(cmd []any) ([]string, []any) {
+	nk := cmd[2].(int)
+	keys := make([]string, nk)
+	for i := range keys {
+		keys[i] = cmd[3+i].(string)
+	}
+	return keys, cmd[3+nk:]
 }
 
 // commandstat reads one field of INFO commandstats for command cmd.

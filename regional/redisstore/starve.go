@@ -181,6 +181,13 @@ func procStat(pid int) ([]string, error) {
 	return f, nil
 }
 
+// ErrNoLocalWatch: the store's Redis can never be watched (WatchLocalRedis):
+// a Cluster client, or a Redis not on a loopback address.
+var ErrNoLocalWatch = errors.New("redisstore: no local Redis process to watch")
+
+// ErrWatching: WatchLocalRedis while a watch of the store runs.
+var ErrWatching = errors.New("redisstore: WatchLocalRedis called twice")
+
 // WatchLocalRedis looks for the Redis server behind the store's connections
 // on this host and, when found, has the store tell a Redis waiting for a
 // CPU from a failed one (see starve.go): checks it holds wait up to their
@@ -193,18 +200,33 @@ func procStat(pid int) ([]string, error) {
 // blames every silence past the budget on Redis, as without a watch).
 // Call it once, after Warm (a second call while it watches is refused); the
 // watch stops at Close, or when the process exits (a restarted Redis is not
-// watched).
+// watched: KeepWatchingLocalRedis finds it again). It fails with
+// ErrNoLocalWatch when no Redis of this store can be watched, ErrWatching
+// while a watch runs, ErrClosed after Close.
 func (s *Store) WatchLocalRedis(ctx context.Context) (int, error) {
 	if s.cluster != nil {
-		return 0, errors.New("redisstore: a Cluster client: no local process watch")
+		return 0, fmt.Errorf("%w: a Cluster client", ErrNoLocalWatch)
 	}
 	a := s.opts.activity
-	if a == nil || !a.loopback() {
-		return 0, errors.New("redisstore: Redis is not on a loopback address")
+	if a == nil {
+		return 0, fmt.Errorf("%w: no Activity (WithActivity) to tell its connections' addresses", ErrNoLocalWatch)
 	}
+	select {
+	case <-s.done:
+		return 0, ErrClosed
+	default:
+	}
+	if s.watch.Load() != nil {
+		return 0, ErrWatching
+	}
+	// INFO first: it dials a connection if none is open (a Redis down at
+	// start), whose address tells loopback or not.
 	info, err := s.client.Info(ctx, "server").Result()
 	if err != nil {
 		return 0, err
+	}
+	if !a.loopback() {
+		return 0, fmt.Errorf("%w: Redis is not on a loopback address", ErrNoLocalWatch)
 	}
 	pid, up := infoInt(info, "process_id"), infoInt(info, "uptime_in_seconds")
 	if pid <= 0 {
@@ -234,7 +256,7 @@ func (s *Store) WatchLocalRedis(ctx context.Context) (int, error) {
 	}
 	if !s.watch.CompareAndSwap(nil, w) {
 		closeFiles()
-		return 0, errors.New("redisstore: WatchLocalRedis called twice")
+		return 0, ErrWatching
 	}
 	s.wg.Add(1)
 	go func() {
@@ -244,6 +266,57 @@ func (s *Store) WatchLocalRedis(ctx context.Context) (int, error) {
 		s.watch.CompareAndSwap(w, nil) // gone: no reads when deciding
 	}()
 	return pid, nil
+}
+
+// KeepWatchingLocalRedis keeps a watch of the local Redis (WatchLocalRedis)
+// running: it tries now and then every `every` while none runs, so that a
+// Redis unreachable when the process started, or restarted since (a new
+// process), is watched once it answers. report gets the process id of
+// every watch started, and each failure that differs from the one before
+// (nil: none reported). It returns at once; the retries stop when ctx ends,
+// at Close, or at ErrNoLocalWatch (reported).
+func (s *Store) KeepWatchingLocalRedis(ctx context.Context, every time.Duration, report func(pid int, err error)) {
+	if report == nil {
+		report = func(int, error) {}
+	}
+	select {
+	case <-s.done: // closed: no Add while Close waits
+		return
+	default:
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(every)
+		defer t.Stop()
+		last := ""
+		for {
+			actx, cancel := context.WithTimeout(ctx, every)
+			pid, err := s.WatchLocalRedis(actx)
+			cancel()
+			switch {
+			case err == nil:
+				last = ""
+				report(pid, nil)
+			case errors.Is(err, ErrWatching):
+			case errors.Is(err, ErrClosed):
+				return
+			case err.Error() != last:
+				last = err.Error()
+				report(0, err)
+			}
+			if errors.Is(err, ErrNoLocalWatch) {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
 }
 
 // redisStarved reports a watched local Redis that spent most of the time

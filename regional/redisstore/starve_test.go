@@ -201,3 +201,67 @@ func TestUnwrittenCallIsNotInRedis(t *testing.T) {
 		t.Fatalf("written, Redis silent for 50ms: %v, want ErrTimeout", err)
 	}
 }
+
+// KeepWatchingLocalRedis watches a Redis that was down when it began, once
+// it answers, and after a restart the new process: the watch of the old
+// one ends with its process, and the next try finds the new one.
+func TestKeepWatchingFindsRestartedRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: starts redis-server")
+	}
+	r := testutil.StartRedis(t)
+	act := NewActivity()
+	client := redis.NewClient(&redis.Options{Addr: r.Addr, ContextTimeoutEnabled: true, MaxRetries: -1, Dialer: act.Dialer(redis.NewDialer(&redis.Options{}))})
+	t.Cleanup(func() { client.Close() })
+	s, err := New(client, WithActivity(act))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	r.Stop() // down when the watch begins
+	pids, errs := make(chan int, 8), make(chan error, 8)
+	s.KeepWatchingLocalRedis(ctxT(t), 20*time.Millisecond, func(pid int, err error) {
+		if err != nil {
+			select {
+			case errs <- err:
+			default:
+			}
+			return
+		}
+		pids <- pid
+	})
+	wait := func(what string) int {
+		t.Helper()
+		select {
+		case pid := <-pids:
+			return pid
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no watch of %s within 10s", what)
+			return 0
+		}
+	}
+	select {
+	case err := <-errs:
+		if errors.Is(err, ErrNoLocalWatch) {
+			t.Fatalf("a Redis down at start reported as never watchable: %v", err)
+		}
+	case pid := <-pids:
+		t.Fatalf("watched process %d while Redis was down", pid)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no failure reported while Redis was down")
+	}
+	r.Restart(t)
+	first := r.PID()
+	if pid := wait("the Redis started after the watch"); pid != first {
+		t.Fatalf("watching process %d, want the server's %d", pid, first)
+	}
+	r.Restart(t)
+	if pid := wait("the restarted Redis"); pid != r.PID() || pid == first {
+		t.Fatalf("after a restart watching process %d, want the new server's %d (the old one was %d)", pid, r.PID(), first)
+	}
+	select {
+	case pid := <-pids:
+		t.Fatalf("a second watch (%d) while one runs", pid)
+	default:
+	}
+}
