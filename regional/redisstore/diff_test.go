@@ -47,17 +47,27 @@ func randomBucket(r *rand.Rand, key string, big bool) Bucket {
 	return b
 }
 
+// randomStep moves the virtual clock now by a random step: none, up to
+// 1.5 s, up to 20 s, or back up to 3 s (a clock step back).
+func randomStep(r *rand.Rand, now int64) int64 {
+	switch x := r.IntN(10); {
+	case x < 4:
+	case x < 8:
+		now += r.Int64N(1_500)
+	case x < 9:
+		now += r.Int64N(20_000)
+	default:
+		now -= r.Int64N(3_000)
+	}
+	return now
+}
+
 // TestDifferential drives the script in a real Redis and the Go model with
 // the same random requests (algorithms, parameters, costs, time steps
 // including steps back, several buckets per request with shadow ones) and
 // requires identical verdicts, results, stored state and TTLs.
 func TestDifferential(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := testingSeed(); s != 0 {
-		seed = s
-	}
-	t.Logf("seed %d (rerun with REDISSTORE_SEED=%d)", seed, seed)
-	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	r := seededRand(t, 0x5eed)
 	const slack = time.Hour // no key expires in real time during the test
 	e := newEnv(t, false, WithTTLSlack(slack))
 	m := NewModel(slack)
@@ -77,15 +87,7 @@ func TestDifferential(t *testing.T) {
 		}
 		now := t0 + r.Int64N(1_000_000)
 		for st := 0; st < steps; st++ {
-			switch x := r.IntN(10); {
-			case x < 4:
-			case x < 8:
-				now += r.Int64N(1_500)
-			case x < 9:
-				now += r.Int64N(20_000)
-			default:
-				now -= r.Int64N(3_000) // a clock step back
-			}
+			now = randomStep(r, now)
 			// a random non-empty subset of the keys, in random order
 			perm := r.Perm(nkeys)[:1+r.IntN(nkeys)]
 			req := make([]Bucket, len(perm))

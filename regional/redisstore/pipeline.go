@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -205,18 +206,21 @@ func (s *Store) run(batch []*call) {
 	s.batched.Add(uint64(n))
 	ahead := s.inflight.Add(int64(n)) // scripts in Redis, this pipeline's included
 	defer s.inflight.Add(-int64(n))
-	its := make([]*item, 0, n)
-	for _, c := range batch {
-		for i := range c.items {
-			its = append(its, &c.items[i])
-		}
+	its, units := s.units(batch, n)
+	cmds := make([]*redis.IntSliceCmd, len(units)-1)
+	scripts := []*redis.Script{s.check}
+	if len(cmds) < len(its) {
+		scripts = append(scripts, s.multi)
 	}
-	cmds := make([]*redis.IntSliceCmd, len(its))
-	s.scriptPipeline(ctx, s.check, len(its), func(i int) redis.Cmder {
-		cmds[i] = redis.NewIntSliceCmd(ctx, its[i].args...)
+	s.scriptPipeline(ctx, len(cmds), func(i int) redis.Cmder {
+		if u := its[units[i]:units[i+1]]; len(u) == 1 {
+			cmds[i] = redis.NewIntSliceCmd(ctx, u[0].args...)
+		} else {
+			cmds[i] = redis.NewIntSliceCmd(ctx, s.multiArgs(u)...)
+		}
 		cmds[i].SetFirstKeyPos(3) // Cluster routing: the first key
 		return cmds[i]
-	})
+	}, scripts...)
 	rt := time.Since(sent)
 	for _, cmd := range cmds {
 		if err := cmd.Err(); err == nil || isReply(err) {
@@ -237,18 +241,26 @@ func (s *Store) run(batch []*call) {
 		}
 	}
 	timedOut := ctx.Err() != nil
-	for k, it := range its {
-		it.val, it.err = cmds[k].Val(), cmds[k].Err()
+	for k, cmd := range cmds {
+		u := its[units[k]:units[k+1]]
+		val, err := cmd.Val(), cmd.Err()
 		switch {
-		case it.err == nil:
-		case timedOut || isTimeout(it.err):
-			it.err = s.late(sent, rt, it.err)
-		case !isReply(it.err) && isParseError(it.err):
+		case err == nil:
+		case timedOut || isTimeout(err):
+			err = s.late(sent, rt, err)
+		case !isReply(err) && isParseError(err):
 			// A reply that is not an array of integers: go-redis
 			// stopped reading this connection there (the calls after
 			// it carry the same error).
-			it.err = fmt.Errorf("%w: %w", ErrBadReply, it.err)
+			err = fmt.Errorf("%w: %w", ErrBadReply, err)
 		}
+		if len(u) == 1 || err != nil {
+			for _, it := range u {
+				it.val, it.err = val, err
+			}
+			continue
+		}
+		splitMulti(val, u)
 	}
 	for _, c := range batch {
 		close(c.done)
@@ -332,7 +344,7 @@ func isTimeout(err error) bool {
 // scriptPipeline).
 func (s *Store) evalShas(ctx context.Context, sc *redis.Script, n int, keys func(i int) []string, args func(i int) []any) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, n)
-	s.scriptPipeline(ctx, sc, n, func(i int) redis.Cmder {
+	s.scriptPipeline(ctx, n, func(i int) redis.Cmder {
 		k, a := keys(i), args(i)
 		cmdArgs := make([]any, 0, 3+len(k)+len(a))
 		cmdArgs = append(cmdArgs, "evalsha", sc.Hash(), len(k))
@@ -344,16 +356,16 @@ func (s *Store) evalShas(ctx context.Context, sc *redis.Script, n int, keys func
 			cmds[i].SetFirstKeyPos(3)
 		}
 		return cmds[i]
-	})
+	}, sc)
 	return cmds
 }
 
-// scriptPipeline sends the n EVALSHA commands of sc that cmd(i) makes in one
-// pipeline. Calls that find the script missing (NOSCRIPT: a restarted or
-// flushed server) are made again and sent in a second pipeline, once the
-// script is loaded; if loading fails, they carry that error. This is the
+// scriptPipeline sends the n EVALSHA commands (of the scripts scs) that
+// cmd(i) makes in one pipeline. Calls that find their script missing
+// (NOSCRIPT: a restarted or flushed server) are made again and sent in a
+// second pipeline, once the scripts are loaded; if loading fails, they carry that error. This is the
 // store's one NOSCRIPT retry.
-func (s *Store) scriptPipeline(ctx context.Context, sc *redis.Script, n int, cmd func(i int) redis.Cmder) {
+func (s *Store) scriptPipeline(ctx context.Context, n int, cmd func(i int) redis.Cmder, scs ...*redis.Script) {
 	cmds := make([]redis.Cmder, n)
 	send := func(idx []int) {
 		pipe := s.client.Pipeline()
@@ -377,11 +389,13 @@ func (s *Store) scriptPipeline(ctx context.Context, sc *redis.Script, n int, cmd
 	if len(retry) == 0 {
 		return
 	}
-	if err := s.load(ctx, sc); err != nil {
-		for _, i := range retry {
-			cmds[i].SetErr(err)
+	for _, sc := range scs {
+		if err := s.load(ctx, sc); err != nil {
+			for _, i := range retry {
+				cmds[i].SetErr(err)
+			}
+			return
 		}
-		return
 	}
 	send(retry)
 }
@@ -393,6 +407,108 @@ func (s *Store) load(ctx context.Context, sc *redis.Script) error {
 	s.scriptLoads.Add(1)
 	return nil
 }
+
+// units orders the items of batch for the pipeline: its, with the items
+// that share a script call next to each other, and units, where unit k
+// (one script call) is its[units[k]:units[k+1]]. The items of one call
+// with two or more items (one Do's calls) share a script call (multiSrc),
+// in a Cluster those in one hash slot; any other item is a script call of
+// its own (checkSrc), as a Do of one call always is.
+func (s *Store) units(batch []*call, n int) (its []*item, units []int) {
+	its, units = make([]*item, 0, n), make([]int, 1, n+1)
+	for _, c := range batch {
+		if len(c.items) == 1 || s.cluster == nil {
+			for i := range c.items {
+				its = append(its, &c.items[i])
+			}
+			units = append(units, len(its))
+			continue
+		}
+		// Cluster: by hash slot, in the order of each slot's first item
+		slots := make([]int, len(c.items))
+		for i := range c.items {
+			slots[i] = HashSlot(c.items[i].args[3].(string))
+		}
+		for i := range c.items {
+			if slices.Index(slots[:i], slots[i]) >= 0 {
+				continue // its slot's unit is made
+			}
+			for j := i; j < len(c.items); j++ {
+				if slots[j] == slots[i] {
+					its = append(its, &c.items[j])
+				}
+			}
+			units = append(units, len(its))
+		}
+	}
+	return its, units
+}
+
+// multiArgs is the multi-call script's EVALSHA command for the items u,
+// made of their check commands (see scriptArgs).
+func (s *Store) multiArgs(u []*item) []any {
+	nk, na := 0, 0
+	for _, it := range u {
+		k := it.args[2].(int)
+		nk += k
+		na += len(it.args) - 3 - k
+	}
+	args := make([]any, 0, 5+nk+na)
+	args = append(args, "evalsha", s.multiHash, nk)
+	for _, it := range u {
+		k := it.args[2].(int)
+		args = append(args, it.args[3:3+k]...)
+	}
+	args = append(args, u[0].args[3+u[0].args[2].(int)+1], s.slackArg) // now, slack
+	for _, it := range u {
+		k := it.args[2].(int)
+		vals := it.args[3+k+3:]
+		args = append(args, k, len(vals), it.args[3+k])
+		args = append(args, vals...)
+	}
+	return args
+}
+
+// splitMulti gives each item of u its part of the multi-call script's
+// reply v: its check reply (1+5n integers), or the error the script
+// caught for it (a Redis error reply, as a script call of its own would
+// fail with). A reply too short, or of another shape, is ErrBadReply.
+func splitMulti(v []int64, u []*item) {
+	off := 0
+	for k, it := range u {
+		switch {
+		case off < len(v) && v[off] == -1 && off+1 < len(v) && v[off+1] >= 0 && v[off+1] <= int64(len(v)-off-2):
+			msg := make([]byte, v[off+1])
+			for i := range msg {
+				msg[i] = byte(v[off+2+i])
+			}
+			it.val, it.err = nil, scriptError(msg)
+			off += 2 + len(msg)
+		case off+1+5*it.n <= len(v) && (v[off] == 0 || v[off] == 1):
+			it.val = v[off : off+1+5*it.n : off+1+5*it.n]
+			off += 1 + 5*it.n
+		default:
+			for _, it := range u[k:] {
+				it.val, it.err = nil, fmt.Errorf("%w: %d integers for the %d calls of a multi-call script call", ErrBadReply, len(v), len(u))
+			}
+			return
+		}
+	}
+	if off != len(v) {
+		for _, it := range u {
+			it.val, it.err = nil, fmt.Errorf("%w: %d integers for the %d calls of a multi-call script call, %d read", ErrBadReply, len(v), len(u), off)
+		}
+	}
+}
+
+// scriptError is an error the multi-call script caught for one call: the
+// error reply that call would have had as a script call of its own.
+type scriptError string
+
+func (e scriptError) Error() string { return string(e) }
+
+// RedisError marks scriptError as an error reply (redis.Error).
+func (scriptError) RedisError() {}
 
 // CheckScriptSource is the Lua source of the check script, for comparing
 // the store with redis-benchmark running the same script (see the README).

@@ -25,6 +25,7 @@ type costPath struct {
 	buckets func(i int) []Bucket
 	seed    func(ctx context.Context, s *Store, buckets []Bucket) error
 	src     string // a script to run instead of the check (with its keys and arguments)
+	multi   int    // > 0: this many calls (of consecutive key tags) per script call, the multi-call script
 }
 
 const costKeys = 1000
@@ -103,6 +104,7 @@ func costPaths() []costPath {
 		{name: "global_token_bucket/marker", buckets: global},
 		{name: "global_token_bucket/record", buckets: global, seed: record},
 		{name: "global_sliding_window/record", buckets: win(rules.SlidingWindow, costGlobal), seed: record},
+		{name: "token_bucket/decimal/32calls", buckets: tb(1_000_000, 1_000_000_000), multi: 32},
 		{name: "multi/tb+sw+fw", buckets: func(i int) []Bucket {
 			return []Bucket{
 				{Key: Key(tag(i), "tb"), Algorithm: rules.TokenBucket, Capacity: 1_000_000, Rate: 1_000_000_000},
@@ -156,9 +158,17 @@ func TestScriptCost(t *testing.T) {
 				rc = redis.NewClient(&redis.Options{Addr: r.Addr})
 				t.Cleanup(func() { rc.Close() })
 			}
-			n := runCostPath(t, rc, p, calls)
+			n := calls
+			if p.multi > 0 { // as many decisions, in pipelines of 16
+				n = max(calls/p.multi/16*16, 16)
+			}
+			n = runCostPath(t, rc, p, n)
 			if mode == "callgrind" {
 				ir := stop()
+				if p.multi > 0 {
+					t.Logf("%s: %d instructions per call, %d per decision (%d script calls of %d calls, %d in evalShaCommand)", p.name, ir/int64(n), ir/int64(n*p.multi), n, p.multi, ir)
+					return
+				}
 				t.Logf("%s: %d instructions per call (%d calls, %d in evalShaCommand)", p.name, ir/int64(n), n, ir)
 				return
 			}
@@ -178,8 +188,17 @@ func runCostPath(t *testing.T, rc *redis.Client, p costPath, calls int) int {
 	}
 	defer s.Close()
 	sc := s.check
+	if p.multi > 0 {
+		sc = s.multi
+	}
 	keys := func(i int) []string { return nil }
 	args := func(i int) []any { return nil }
+	check := func(v []int64, i int) error { // the reply of script call i
+		if ok, _, err := parseCheck(v, len(p.buckets(i)), nil); err != nil || !ok {
+			return fmt.Errorf("allowed %v, %v", ok, err)
+		}
+		return nil
+	}
 	if p.buckets == nil {
 		sc = redis.NewScript("return 1")
 	} else {
@@ -192,6 +211,7 @@ func runCostPath(t *testing.T, rc *redis.Client, p costPath, calls int) int {
 		}
 		var ks [costKeys][]string
 		var as [costKeys][]any
+		var its [costKeys]*item
 		for i := range costKeys {
 			bs := p.buckets(i)
 			if err := validate(1, bs); err != nil {
@@ -202,18 +222,52 @@ func runCostPath(t *testing.T, rc *redis.Client, p costPath, calls int) int {
 					t.Fatal(err)
 				}
 			}
-			ks[i], as[i] = splitEvalSha(s.scriptArgs(&item{}, 1, "", bs))
+			its[i] = &item{n: len(bs)}
+			its[i].args = s.scriptArgs(its[i], 1, "", bs)
+			ks[i], as[i] = splitEvalSha(its[i].args)
+		}
+		if p.multi > 0 {
+			// script call i: the calls of key tags i*multi, i*multi+1, ...
+			var mks [costKeys][]string
+			var mas [costKeys][]any
+			var groups [costKeys][]*item
+			for i := range costKeys {
+				for j := range p.multi {
+					groups[i] = append(groups[i], its[(i*p.multi+j)%costKeys])
+				}
+				mks[i], mas[i] = splitEvalSha(s.multiArgs(groups[i]))
+			}
+			ks, as = mks, mas
+			check = func(v []int64, i int) error {
+				u := make([]*item, p.multi)
+				for j, it := range groups[i%costKeys] {
+					u[j] = &item{n: it.n}
+				}
+				splitMulti(v, u)
+				for _, it := range u {
+					if it.err != nil {
+						return it.err
+					}
+					if ok, _, err := parseCheck(it.val, it.n, nil); err != nil || !ok {
+						return fmt.Errorf("allowed %v, %v", ok, err)
+					}
+				}
+				return nil
+			}
 		}
 		keys = func(i int) []string { return ks[i%costKeys] }
 		args = func(i int) []any { return as[i%costKeys] }
+		src := checkSrc
+		if p.multi > 0 {
+			src = multiSrc
+		}
 		for i := range costKeys {
-			v, err := rc.Eval(ctx, checkSrc, keys(i), args(i)...).Int64Slice()
+			v, err := rc.Eval(ctx, src, keys(i), args(i)...).Int64Slice()
 			if err != nil {
 				t.Fatalf("first round, key %d: %v", i, err)
 			}
-			ok, _, err := parseCheck(v, len(p.buckets(i)), nil)
-			if err != nil || !ok {
-				t.Fatalf("first round, key %d: allowed %v, %v", i, ok, err)
+			if err := check(v, i); err != nil {
+				t.Fatalf("first round, key %d: %v", i, err)
 			}
 		}
 	}
@@ -241,8 +295,8 @@ func runCostPath(t *testing.T, rc *redis.Client, p costPath, calls int) int {
 				if err != nil {
 					t.Fatalf("call %d: %v", i+j, err)
 				}
-				if ok, _, err := parseCheck(v, len(p.buckets(i+j)), nil); err != nil || !ok {
-					t.Fatalf("call %d: allowed %v, %v", i+j, ok, err)
+				if err := check(v, i+j); err != nil {
+					t.Fatalf("call %d: %v", i+j, err)
 				}
 			}
 		}

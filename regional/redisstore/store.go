@@ -19,6 +19,7 @@ type Store struct {
 	cluster         *redis.ClusterClient // set when client is a Cluster client
 	cs              clusterState
 	check           *redis.Script
+	multi           *redis.Script // several calls of one Do in one script call (multiSrc)
 	marker          *redis.Script
 	shares          *redis.Script
 	winShares       *redis.Script // global windows' records (global_window.go)
@@ -26,6 +27,7 @@ type Store struct {
 	slackMs         int64
 	slackArg        any // slackMs, boxed once for every check's command
 	checkHash       any // the check script's SHA1, boxed once
+	multiHash       any // the multi-call script's SHA1, boxed once
 	queue           chan *call
 	ctx             context.Context // canceled by Close; parent of every pipeline's context
 	cancel          context.CancelFunc
@@ -110,6 +112,7 @@ type item struct {
 	args []any
 	nums [2 * inlineBuckets]int64
 	out  int      // index in Do's calls
+	n    int      // its buckets
 	res  []Result // the array Do's caller gave for its results (out[out].Results)
 	val  []int64  // the script's reply, read by go-redis as integers
 	err  error
@@ -139,6 +142,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	s := &Store{
 		client:  client,
 		check:   redis.NewScript(checkSrc),
+		multi:   redis.NewScript(multiSrc),
 		marker:  redis.NewScript(markerSrc),
 		shares:  redis.NewScript(sharesSrc),
 		opts:    o,
@@ -150,7 +154,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 		stopped: make(chan struct{}),
 	}
 	s.winShares = redis.NewScript(winSharesSrc)
-	s.slackArg, s.checkHash = s.slackMs, s.check.Hash()
+	s.slackArg, s.checkHash, s.multiHash = s.slackMs, s.check.Hash(), s.multi.Hash()
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		s.cluster = cc
 		s.cs.views = map[string]*clusterView{}
@@ -182,7 +186,7 @@ func (s *Store) Warm(ctx context.Context) error {
 	for i := 0; i < s.opts.workers; i++ {
 		go func() {
 			var err error
-			for _, sc := range []*redis.Script{s.check, s.marker, s.shares, s.winShares} {
+			for _, sc := range []*redis.Script{s.check, s.multi, s.marker, s.shares, s.winShares} {
 				if err = sc.Load(ctx, s.client).Err(); err != nil {
 					break
 				}
@@ -299,7 +303,7 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 			out[i].Allowed = true
 			continue
 		}
-		c.items = append(c.items, item{out: i, res: res}) // in place: args point into it
+		c.items = append(c.items, item{out: i, n: len(cl.Buckets), res: res}) // in place: args point into it
 		it := &c.items[len(c.items)-1]
 		it.args = s.scriptArgs(it, cl.Cost, now, cl.Buckets)
 	}
