@@ -21,9 +21,19 @@ import (
 // call fails with the error reply, the others are answered). Verdicts,
 // results and the stored state must agree.
 func TestDifferentialMulti(t *testing.T) {
+	t.Run("redis", func(t *testing.T) { diffMulti(t, false) })
+	t.Run("miniredis", func(t *testing.T) { diffMulti(t, true) }) // gopher-lua, no struct
+}
+
+func diffMulti(t *testing.T, mini bool) {
 	r := seededRand(t, 0x3017)
 	const slack = 24 * time.Hour // no key expires, in real or virtual time
-	e := newEnv(t, false, WithTTLSlack(slack))
+	var e *env
+	if mini {
+		e, _ = newMiniEnv(t, false, WithTTLSlack(slack))
+	} else {
+		e = newEnv(t, false, WithTTLSlack(slack))
+	}
 	m := NewModel(slack)
 	ctx := ctxT(t)
 	id, err := e.store.RunID(ctx)
@@ -162,6 +172,9 @@ func TestDifferentialMulti(t *testing.T) {
 	}
 	// one script call per Do, plus the marker writes, RunID and the
 	// NOSCRIPT retries of the first uses
+	if mini {
+		return // no INFO commandstats
+	}
 	if n := commandstat(t, e.client, "evalsha", "calls"); n > float64(steps+markers+5) {
 		t.Fatalf("%v EVALSHA for %d Do of many calls and %d marker writes", n, steps, markers)
 	}
@@ -240,4 +253,32 @@ func TestClusterMulti(t *testing.T) {
 		t.Fatalf("%v EVALSHA for %d calls of %d clients in 3 Do: not one script call per slot and Do", evalsha, calls, clients)
 	}
 	t.Logf("%d calls in %v EVALSHA", calls, evalsha)
+}
+
+// TestMultiNoScript: a Do of many calls on a server that lost its scripts
+// (SCRIPT FLUSH) loads them and is answered, as a single call is.
+func TestMultiNoScript(t *testing.T) {
+	e := newEnv(t, true)
+	ctx := ctxT(t)
+	cs := make([]Call, 8)
+	for i := range cs {
+		cs[i] = Call{Cost: 1, Buckets: []Bucket{{Key: Key(fmt.Sprintf("user:%d", i%4), "tb"), Algorithm: rules.TokenBucket, Capacity: 2000, Rate: 1}}}
+	}
+	for round := 0; round < 2; round++ {
+		if err := e.client.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		loads := e.store.ScriptLoads()
+		out := make([]Answer, len(cs))
+		e.store.Do(ctx, Budget{}, cs, out)
+		for i, a := range out {
+			// round 0: each key's two calls fit its capacity of 2; round 1: none is left
+			if want := round == 0; a.Err != nil || a.Allowed != want {
+				t.Fatalf("round %d call %d: %+v, want allowed %v", round, i, a, want)
+			}
+		}
+		if e.store.ScriptLoads() == loads {
+			t.Fatalf("round %d: no script load after SCRIPT FLUSH", round)
+		}
+	}
 }

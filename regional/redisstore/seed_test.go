@@ -17,6 +17,7 @@ func testingSeed() uint64 {
 // seededRand is a test's random source: seeded by REDISSTORE_SEED, else
 // by the time, which it logs for a rerun; stream tells tests apart.
 func seededRand(t *testing.T, stream uint64) *rand.Rand {
+	t.Helper()
 	seed := uint64(time.Now().UnixNano())
 	if s := testingSeed(); s != 0 {
 		seed = s
