@@ -311,9 +311,10 @@
 // a path with no plans at all. Such a call is about 78,000 instructions in
 // Redis (86,000 in the decimal layout), of which the EVALSHA, TIME, GET and
 // SET are 39,000; a global check adds INFO server (the run id), about
-// 65,000. In the multi-call script a call costs about 16,000 fewer (the
-// EVALSHA and TIME, shared: 69,700 per call of one token bucket in the
-// decimal layout, 32 calls per script call, against 86,100 alone).
+// 65,000. In the multi-call script a call costs about 23,000 fewer (the
+// EVALSHA and TIME are shared, and a call's keys and arguments are read at
+// offsets, no tables built: 62,600 per call of one token bucket in the
+// decimal layout, 32 calls per script call, against 85,800 alone).
 // TestScriptCost measures each path (see its doc).
 //
 // Embedded servers. The scripts also run on an in-process miniredis (the

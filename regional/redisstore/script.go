@@ -1,5 +1,7 @@
 package redisstore
 
+import "strings"
+
 // The Lua scripts. Every value is an integer held in a Lua double; the
 // limits in bucket.go keep every intermediate below 2^53, so the arithmetic
 // is exact. State is packed as struct.pack('<I6...') would (see doc.go):
@@ -526,25 +528,24 @@ return out
 // evaluation raised an error (a Redis error or a bad state, caught by
 // pcall: the other calls still run) is -1, the length of the error's
 // message, then its bytes (an integer each).
-const multiSrc = prelude + windowPrelude + globalLocals + `
+var multiSrc = prelude + windowPrelude + globalLocals + `
 local now = ARGV[1]` + clockLua + `
 local slack = tonumber(ARGV[2])
-local function one(KEYS, ARGV, cost)
+-- one call: its keys are KEYS[ko + 1], ..., its checkSrc ARGV[x] (x >= 4)
+-- is ARGV[ao + x] and nargs its checkSrc #ARGV (no tables built per call)
+local function one(ko, ao, nargs, cost)
   local costU = cost * U
-` + checkFast + `
+` + callArgs.Replace(checkFast) + `
   if not savetb then
 ` + tbHelpers + `
   end
-` + checkBody + `
+` + callArgs.Replace(checkBody) + `
 end
 local out, n, ki, ai, na = {}, 0, 0, 3, #ARGV
 while ai <= na do
   local nk, nb = tonumber(ARGV[ai]), tonumber(ARGV[ai + 1])
-  local keys, args = {}, {ARGV[ai + 2], '', ''}
-  for j = 1, nk do keys[j] = KEYS[ki + j] end
-  for j = 1, nb do args[3 + j] = ARGV[ai + 2 + j] end
+  local ok, r = pcall(one, ki, ai - 1, 3 + nb, tonumber(ARGV[ai + 2]))
   ki, ai = ki + nk, ai + 3 + nb
-  local ok, r = pcall(one, keys, args, tonumber(args[1]))
   if ok and r.err == nil then
     for j = 1, #r do out[n + j] = r[j] end
     n = n + #r
@@ -558,6 +559,10 @@ while ai <= na do
 end
 return out
 `
+
+// callArgs rewrites checkSrc's evaluation of one call for multiSrc: the
+// call's keys and arguments are at offsets in KEYS and ARGV.
+var callArgs = strings.NewReplacer("KEYS[", "KEYS[ko + ", "ARGV[", "ARGV[ao + ", "#ARGV", "nargs")
 
 // sharesSrc writes one key's share record (WriteShares).
 //
