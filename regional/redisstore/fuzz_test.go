@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/big"
 	"regexp"
+	"slices"
 	"testing"
 	"time"
 )
@@ -184,6 +185,59 @@ func FuzzParseRunID(f *testing.F) {
 		}
 		if err != nil || got != m[1] {
 			t.Fatalf("parseRunID(%q) = %q %v; the scripts read %q", info, got, err, m[1])
+		}
+	})
+}
+
+// FuzzSplitMulti: splitting a multi-call script's reply never panics and
+// gives every call either its own check reply (1+5n integers, the first 0
+// or 1), a script error it reported itself (-1, a length, that many
+// bytes), or ErrBadReply; when no call has ErrBadReply the parts cover the
+// reply exactly, in order.
+func FuzzSplitMulti(f *testing.F) {
+	f.Add([]byte{3, 6, 0, 1, 0, 1, 0, 10, 0, 9, 0, 0, 0, 0}, []byte{1})
+	f.Add([]byte{3, 9, 0, 1, 0, 1, 0, 10, 0, 9, 0, 0, 0, 0, 0, 0x7f, 0, 2, 0, 104, 0, 105}, []byte{1, 1})
+	f.Fuzz(func(t *testing.T, data, buckets []byte) {
+		v, ok := (&replyReader{b: data}).reply(0).([]any)
+		if !ok || len(buckets) == 0 || len(buckets) > 8 {
+			return
+		}
+		vals := make([]int64, 0, len(v))
+		for _, x := range v {
+			i, ok := x.(int64)
+			if !ok {
+				return // go-redis refuses it before splitMulti
+			}
+			if i == 0x7f {
+				i = -1 // the fuzzer's way to a script error's marker
+			}
+			vals = append(vals, i)
+		}
+		u := make([]*item, len(buckets))
+		for k, b := range buckets {
+			u[k] = &item{n: int(b % 4)}
+		}
+		splitMulti(vals, u)
+		off, bad := 0, false
+		for k, it := range u {
+			switch {
+			case errors.Is(it.err, ErrBadReply):
+				bad = true
+			case it.err != nil:
+				var se scriptError
+				if !errors.As(it.err, &se) || off+2+len(se) > len(vals) || vals[off] != -1 || vals[off+1] != int64(len(se)) {
+					t.Fatalf("call %d: error %v not the reply's own at %d of %v", k, it.err, off, vals)
+				}
+				off += 2 + len(se)
+			default:
+				if len(it.val) != 1+5*it.n || (it.val[0] != 0 && it.val[0] != 1) || !slices.Equal(it.val, vals[off:off+len(it.val)]) {
+					t.Fatalf("call %d of %d buckets: %v at %d of %v", k, it.n, it.val, off, vals)
+				}
+				off += len(it.val)
+			}
+		}
+		if !bad && off != len(vals) {
+			t.Fatalf("the calls cover %d of %d integers and none is ErrBadReply", off, len(vals))
 		}
 	})
 }
