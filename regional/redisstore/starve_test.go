@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/testutil"
+	"github.com/apportion/apportion/rules"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -264,4 +265,10 @@ func TestKeepWatchingFindsRestartedRedis(t *testing.T) {
 		t.Fatalf("a second watch (%d) while one runs", pid)
 	default:
 	}
+	// and the store serves again: checks are answered by the new process
+	b := []Bucket{{Key: Key("u", "watch"), Algorithm: rules.TokenBucket, Capacity: 2000, Rate: 1000}}
+	testutil.WaitFor(t, 10*time.Second, "a check answered after the restart", func() bool {
+		ok, _, err := s.Check(ctxT(t), 1, b)
+		return err == nil && ok
+	})
 }
