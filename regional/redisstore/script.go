@@ -561,7 +561,10 @@ return out
 `
 
 // callArgs rewrites checkSrc's evaluation of one call for multiSrc: the
-// call's keys and arguments are at offsets in KEYS and ARGV.
+// call's keys and arguments are at offsets in KEYS and ARGV. It rewrites
+// text, so checkFast and checkBody must reach a call's keys and arguments
+// only as KEYS[...], ARGV[...] and #ARGV (never #KEYS, unpack(KEYS) or a
+// local alias of the tables); TestDifferentialMulti is what catches a slip.
 var callArgs = strings.NewReplacer("KEYS[", "KEYS[ko + ", "ARGV[", "ARGV[ao + ", "#ARGV", "nargs")
 
 // sharesSrc writes one key's share record (WriteShares).
