@@ -95,6 +95,10 @@ redis_stat() {
 	redis-cli -p "$port" info all | tr -d '\r' | awk -F'[:=,]' -v k="$1" '$1 == k { v = $2 } $1 == "cmdstat_" k { v = $3 } END { print v + 0 }'
 }
 TCK=$(getconf CLK_TCK)
+# csw PID: the process's context switches so far (voluntary + nonvoluntary,
+# every thread's, from /proc/PID/task/*/status): a figure per call that the
+# machine's other load hardly moves.
+csw() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^(non)?voluntary_ctxt_switches/ { t += $2 } END { print t + 0 }'; }
 
 # load NAME ADDR CALLERS BATCH PID...: one rlload run; sets calls, decisions,
 # p99, failopen, rejected (the bench rule never rejects: each rejection is
@@ -102,8 +106,9 @@ TCK=$(getconf CLK_TCK)
 # the enforcer and Redis, or the no-op; each one's part too) and perread (script calls per read
 # event of Redis: how many checks shared a round trip).
 load() {
-	local out name=$1 addr=$2 callers=$3 batch=$4 c0 r0 e0 requests
+	local out name=$1 addr=$2 callers=$3 batch=$4 c0 r0 e0 requests s0
 	shift 4
+	s0=$(csw "$1")
 	local -a c0s=()
 	for p in "$@"; do c0s+=("$(cpu "$p")"); done
 	c0=$(cpu "$@"); r0=$(redis_stat total_reads_processed); e0=$(redis_stat evalsha)
@@ -120,9 +125,10 @@ load() {
 		done
 		cpuparts=" ($cpuparts)"
 	fi
+	cswcall=$(awk -v s=$(($(csw "$1") - s0)) -v n="$requests" 'BEGIN { if (n > 0) printf "%.2f", s / n; else print "n/a" }')
 	perread=$(awk -v e=$(($(redis_stat evalsha) - e0)) -v r=$(($(redis_stat total_reads_processed) - r0)) 'BEGIN { if (r > 0 && e > 0) printf "%.1f", e / r; else print "-" }')
-	printf '%-9s callers=%-4s batch=%-3s calls/s=%-8s decisions/s=%-9s p99=%sus fail_open=%s shed=%s errors=%s cpu/call=%sus%s scripts/read=%s\n' \
-		"$name" "$callers" "$batch" "$calls" "$decisions" "$p99" "$failopen" "$rejected" "$errors" "$cpucall" "$cpuparts" "$perread"
+	printf '%-9s callers=%-4s batch=%-3s calls/s=%-8s decisions/s=%-9s p99=%sus fail_open=%s shed=%s errors=%s cpu/call=%sus%s csw/call=%s scripts/read=%s\n' \
+		"$name" "$callers" "$batch" "$calls" "$decisions" "$p99" "$failopen" "$rejected" "$errors" "$cpucall" "$cpuparts" "$cswcall" "$perread"
 }
 
 # The Redis ceiling: the same script, pipelined (-P 16), 64 connections;
@@ -142,9 +148,9 @@ run_pair() { # CALLERS BATCH
 	local rc rd rp nc np
 	for _ in $(seq "$ROUNDS"); do
 		if [ "$2" -gt 0 ]; then redis_ceiling; fi
-		load enforcer "$rl" "$1" "$2" "$rl_pid" "$redis_pid"; rc=$calls; rd=$decisions; rp=$p99; fo=$failopen; sh=$rejected; ru=$cpucall
-		load noop "$noop" "$1" "$2" "$noop_pid"; nc=$calls; np=$p99; nu=$cpucall
-		summary+=("callers=$1 batch=$2: enforcer/no-op calls $(ratio "$rc" "$nc"), p99 $(ratio "$rp" "$np")x, decisions/redis-benchmark $(ratio "$rd" "$rb"), fail_open=$fo, shed=$sh, CPU per call enforcer+Redis/no-op $(ratio "$ru" "$nu")")
+		load enforcer "$rl" "$1" "$2" "$rl_pid" "$redis_pid"; rc=$calls; rd=$decisions; rp=$p99; fo=$failopen; sh=$rejected; ru=$cpucall; rs=$cswcall
+		load noop "$noop" "$1" "$2" "$noop_pid"; nc=$calls; np=$p99; nu=$cpucall; ns=$cswcall
+		summary+=("callers=$1 batch=$2: enforcer/no-op calls $(ratio "$rc" "$nc"), p99 $(ratio "$rp" "$np")x, decisions/redis-benchmark $(ratio "$rd" "$rb"), fail_open=$fo, shed=$sh, csw/call=$rs/$ns, CPU per call enforcer+Redis/no-op $(ratio "$ru" "$nu")")
 	done
 }
 for c in $CALLERS; do run_pair "$c" 0; done
@@ -160,9 +166,9 @@ if [ "$ROUNDS" -gt 1 ]; then
 		function med(s,   a, n, i, j, t) { n = split(s, a, " "); for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
 			return n % 2 ? a[(n+1)/2] : sprintf("%.2f", (a[n/2] + a[n/2+1]) / 2) }
 		{ k = $1 " " $2; if (!(k in seen)) { seen[k] = 1; keys[++nk] = k }
-		  calls[k] = calls[k] " " $5; p99[k] = p99[k] " " $7; rb[k] = rb[k] " " $9; sub(/,/, "", $10); split($10, f, "="); fo[k] += f[2]; sub(/,/, "", $11); split($11, f, "="); sd[k] += f[2]; cpu[k] = cpu[k] " " $NF }
+		  calls[k] = calls[k] " " $5; p99[k] = p99[k] " " $7; rb[k] = rb[k] " " $9; sub(/,/, "", $10); split($10, f, "="); fo[k] += f[2]; sub(/,/, "", $11); split($11, f, "="); sd[k] += f[2]; sub(/,/, "", $12); split($12, f, "[=/]"); csw[k] = csw[k] " " f[3]; nsw[k] = nsw[k] " " f[4]; cpu[k] = cpu[k] " " $NF }
 		END { for (i = 1; i <= nk; i++) { k = keys[i]; gsub(/,/, "", calls[k]); gsub(/[x,]/, "", p99[k]); gsub(/,/, "", rb[k])
-			printf "  %s enforcer/no-op calls %s, p99 %sx, decisions/redis-benchmark %s, fail_open=%d, shed=%d, CPU per call enforcer+Redis/no-op %s\n", k, med(calls[k]), med(p99[k]), med(rb[k]), fo[k], sd[k], med(cpu[k]) } }'
+			printf "  %s enforcer/no-op calls %s, p99 %sx, decisions/redis-benchmark %s, fail_open=%d, shed=%d, ctxt switches per call enforcer %s no-op %s, CPU per call enforcer+Redis/no-op %s\n", k, med(calls[k]), med(p99[k]), med(rb[k]), fo[k], sd[k], med(csw[k]), med(nsw[k]), med(cpu[k]) } }'
 fi
 if [ -s "$work/rl.err" ]; then
 	echo
