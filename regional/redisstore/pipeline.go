@@ -121,6 +121,7 @@ func (s *Store) decideNext(c *call, b Budget, start time.Time) time.Duration {
 func (s *Store) worker(busy *atomic.Int64) {
 	defer s.wg.Done()
 	batch := make([]*call, 0, s.opts.batch)
+	var sc scratch
 	for {
 		select {
 		case <-s.done:
@@ -149,7 +150,7 @@ func (s *Store) worker(busy *atomic.Int64) {
 			}
 			if len(batch) > 0 {
 				busy.Store(time.Now().UnixNano())
-				s.run(batch)
+				s.run(batch, &sc)
 				busy.Store(0)
 			}
 			clear(batch)
@@ -164,10 +165,22 @@ func (s *Store) take(c *call) bool {
 	}
 	s.queued.Add(-1)
 	if c.ctx.Err() != nil {
-		close(c.done) // the caller is gone and reads nothing
+		c.done <- struct{}{} // the caller is gone (and may read it: see call)
 		return false
 	}
 	return true
+}
+
+// scratch is a worker's buffers for its pipelines, reused from one to the
+// next (run and scriptPipeline: fewer allocations per check); nil for a
+// one-off pipeline.
+type scratch struct {
+	its   []*item
+	units []int
+	cmds  []*redis.IntSliceCmd
+	sent  []redis.Cmder
+	idx   []int
+	pipe  redis.Pipeliner
 }
 
 // run executes one batch in one pipeline. Its context ends at the latest of
@@ -176,7 +189,7 @@ func (s *Store) take(c *call) bool {
 // is first (or at Close when a call has neither): the callers decide what a
 // late answer means (see Do); this only bounds how long a dead Redis holds
 // a worker.
-func (s *Store) run(batch []*call) {
+func (s *Store) run(batch []*call, sc *scratch) {
 	sent := time.Now()
 	var deadline time.Time
 	bounded := true
@@ -206,13 +219,19 @@ func (s *Store) run(batch []*call) {
 	s.batched.Add(uint64(n))
 	ahead := s.inflight.Add(int64(n)) // scripts in Redis, this pipeline's included
 	defer s.inflight.Add(-int64(n))
-	its, units := s.units(batch, n)
-	cmds := make([]*redis.IntSliceCmd, len(units)-1)
-	scripts := []*redis.Script{s.check}
+	its, units := s.units(batch, n, sc.its[:0], sc.units[:0])
+	cmds := slices.Grow(sc.cmds[:0], len(units)-1)[:len(units)-1]
+	defer func() { // nothing of this pipeline stays reachable from sc
+		clear(its)
+		clear(cmds)
+		sc.its, sc.units, sc.cmds = its[:0], units[:0], cmds[:0]
+	}()
+	scripts := [2]*redis.Script{s.check, s.multi}
+	nsc := 1
 	if len(cmds) < len(its) {
-		scripts = append(scripts, s.multi)
+		nsc = 2
 	}
-	s.scriptPipeline(ctx, len(cmds), func(i int) redis.Cmder {
+	s.scriptPipeline(ctx, sc, len(cmds), func(i int) redis.Cmder {
 		if u := its[units[i]:units[i+1]]; len(u) == 1 {
 			cmds[i] = redis.NewIntSliceCmd(ctx, u[0].args...)
 		} else {
@@ -220,7 +239,7 @@ func (s *Store) run(batch []*call) {
 		}
 		cmds[i].SetFirstKeyPos(3) // Cluster routing: the first key
 		return cmds[i]
-	}, scripts...)
+	}, scripts[:nsc]...)
 	rt := time.Since(sent)
 	for _, cmd := range cmds {
 		if err := cmd.Err(); err == nil || isReply(err) {
@@ -263,7 +282,7 @@ func (s *Store) run(batch []*call) {
 		splitMulti(val, u)
 	}
 	for _, c := range batch {
-		close(c.done)
+		c.done <- struct{}{} // the last touch of c (see call)
 	}
 }
 
@@ -344,7 +363,7 @@ func isTimeout(err error) bool {
 // scriptPipeline).
 func (s *Store) evalShas(ctx context.Context, sc *redis.Script, n int, keys func(i int) []string, args func(i int) []any) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, n)
-	s.scriptPipeline(ctx, n, func(i int) redis.Cmder {
+	s.scriptPipeline(ctx, nil, n, func(i int) redis.Cmder {
 		k, a := keys(i), args(i)
 		cmdArgs := make([]any, 0, 3+len(k)+len(a))
 		cmdArgs = append(cmdArgs, "evalsha", sc.Hash(), len(k))
@@ -361,21 +380,31 @@ func (s *Store) evalShas(ctx context.Context, sc *redis.Script, n int, keys func
 }
 
 // scriptPipeline sends the n EVALSHA commands (of the scripts scs) that
-// cmd(i) makes in one pipeline. Calls that find their script missing
+// cmd(i) makes in one pipeline, with sc's buffers and pipeline (nil: new
+// ones). Calls that find their script missing
 // (NOSCRIPT: a restarted or flushed server) are made again and sent in a
 // second pipeline, once the scripts are loaded; if loading fails, they carry that error. This is the
 // store's one NOSCRIPT retry.
-func (s *Store) scriptPipeline(ctx context.Context, n int, cmd func(i int) redis.Cmder, scs ...*redis.Script) {
-	cmds := make([]redis.Cmder, n)
+func (s *Store) scriptPipeline(ctx context.Context, sc *scratch, n int, cmd func(i int) redis.Cmder, scs ...*redis.Script) {
+	if sc == nil {
+		sc = &scratch{}
+	}
+	if sc.pipe == nil {
+		sc.pipe = s.client.Pipeline()
+	}
+	cmds := slices.Grow(sc.sent[:0], n)[:n]
+	all := slices.Grow(sc.idx[:0], n)[:n]
+	defer func() {
+		clear(cmds)
+		sc.sent, sc.idx = cmds[:0], all[:0]
+	}()
 	send := func(idx []int) {
-		pipe := s.client.Pipeline()
 		for _, i := range idx {
 			cmds[i] = cmd(i)
-			_ = pipe.Process(ctx, cmds[i])
+			_ = sc.pipe.Process(ctx, cmds[i])
 		}
-		_, _ = pipe.Exec(ctx) // errors are per command
+		_, _ = sc.pipe.Exec(ctx) // errors are per command
 	}
-	all := make([]int, n)
 	for i := range all {
 		all[i] = i
 	}
@@ -408,14 +437,15 @@ func (s *Store) load(ctx context.Context, sc *redis.Script) error {
 	return nil
 }
 
-// units orders the items of batch for the pipeline: its, with the items
+// units orders the items of batch for the pipeline (into the arrays of its
+// and units, grown as needed): its, with the items
 // that share a script call next to each other, and units, where unit k
 // (one script call) is its[units[k]:units[k+1]]. The items of one call
 // with two or more items (one Do's calls) share a script call (multiSrc),
 // in a Cluster those in one hash slot; any other item is a script call of
 // its own (checkSrc), as a Do of one call always is.
-func (s *Store) units(batch []*call, n int) (its []*item, units []int) {
-	its, units = make([]*item, 0, n), make([]int, 1, n+1)
+func (s *Store) units(batch []*call, n int, its []*item, units []int) ([]*item, []int) {
+	its, units = slices.Grow(its[:0], n), append(slices.Grow(units[:0], n+1), 0)
 	for _, c := range batch {
 		if len(c.items) == 1 || s.cluster == nil {
 			for i := range c.items {

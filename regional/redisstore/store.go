@@ -86,16 +86,61 @@ type Load struct {
 
 // call is one pending Do: its items go to Redis in one pipeline. Exactly one
 // of the worker and the caller moves state out of callQueued; the worker
-// closes done once every item has its reply.
+// sends on done (buffered, one value) once every item has its reply, or
+// when it drops a call whose caller's ctx has ended, and does not touch the
+// call after that send. A caller that received it puts the call back in
+// callPool for the next Do (no allocation for the call and its channel); a
+// caller that gave up without it leaves the call to the collector, since
+// the worker may still hold it.
 type call struct {
 	ctx    context.Context
 	budget Budget
 	items  []item // in one (a single call: one allocation less) or their own array
 	one    [1]item
+	many   []item       // the array of an earlier Do of several calls, reused
 	sent   atomic.Int64 // unix ns when the worker sent the pipeline
 	state  atomic.Int32
 	done   chan struct{}
 }
+
+// callPool holds the calls of answered Dos (see call).
+var callPool sync.Pool
+
+// getCall is a call in state callQueued, never sent, with room for n items.
+func getCall(ctx context.Context, b Budget, n int) *call {
+	c, ok := callPool.Get().(*call)
+	if !ok {
+		c = &call{done: make(chan struct{}, 1)}
+	}
+	c.ctx, c.budget = ctx, b
+	switch {
+	case n <= len(c.one):
+		c.items = c.one[:0]
+	case cap(c.many) >= n:
+		c.items = c.many[:0]
+	default:
+		c.items = make([]item, 0, n)
+		if n <= maxPooledItems {
+			c.many = c.items
+		}
+	}
+	return c
+}
+
+// putCall returns c, whose done value its caller has received, to callPool,
+// keeping no reference to the Do's data.
+func putCall(c *call) {
+	clear(c.items)
+	c.ctx, c.items = nil, nil
+	c.sent.Store(0)
+	c.state.Store(callQueued)
+	callPool.Put(c)
+}
+
+// maxPooledItems bounds the array a pooled call keeps for a later Do of
+// several calls (a CheckLimits batch), so that a pooled call never holds
+// more than about 150 KB.
+const maxPooledItems = 1024
 
 // call states.
 const (
@@ -284,10 +329,7 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 		}
 	}
 	now, nowErr := s.nowArg()
-	c := &call{ctx: ctx, budget: b, done: make(chan struct{})}
-	if c.items = c.one[:0]; len(calls) > len(c.one) {
-		c.items = make([]item, 0, len(calls))
-	}
+	c := getCall(ctx, b, len(calls))
 	for i, cl := range calls {
 		res := out[i].Results[:0] // its array is reused (see Do)
 		out[i] = Answer{}
@@ -308,6 +350,7 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 		it.args = s.scriptArgs(it, cl.Cost, now, cl.Buckets)
 	}
 	if len(c.items) == 0 {
+		putCall(c) // never queued
 		return
 	}
 	fail := func(err error) {
@@ -400,6 +443,7 @@ wait:
 		}
 		a.Allowed, a.Results, a.Err = parseCheck(it.val, len(calls[it.out].Buckets), it.res)
 	}
+	putCall(c) // its done value received: the worker is done with it
 }
 
 // timers reuses the timers of Do (one per call otherwise): since Go 1.23 a
