@@ -3,6 +3,8 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,15 +30,40 @@ func BenchmarkCheck(b *testing.B) {
 		}
 		return bs
 	}
+	// Redis's CPU time (INFO cpu, user + system) per check: what a check
+	// costs Redis, which the machine's other load moves far less than
+	// throughput.
+	redisCPU := func(b *testing.B) float64 {
+		info, err := e.client.Info(ctx, "cpu").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var sec float64
+		for _, l := range strings.Split(info, "\n") {
+			for _, f := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(l), f); ok {
+					x, err := strconv.ParseFloat(v, 64)
+					if err != nil {
+						b.Fatal(err)
+					}
+					sec += x
+				}
+			}
+		}
+		return sec
+	}
+	var cpu0 float64
 	report := func(b *testing.B, p0, c0 uint64) {
 		if p := e.store.pipelines.Load() - p0; p > 0 {
 			b.ReportMetric(float64(e.store.batched.Load()-c0)/float64(p), "checks/pipeline")
 		}
+		b.ReportMetric((redisCPU(b)-cpu0)*1e6/float64(b.N), "redis-cpu-µs/op")
 	}
 	for _, n := range []int{1, 3} {
 		b.Run(fmt.Sprintf("serial/buckets=%d", n), func(b *testing.B) {
 			bs := bucketsFor(0, n)
 			p0, c0 := e.store.pipelines.Load(), e.store.batched.Load()
+			cpu0 = redisCPU(b)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				if _, _, err := e.store.Check(ctx, 1, bs); err != nil {
@@ -49,6 +76,7 @@ func BenchmarkCheck(b *testing.B) {
 			b.SetParallelism(64) // 64 x GOMAXPROCS goroutines
 			var next atomic.Int64
 			p0, c0 := e.store.pipelines.Load(), e.store.batched.Load()
+			cpu0 = redisCPU(b)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				bs := bucketsFor(int(next.Add(1)), n)
