@@ -136,7 +136,7 @@ type ruleState struct {
 // counts its lowered writes from 0, and no record of the old one is held.
 func (st *ruleState) newLedger() {
 	st.lowered = 0
-	clear(st.holds.held)
+	st.holds.clear()
 }
 
 // New returns an agent. It does nothing until Start. store is the region's
