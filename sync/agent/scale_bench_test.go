@@ -256,7 +256,7 @@ func agentHeap() (float64, []heapSite) {
 func queuedReports(s *stack) float64 {
 	total := 0.0
 	for _, n := range s.names {
-		total += float64(s.regions[n].agent.queued.Load())
+		total += float64(s.regions[n].agent.inbox.queued())
 	}
 	return total
 }
