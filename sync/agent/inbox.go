@@ -21,7 +21,7 @@ import "sync"
 // also keeps the acknowledgements the loop reads fresh, which is what
 // holds the peers' leases (ledger.Tick fences on a lapsed lease).
 //
-// The budget (limit): per sender queued, 5/4 of the largest report message
+// The budget (limit): per sender with messages queued, 5/4 of the largest report message
 // this agent published recently (all parts of one, peakPublished: a peer
 // of the same rules sends reports of about the same size, so a full report
 // of each sender fits with a partial one behind it), and at least
@@ -42,6 +42,11 @@ type senderQueue struct {
 
 // minQueueBytes is the least budget per sender.
 const minQueueBytes = 4 << 20
+
+// maxQueued bounds the messages queued whatever their senders (the budget
+// grows with the senders, and without signatures every subject token is
+// one): past it the oldest message of all goes.
+const maxQueued = 1024
 
 func newInbox() *inbox {
 	return &inbox{senders: map[string]*senderQueue{}, ready: make(chan struct{}, 1)}
@@ -78,12 +83,10 @@ func (b *inbox) push(q queuedReport, published int64) (dropped []queuedReport) {
 		if big == nil {
 			break // one message of each sender: kept
 		}
-		old := big.q[0]
-		big.q[0] = queuedReport{}
-		big.q = big.q[1:]
-		big.bytes -= int64(len(old.data))
-		b.n, b.bytes = b.n-1, b.bytes-int64(len(old.data))
-		dropped = append(dropped, old)
+		dropped = append(dropped, b.drop(big))
+	}
+	for b.n > maxQueued { // senders without number (a subject token each, unsigned)
+		dropped = append(dropped, b.drop(b.oldest()))
 	}
 	b.mu.Unlock()
 	select {
@@ -93,28 +96,41 @@ func (b *inbox) push(q queuedReport, published int64) (dropped []queuedReport) {
 	return dropped
 }
 
+// oldest is the sender of the oldest queued message (nil: none).
+func (b *inbox) oldest() *senderQueue {
+	var first *senderQueue
+	for _, s := range b.senders {
+		if first == nil || s.q[0].seq < first.q[0].seq {
+			first = s
+		}
+	}
+	return first
+}
+
+// drop removes s's oldest message and returns it; a sender whose last
+// message goes is forgotten (only senders with messages are kept).
+func (b *inbox) drop(s *senderQueue) queuedReport {
+	q := s.q[0]
+	s.q[0] = queuedReport{}
+	s.q = s.q[1:]
+	s.bytes -= int64(len(q.data))
+	b.n, b.bytes = b.n-1, b.bytes-int64(len(q.data))
+	if len(s.q) == 0 {
+		delete(b.senders, q.from)
+	}
+	return q
+}
+
 // pop takes the oldest queued message, if any, and signals ready again
 // while more wait.
 func (b *inbox) pop() (queuedReport, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var first *senderQueue
-	for _, s := range b.senders {
-		if len(s.q) > 0 && (first == nil || s.q[0].seq < first.q[0].seq) {
-			first = s
-		}
-	}
+	first := b.oldest()
 	if first == nil {
 		return queuedReport{}, false
 	}
-	q := first.q[0]
-	first.q[0] = queuedReport{}
-	first.q = first.q[1:]
-	if len(first.q) == 0 {
-		first.q = nil // the backing array goes with the last message
-	}
-	first.bytes -= int64(len(q.data))
-	b.n, b.bytes = b.n-1, b.bytes-int64(len(q.data))
+	q := b.drop(first)
 	if b.n > 0 {
 		select {
 		case b.ready <- struct{}{}:

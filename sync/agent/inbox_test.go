@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 )
 
@@ -50,5 +51,29 @@ func TestInboxBudget(t *testing.T) {
 	case <-b.ready:
 	default:
 		t.Fatal("no ready signal after pushes")
+	}
+}
+
+// TestInboxSenders: a sender whose messages are all taken is forgotten,
+// and the messages of many senders are bounded in number (maxQueued).
+func TestInboxSenders(t *testing.T) {
+	b := newInbox()
+	for i := 0; i < 2*maxQueued; i++ {
+		b.push(queuedReport{from: fmt.Sprint("s", i), data: []byte{1}}, 0)
+	}
+	if b.n != maxQueued || len(b.senders) != maxQueued {
+		t.Fatalf("%d messages of %d senders queued, want %d", b.n, len(b.senders), maxQueued)
+	}
+	q, _ := b.pop()
+	if q.from != fmt.Sprint("s", maxQueued) { // the oldest of those left
+		t.Fatalf("popped %q first", q.from)
+	}
+	for {
+		if _, ok := b.pop(); !ok {
+			break
+		}
+	}
+	if len(b.senders) != 0 || b.queued() != 0 {
+		t.Fatalf("%d senders, %d bytes left", len(b.senders), b.queued())
 	}
 }
