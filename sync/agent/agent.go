@@ -37,7 +37,6 @@ const (
 const (
 	logEvery     = 10 * time.Second
 	maxBackoff   = 10 * time.Second
-	reportQueue  = 1024
 	writeWorkers = 16
 )
 
@@ -72,9 +71,12 @@ type Agent struct {
 	groups  map[string]string // rule -> group id (groupOf), guarded by usageMu
 
 	rulesCh chan []rules.Rule // latest rule set, capacity 1
-	reports chan queuedReport
-	queued  atomic.Int64 // bytes of the reports in the queue
+	inbox   *inbox            // peers' reports for the loop (inbox.go)
 	results chan func(context.Context)
+	// peakPublished is the largest report message published lately (all
+	// its parts), decaying (tick): the inbox's budget follows it.
+	peakPublished atomic.Int64
+	published     int64 // the largest of this tick (loop)
 
 	snapMu sync.Mutex
 	incs   map[string]uint64 // rule -> incarnation (0: none), guarded by snapMu
@@ -136,7 +138,7 @@ type ruleState struct {
 // counts its lowered writes from 0, and no record of the old one is held.
 func (st *ruleState) newLedger() {
 	st.lowered = 0
-	clear(st.holds.held)
+	st.holds.clear()
 }
 
 // New returns an agent. It does nothing until Start. store is the region's
@@ -165,7 +167,7 @@ func New(cfg Config, store Store, nc *nats.Conn, reg Registry, src rules.Source)
 		ver:       wire.NewVerifier(cfg.PeerKeys, cfg.InsecureUnsigned),
 		logs:      logsample.New(cfg.Logger, logEvery),
 		rulesCh:   make(chan []rules.Rule, 1),
-		reports:   make(chan queuedReport, reportQueue),
+		inbox:     newInbox(),
 		results:   make(chan func(context.Context), 64),
 		incs:      map[string]uint64{},
 		rules:     map[string]*ruleState{},

@@ -226,8 +226,13 @@
 //     only the keys it answers with; the tick itself only counts the
 //     coordinated keys for the gauge.
 //   - Reports wait for the loop in their encoded form, verified on the
-//     NATS goroutine and decoded by the loop one at a time, at most
-//     reportQueue messages.
+//     NATS goroutine and decoded by the loop one at a time, within a byte
+//     budget (inbox.go: per sender 5/4 of the largest report this agent
+//     published lately, at least 4 MiB; 1,024 messages at most); past it
+//     the oldest reports of the sender holding the most are dropped
+//     (reason overflow), never a sender's newest unless past the count. Reports are cumulative, so a drop costs time only:
+//     what it said comes back with the sender's next full report, within
+//     FullEvery intervals.
 //   - Shards: more than one needs a Redis Cluster; every shard receives
 //     every usage delta of its region and drops the others' (no per-shard
 //     usage subject: the enforcers would need the layout); a shard's

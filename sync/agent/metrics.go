@@ -19,7 +19,7 @@ const (
 	ReasonStale       = driver.ReasonStale
 	ReasonFrozen      = driver.ReasonFrozen
 	ReasonBackwards   = driver.ReasonBackwards
-	ReasonOverflow    = "overflow" // the agent's input queue was full
+	ReasonOverflow    = "overflow" // dropped from the report queue for a newer report of its sender (inbox.go)
 	ReasonOther       = driver.ReasonOther
 )
 

@@ -42,10 +42,13 @@ func (p ports) Publish(m wire.Message) {
 		a.logs.Log(slog.LevelError, "encode", "cannot encode reports", logKeyErr, err)
 		return
 	}
+	var total int64
+	defer func() { a.published = max(a.published, total) }()
 	for part := range parts {
 		if a.cfg.Signer != nil {
 			part = a.cfg.Signer.Seal(part)
 		}
+		total += int64(len(part))
 		if err := a.nc.Publish(a.cfg.Shard.ReportSubject(a.cfg.Region), part); err != nil {
 			a.logs.Log(slog.LevelWarn, "publish", "report publish failed (the ledger tolerates loss)", logKeyErr, err)
 			continue

@@ -51,6 +51,7 @@ func (a *Agent) onUsage(b usage.Batch) {
 type queuedReport struct {
 	from string
 	data []byte // the report message (wire.Verifier.Verify's result)
+	seq  uint64 // arrival order (inbox)
 }
 
 // onReport runs on the NATS delivery goroutine: it verifies and queues.
@@ -66,19 +67,18 @@ func (a *Agent) onReport(msg *nats.Msg) {
 		a.reject(openReason(err), from, "", err)
 		return
 	}
-	select {
-	case a.reports <- queuedReport{from, data}:
-		a.queued.Add(int64(len(data)))
-	default:
-		a.reject(ReasonOverflow, from, "", errors.New("report queue full"))
+	for _, d := range a.inbox.push(queuedReport{from: from, data: data}, a.peakPublished.Load()) {
+		a.reject(ReasonOverflow, d.from, "", errOverflow)
 	}
 }
+
+// errOverflow is the error of a report the inbox dropped for a newer one.
+var errOverflow = errors.New("report queue over its byte budget: the sender's oldest report dropped")
 
 // receive decodes a queued report on the loop goroutine and merges it into
 // the ledgers; a message that does not decode, or names a rule of another
 // shard's group, is dropped whole.
 func (a *Agent) receive(q queuedReport) {
-	a.queued.Add(-int64(len(q.data)))
 	m, err := wire.DecodeFrom(q.from, q.data)
 	if err != nil {
 		a.reject(openReason(err), q.from, "", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/apportion/apportion/regional/redisstore"
@@ -57,9 +58,50 @@ func recordHold(cfg Config) time.Duration {
 
 // recordHolds is a rule's records to write again.
 type recordHolds struct {
-	held       map[string]heldRecord // by key: the store confirmed it
-	refreshing bool                  // a refresh is in flight
-	next       time.Time             // no record is due before (zero: none held)
+	held       map[string]heldRecord    // by key: the store confirmed it
+	tmpls      []redisstore.ShareRecord // the records' templates (heldRecord.tmpl)
+	refreshing bool                     // a refresh is in flight
+	next       time.Time                // no record is due before (zero: none held)
+}
+
+// maxTemplates bounds tmpls before it is compacted to the templates in use
+// (a template per rule setting and incarnation: a new one only when the
+// rule's parameters change).
+const maxTemplates = 64
+
+// template returns the index of t in h.tmpls, adding it if it is not there.
+func (h *recordHolds) template(t redisstore.ShareRecord) uint32 {
+	for i := len(h.tmpls) - 1; i >= 0; i-- { // the newest first: the likeliest
+		if h.tmpls[i] == t {
+			return uint32(i)
+		}
+	}
+	if len(h.tmpls) >= maxTemplates {
+		h.compact()
+	}
+	h.tmpls = append(h.tmpls, t)
+	return uint32(len(h.tmpls) - 1)
+}
+
+// compact drops the templates no held record uses (one pass over them).
+func (h *recordHolds) compact() {
+	used := make([]int, len(h.tmpls)) // old index -> new index + 1
+	var keep []redisstore.ShareRecord
+	for k, r := range h.held {
+		if used[r.tmpl] == 0 {
+			keep = append(keep, h.tmpls[r.tmpl])
+			used[r.tmpl] = len(keep)
+		}
+		r.tmpl = uint32(used[r.tmpl] - 1)
+		h.held[k] = r
+	}
+	h.tmpls = keep
+}
+
+// clear forgets every record held.
+func (h *recordHolds) clear() {
+	clear(h.held)
+	h.tmpls = nil
 }
 
 // dueBy lowers next to t.
@@ -70,22 +112,31 @@ func (h *recordHolds) dueBy(t time.Time) {
 }
 
 // heldRecord is a record the store confirmed and when it was last written,
-// compact (one per key held, so its size counts per key): what the
-// records of one write differ in (units, version) and a template shared by
-// the records of that write for the rest (the rule's parameters, the
-// incarnation, the Hold).
+// compact (one per key held, so its size counts per key: 24 bytes, a map
+// entry of 40 with the key): what the records of one write differ in
+// (units, version) and the index of a template shared by the records of
+// that write for the rest (the rule's parameters, the incarnation, the
+// Hold), and the time of the write in whole seconds since the agent's
+// start, rounded down (a record is then refreshed up to a second early,
+// never late).
 type heldRecord struct {
-	tmpl  *redisstore.ShareRecord // Key, Seq and Units zero
 	seq   uint64
 	units int64
-	at    time.Duration // since the agent's start
+	at    uint32 // seconds since the agent's start (heldAt)
+	tmpl  uint32 // index in recordHolds.tmpls; Key, Seq and Units zero
 }
 
+// heldAt is t, a time since the agent's start, in heldRecord.at's unit.
+func heldAt(t time.Duration) uint32 { return uint32(min(t/time.Second, math.MaxUint32)) }
+
+// since is h.at as a time since the agent's start.
+func (h heldRecord) since() time.Duration { return time.Duration(h.at) * time.Second }
+
 // record returns the record held for key.
-func (h heldRecord) record(key string) redisstore.ShareRecord {
-	r := *h.tmpl
-	r.Key, r.Seq, r.Units = key, h.seq, h.units
-	return r
+func (h *recordHolds) record(key string, r heldRecord) redisstore.ShareRecord {
+	rec := h.tmpls[r.tmpl]
+	rec.Key, rec.Seq, rec.Units = key, r.seq, r.units
+	return rec
 }
 
 // holdRecords gives recs the agent's Hold.
@@ -105,8 +156,9 @@ func (a *Agent) noteHeld(st *ruleState, recs []redisstore.ShareRecord, vs []redi
 		st.holds.held = map[string]heldRecord{}
 	}
 	st.holds.dueBy(at.Add(recordHold(a.cfg) / 2))
-	since := at.Sub(a.start)
-	var tmpl *redisstore.ShareRecord
+	since := heldAt(at.Sub(a.start))
+	var tmpl redisstore.ShareRecord
+	ti := -1
 	for i, r := range recs {
 		if i >= len(vs) || !holdsAt(r, vs[i]) {
 			continue
@@ -117,10 +169,10 @@ func (a *Agent) noteHeld(st *ruleState, recs []redisstore.ShareRecord, vs []redi
 		}
 		t := r
 		t.Key, t.Seq, t.Units = "", 0, 0
-		if tmpl == nil || *tmpl != t {
-			tmpl = &t
+		if ti < 0 || tmpl != t {
+			tmpl, ti = t, int(st.holds.template(t))
 		}
-		st.holds.held[r.Key] = heldRecord{tmpl: tmpl, seq: r.Seq, units: r.Units, at: since}
+		st.holds.held[r.Key] = heldRecord{tmpl: uint32(ti), seq: r.Seq, units: r.Units, at: since}
 	}
 }
 
@@ -164,8 +216,8 @@ func (a *Agent) refreshHeld(ctx context.Context) {
 		var recs []redisstore.ShareRecord
 		st.holds.next = time.Time{}
 		for k, h := range st.holds.held {
-			if at := a.start.Add(h.at); !at.After(due) && len(recs) < refreshBatch {
-				recs = append(recs, h.record(k))
+			if at := a.start.Add(h.since()); !at.After(due) && len(recs) < refreshBatch {
+				recs = append(recs, st.holds.record(k, h))
 			} else {
 				st.holds.dueBy(at.Add(half)) // not due yet, or past the batch (due now)
 			}
@@ -191,8 +243,8 @@ func (a *Agent) refreshHeld(ctx context.Context) {
 				// only what is still held at that version is renewed (a
 				// newer write or a new incarnation replaced the rest)
 				for i, r := range recs {
-					if h, ok := st.holds.held[r.Key]; ok && h.tmpl.Inc == r.Inc && h.seq == r.Seq && i < len(vs) && holdsAt(r, vs[i]) {
-						h.at = now.Sub(a.start)
+					if h, ok := st.holds.held[r.Key]; ok && st.holds.tmpls[h.tmpl].Inc == r.Inc && h.seq == r.Seq && i < len(vs) && holdsAt(r, vs[i]) {
+						h.at = heldAt(now.Sub(a.start))
 						st.holds.held[r.Key] = h
 					}
 				}

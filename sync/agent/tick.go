@@ -18,8 +18,10 @@ func (a *Agent) loop(ctx context.Context) {
 			return
 		case rs := <-a.rulesCh:
 			a.setRules(rs)
-		case q := <-a.reports:
-			a.receive(q)
+		case <-a.inbox.ready:
+			if q, ok := a.inbox.pop(); ok {
+				a.receive(q)
+			}
 		case fn := <-a.results:
 			fn(ctx)
 		case <-tick.C:
@@ -49,6 +51,11 @@ func (a *Agent) tick(ctx context.Context) {
 		}
 	}
 	a.drv.Tick(us)
+	// The inbox's budget: the largest report published lately, decaying by
+	// 1/64 a tick (a full report every FullEvery ticks keeps it up).
+	peak := a.peakPublished.Load()
+	a.peakPublished.Store(max(peak-peak/64, a.published))
+	a.published = 0
 	a.refreshHeld(ctx)
 	a.pollRegistry(ctx)
 	a.publishSnapshot()

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/apportion/apportion/sync/ledger"
 	"github.com/nats-io/nkeys"
 )
 
@@ -236,16 +235,8 @@ func FuzzOpen(f *testing.F) {
 	})
 }
 
-// benchMessage is a report of n keys, as BenchmarkEncode's.
-func benchMessage(b *testing.B, n int) []byte {
-	r := ledger.Report{From: "us-east", Inc: 1, Seq: 12345, Base: 450000,
-		Acks: []ledger.Ack{{Region: "ap-south", Inc: 1, Seq: 12000}, {Region: "eu-west", Inc: 1, Seq: 12001}}}
-	for i := 0; i < n; i++ {
-		r.Keys = append(r.Keys, ledger.KeyReport{Key: fmt.Sprintf("rl:{user:%06d}:orders", i), Demand: 300000, Position: 520000,
-			Gave: []ledger.Counter{{Region: "eu-west", Inc: 1, Units: 70000}}, Applied: []ledger.Counter{{Region: "ap-south", Inc: 1, Units: 1000}}})
-	}
-	return mustEncode(b, Message{From: "us-east", Rules: []RuleReport{{Rule: "orders-free", Report: r}}})
-}
+// benchMessage is a report of n keys (typicalMessage), encoded.
+func benchMessage(b *testing.B, n int) []byte { return mustEncode(b, typicalMessage(n)) }
 
 // BenchmarkOpen: verifying and decoding a signed message against decoding
 // the same message unsigned (Decode), for 1 and 1000 keys.

@@ -141,19 +141,39 @@ func EncodeSplit(m Message, maxSize int) ([][]byte, error) {
 // every FullEvery-th tick) holds one part, not all of them. Every error is
 // returned before the first part: a message either encodes whole or not
 // at all.
+//
+// Parts are cut by the sizes of their keys, computed without encoding
+// (sizer): one pass over the keys, then one encoding of each part. A part's
+// size is counted with the whole message's region table, an upper bound of
+// its own (a part's table is a subset, so its indices are no larger), so a
+// part may end a few bytes short of maxSize but never exceeds it; a key
+// whose bound alone exceeds maxSize but whose exact encoding fits travels
+// alone.
 func EncodeParts(m Message, maxSize int) (iter.Seq[[]byte], error) {
 	if err := validate(m); err != nil {
 		return nil, err
 	}
 	maxSize = min(maxSize, MaxMessageSize)
-	if b := appendMessage(nil, m.From, regionTable(m), m.Rules); len(b) <= maxSize {
-		return func(yield func([]byte) bool) { yield(b) }, nil
+	z := newSizer(m)
+	body := make([]int, len(m.Rules)) // each rule report's size, header and keys
+	total := z.header(len(m.Rules))
+	for i, rr := range m.Rules {
+		body[i] = z.ruleHeader(rr.Rule, rr.Report, len(rr.Report.Keys)) + z.keys(rr.Report.Keys)
+		total += body[i]
+	}
+	if total <= maxSize { // exact: the whole message's own table
+		return func(yield func([]byte) bool) { yield(appendMessage(make([]byte, 0, total), m.From, z.tab, m.Rules)) }, nil
 	}
 	// Cut the reports into pieces that fit alone, then pack them greedily.
-	var pieces []RuleReport
-	for _, rr := range m.Rules {
-		if size(m.From, []RuleReport{rr}) <= maxSize {
-			pieces = append(pieces, rr)
+	type piece struct {
+		rr   RuleReport
+		size int // its rule report's part of a message (bound)
+	}
+	var pieces []piece
+	one := z.header(1)
+	for i, rr := range m.Rules {
+		if one+body[i] <= maxSize {
+			pieces = append(pieces, piece{rr, body[i]})
 			continue
 		}
 		keys := rr.Report.Keys
@@ -161,59 +181,112 @@ func EncodeParts(m Message, maxSize int) (iter.Seq[[]byte], error) {
 			return nil, fmt.Errorf("%w: rule %q header does not fit in %d bytes", ErrTooLarge, rr.Rule, maxSize)
 		}
 		for len(keys) > 0 {
-			part := rr
-			part.Report.Keys = keys[:1]
-			if size(m.From, []RuleReport{part}) > maxSize {
-				return nil, fmt.Errorf("%w: rule %q key %q does not fit in %d bytes", ErrTooLarge, rr.Rule, keys[0].Key, maxSize)
-			}
-			// The largest n whose part fits: grow by doubling, then binary
-			// search between the last size that fit and the first that did
-			// not (sizes are monotone in n). O(log n) encodings of the part,
-			// not O(n): a report of 100,000 keys splits in milliseconds.
-			n, bad := 1, len(keys)+1
+			// The most keys whose part fits (sizes grow with the keys).
+			n, sum := 0, 0
 			for n < len(keys) {
-				next := min(len(keys), 2*n)
-				part.Report.Keys = keys[:next]
-				if size(m.From, []RuleReport{part}) > maxSize {
-					bad = next
+				ks := z.key(keys[n])
+				if one+z.ruleHeader(rr.Rule, rr.Report, n+1)+sum+ks > maxSize {
 					break
 				}
-				n = next
+				n, sum = n+1, sum+ks
 			}
-			for bad-n > 1 {
-				mid := n + (bad-n)/2
-				part.Report.Keys = keys[:mid]
+			part := rr
+			if n == 0 {
+				part.Report.Keys = keys[:1]
 				if size(m.From, []RuleReport{part}) > maxSize {
-					bad = mid
-				} else {
-					n = mid
+					return nil, fmt.Errorf("%w: rule %q key %q does not fit in %d bytes", ErrTooLarge, rr.Rule, keys[0].Key, maxSize)
 				}
+				n, sum = 1, maxSize // fits alone, exactly: travels alone
 			}
 			part.Report.Keys = keys[:n]
-			pieces = append(pieces, part)
+			pieces = append(pieces, piece{part, z.ruleHeader(rr.Rule, rr.Report, n) + sum})
 			keys = keys[n:]
 		}
 	}
 	return func(yield func([]byte) bool) {
 		var cur []RuleReport
+		sum := 0
 		flush := func() bool {
 			if len(cur) == 0 {
 				return true
 			}
 			sub := Message{From: m.From, Rules: cur}
-			cur = nil
-			return yield(appendMessage(nil, m.From, regionTable(sub), sub.Rules))
+			buf := make([]byte, 0, min(z.header(len(cur))+sum, maxSize)) // the bound: no growth
+			cur, sum = nil, 0
+			return yield(appendMessage(buf, m.From, regionTable(sub), sub.Rules))
 		}
 		for _, p := range pieces {
-			if len(cur) > 0 && size(m.From, append(slices.Clip(cur), p)) > maxSize && !flush() {
+			if len(cur) > 0 && z.header(len(cur)+1)+sum+p.size > maxSize && !flush() {
 				return
 			}
-			cur = append(cur, p)
+			cur = append(cur, p.rr)
+			sum += p.size
 		}
 		flush()
 	}, nil
 }
 
+// sizer computes encoded sizes without encoding, with the region table of
+// one message (indices into it).
+type sizer struct {
+	from string
+	tab  []string
+}
+
+func newSizer(m Message) sizer { return sizer{m.From, regionTable(m)} }
+
+func (z sizer) idx(name string) int {
+	i, _ := slices.BinarySearch(z.tab, name)
+	return bincode.UvarintLen(uint64(i))
+}
+
+// header is the size of a message's header with nrules rule reports.
+func (z sizer) header(nrules int) int {
+	n := 1 + bincode.StringLen(z.from) + bincode.UvarintLen(uint64(len(z.tab))) + bincode.UvarintLen(uint64(nrules))
+	for _, r := range z.tab {
+		n += bincode.StringLen(r)
+	}
+	return n
+}
+
+// ruleHeader is the size of a rule report's header with nkeys keys (the
+// keys not included).
+func (z sizer) ruleHeader(rule string, r ledger.Report, nkeys int) int {
+	n := bincode.StringLen(rule) + bincode.UvarintLen(r.Inc) + bincode.UvarintLen(r.Seq) + varintLen(r.Base)
+	n += bincode.UvarintLen(uint64(len(r.Acks)))
+	for _, a := range r.Acks {
+		n += z.idx(a.Region) + bincode.UvarintLen(a.Inc) + bincode.UvarintLen(a.Seq) + 1
+	}
+	n += bincode.UvarintLen(uint64(len(r.Closes)))
+	for _, c := range r.Closes {
+		n += bincode.StringLen(c.Key) + z.idx(c.Region) + bincode.UvarintLen(c.Inc) + bincode.UvarintLen(c.Retire)
+	}
+	return n + bincode.UvarintLen(uint64(nkeys))
+}
+
+func (z sizer) keys(ks []ledger.KeyReport) int {
+	n := 0
+	for _, k := range ks {
+		n += z.key(k)
+	}
+	return n
+}
+
+func (z sizer) key(k ledger.KeyReport) int {
+	n := bincode.StringLen(k.Key) + varintLen(k.Demand) + varintLen(k.Position) + bincode.UvarintLen(k.Retire)
+	for _, cs := range [2][]ledger.Counter{k.Gave, k.Applied} {
+		n += bincode.UvarintLen(uint64(len(cs)))
+		for _, c := range cs {
+			n += z.idx(c.Region) + bincode.UvarintLen(c.Inc) + varintLen(c.Units)
+		}
+	}
+	return n
+}
+
+// varintLen is the length of binary.AppendVarint(nil, v).
+func varintLen(v int64) int { return bincode.UvarintLen(uint64(v)<<1 ^ uint64(v>>63)) }
+
+// size is the exact encoded size of a message of rs.
 func size(from string, rs []RuleReport) int {
 	return len(appendMessage(nil, from, regionTable(Message{From: from, Rules: rs}), rs))
 }
@@ -245,9 +318,11 @@ func validate(m Message) error {
 			if long(k.Key) {
 				return fmt.Errorf("%w: rule %q: key longer than %d bytes", ErrInvalid, rr.Rule, MaxStringLen)
 			}
-			for _, c := range append(slices.Clip(k.Gave), k.Applied...) {
-				if long(c.Region) {
-					return fmt.Errorf("%w: region longer than %d bytes", ErrInvalid, MaxStringLen)
+			for _, cs := range [2][]ledger.Counter{k.Gave, k.Applied} {
+				for _, c := range cs {
+					if long(c.Region) {
+						return fmt.Errorf("%w: region longer than %d bytes", ErrInvalid, MaxStringLen)
+					}
 				}
 			}
 		}
@@ -255,27 +330,33 @@ func validate(m Message) error {
 	return nil
 }
 
-// regionTable returns the sorted, unique regions the acks and counters name.
+// regionTable returns the sorted, unique regions the acks and counters
+// name. It allocates the table only: a region is looked up in it (a few
+// entries) before it is added, not collected once per counter.
 func regionTable(m Message) []string {
 	var tab []string
+	add := func(name string) {
+		if i, found := slices.BinarySearch(tab, name); !found {
+			tab = slices.Insert(tab, i, name)
+		}
+	}
 	for _, rr := range m.Rules {
 		for _, a := range rr.Report.Acks {
-			tab = append(tab, a.Region)
+			add(a.Region)
 		}
 		for _, c := range rr.Report.Closes {
-			tab = append(tab, c.Region)
+			add(c.Region)
 		}
 		for _, k := range rr.Report.Keys {
 			for _, c := range k.Gave {
-				tab = append(tab, c.Region)
+				add(c.Region)
 			}
 			for _, c := range k.Applied {
-				tab = append(tab, c.Region)
+				add(c.Region)
 			}
 		}
 	}
-	slices.Sort(tab)
-	return slices.Compact(tab)
+	return tab
 }
 
 func appendMessage(buf []byte, from string, tab []string, rs []RuleReport) []byte {

@@ -233,13 +233,7 @@ func FuzzDecode(f *testing.F) {
 // BenchmarkEncode reports bytes per key for a typical 3-region report: every
 // key with one gift counter and one applied counter.
 func BenchmarkEncode(b *testing.B) {
-	r := ledger.Report{From: "us-east", Inc: 1, Seq: 12345, Base: 450000,
-		Acks: []ledger.Ack{{Region: "ap-south", Inc: 1, Seq: 12000}, {Region: "eu-west", Inc: 1, Seq: 12001}}}
-	for i := 0; i < 1000; i++ {
-		r.Keys = append(r.Keys, ledger.KeyReport{Key: fmt.Sprintf("rl:{user:%06d}:orders", i), Demand: 300000, Position: 520000,
-			Gave: []ledger.Counter{{Region: "eu-west", Inc: 1, Units: 70000}}, Applied: []ledger.Counter{{Region: "ap-south", Inc: 1, Units: 1000}}})
-	}
-	m := Message{From: "us-east", Rules: []RuleReport{{Rule: "orders-free", Report: r}}}
+	m := typicalMessage(1000)
 	var n int
 	for b.Loop() {
 		buf, err := Encode(m)
@@ -249,4 +243,52 @@ func BenchmarkEncode(b *testing.B) {
 		n = len(buf)
 	}
 	b.ReportMetric(float64(n)/1000, "bytes/key")
+}
+
+// TestSizerExact: the sizes EncodeParts cuts by are the encoding's, with
+// the message's own region table.
+func TestSizerExact(t *testing.T) {
+	rng := rand.New(rand.NewSource(5))
+	for i := 0; i < 500; i++ {
+		m := randMessage(rng)
+		b, err := Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		z := newSizer(m)
+		n := z.header(len(m.Rules))
+		for _, rr := range m.Rules {
+			n += z.ruleHeader(rr.Rule, rr.Report, len(rr.Report.Keys)) + z.keys(rr.Report.Keys)
+		}
+		if n != len(b) {
+			t.Fatalf("case %d: sizer %d bytes, encoding %d", i, n, len(b))
+		}
+	}
+}
+
+// BenchmarkEncodeParts splits a report of 100,000 keys (a full report of
+// BenchmarkAgent100kKeys) into parts of at most 1 MiB, every part taken.
+func BenchmarkEncodeParts(b *testing.B) {
+	m := typicalMessage(100_000)
+	b.ReportAllocs()
+	for b.Loop() {
+		parts, err := EncodeParts(m, 1<<20)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for range parts {
+		}
+	}
+}
+
+// typicalMessage is a typical 3-region report of keys keys, every key with
+// one gift counter and one applied counter.
+func typicalMessage(keys int) Message {
+	r := ledger.Report{From: "us-east", Inc: 1, Seq: 12345, Base: 450000,
+		Acks: []ledger.Ack{{Region: "ap-south", Inc: 1, Seq: 12000}, {Region: "eu-west", Inc: 1, Seq: 12001}}}
+	for i := 0; i < keys; i++ {
+		r.Keys = append(r.Keys, ledger.KeyReport{Key: fmt.Sprintf("rl:{user:%06d}:orders", i), Demand: 300000, Position: 520000,
+			Gave: []ledger.Counter{{Region: "eu-west", Inc: 1, Units: 70000}}, Applied: []ledger.Counter{{Region: "ap-south", Inc: 1, Units: 1000}}})
+	}
+	return Message{From: "us-east", Rules: []RuleReport{{Rule: "orders-free", Report: r}}}
 }
