@@ -47,8 +47,10 @@ type Config struct {
 	MinShare float64
 	// Interval is the sync interval: Tick is called once per Interval (default 250ms).
 	Interval time.Duration
-	// Lease is L: a region whose reports no peer has acknowledged within L fences
-	// itself (default 3s). Must exceed RTT + 2 Interval + StoreTimeout comfortably.
+	// Lease is L: among three regions or more, a region whose reports no peer
+	// has acknowledged within L fences itself (with one or two it never does:
+	// see the package doc, invariant 3); the marker's store lease is at most L
+	// (default 3s). Must exceed RTT + 2 Interval + StoreTimeout comfortably.
 	Lease time.Duration
 	// Rho bounds every clock's rate error: rates are within [1-Rho, 1+Rho] (default 0.01).
 	Rho float64
