@@ -55,7 +55,10 @@
 //     second do not swing it, and silence caps it: demand.go), compute
 //     targets with the injected Allocator over the live regions (heard within
 //     Lease, not frozen) from their last reported positions plus our own gifts
-//     in flight, round them to whole tokens when Quantum is set (a region
+//     in flight (with Quantum, wants that all lie within EvenBand below
+//     their fair shares count as the fair shares: demand within noise of an
+//     even split keeps the static split, and nothing moves or is clamped on
+//     that noise), round them to whole tokens when Quantum is set (a region
 //     below one token of capacity admits nothing; a region holding a token
 //     keeps it unless another wants KeepToken times more, since a move
 //     throws the holder's banked tokens away), and give our excess over

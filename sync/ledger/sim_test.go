@@ -710,6 +710,7 @@ func (s *sim) run(until int64) {
 func (s *sim) restTargets(key string, wants []Want, pool int64) ([]int64, bool) {
 	for i := range wants {
 		if wants[i].Demand != 0 {
+			s.cfg.evenBand(pool, wants) // as give
 			return s.cfg.Allocate(pool, wants), false
 		}
 	}
