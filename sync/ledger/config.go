@@ -95,7 +95,8 @@ type Config struct {
 	// of a few tokens on noise in the estimates costs more than it gains.
 	// Default 3; 0 or 1 disables.
 	KeepToken float64
-	// EvenBand is the dead band of small limits (with Quantum): when every
+	// EvenBand is the dead band of small limits (with Quantum, and a rate
+	// slow enough for DemandTokens to slow the estimate): when every
 	// live region wants at least 1-EvenBand of its fair share (its weight's
 	// part of the pool), the wants count as the fair shares, so the targets
 	// are the static split by weight (Config.evenBand). With even demand a
@@ -103,8 +104,10 @@ type Config struct {
 	// (10 at 4 regions: a standard deviation of about 30%), and a dip below
 	// the fair share moved a fraction of a token back and forth, each move
 	// clamping the giver's banked tokens away: in limit-10-per-second 10 of
-	// the 20 requests the ledger admitted below the static split. Default
-	// 0.35; 0 disables.
+	// the 20 requests the ledger admitted below the static split. Faster
+	// limits, whose estimates are not that noisy, follow their demand as
+	// it is (follow-the-sun, 100/s: 94.80% with the band, 94.93% without).
+	// Default 0.35; 0 disables.
 	EvenBand float64
 	// Allocate computes targets (default WaterFill).
 	Allocate Allocator
@@ -119,14 +122,16 @@ func (c Config) wholeTokens(targets, floors, demand, held []int64) []int64 {
 }
 
 // evenBand applies EvenBand to wants (demand above the floors, in units,
-// of the live regions sharing pool): with a Quantum, if every want is at
+// of the live regions sharing pool) of a key whose limit is rate per
+// second: with a Quantum and an estimate slowed by DemandTokens (a few
+// requests per averaging window: below about 110/s by default), if every want is at
 // least 1-EvenBand of its fair share pool*weight/sum(weights), the wants
 // below their fair share are raised to it, and the allocator then returns
 // the split by weight. It depends only on the wants, like the allocator, so
 // targets stay a function of the reported state (give and the tests'
 // convergence check both use it).
-func (c Config) evenBand(pool int64, wants []Want) {
-	if c.Quantum <= 1 || !(c.EvenBand > 0) || pool <= 0 {
+func (c Config) evenBand(pool int64, wants []Want, rate float64) {
+	if _, slow := c.demandWeight(c.Interval.Seconds(), rate); !slow || c.Quantum <= 1 || !(c.EvenBand > 0) || pool <= 0 {
 		return
 	}
 	var sumW float64

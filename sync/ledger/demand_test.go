@@ -121,7 +121,7 @@ func TestEvenBand(t *testing.T) {
 		return out
 	}
 	split := func(c Config, ws []Want) []int64 {
-		c.evenBand(pool, ws)
+		c.evenBand(pool, ws, 10) // 10/s: the estimate is slowed
 		return c.Allocate(pool, ws)
 	}
 	// Four regions each asking about 0.4 of the limit, one estimate dipping
@@ -138,6 +138,10 @@ func TestEvenBand(t *testing.T) {
 	big.Quantum = 0
 	if got := split(big, w(400_000, 190_000, 420_000, 380_000)); got[1] != 190_000 {
 		t.Fatalf("no quantum: %v, want 190000 for region 1", got)
+	}
+	// A fast limit (1000/s, 10 tokens) follows its estimates as they are.
+	if got := cfg.Allocate(pool, func() []Want { ws := w(400_000, 190_000, 420_000, 380_000); cfg.evenBand(pool, ws, 1000); return ws }()); got[1] != 190_000 {
+		t.Fatalf("fast limit: %v, want 190000 for region 1", got)
 	}
 	// Disabled.
 	off := cfg

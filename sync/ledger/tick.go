@@ -134,7 +134,7 @@ func (l *Ledger) give(k *key, now time.Duration) {
 	}
 	rest := l.restWants(idx, wants) // retire.go: nobody wants more than its floor
 	if !rest {
-		l.cfg.evenBand(pool, wants)
+		l.cfg.evenBand(pool, wants, k.rate)
 	}
 	tg := l.cfg.Allocate(pool, wants)
 	if len(tg) != len(idx) {
