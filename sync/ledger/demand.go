@@ -48,11 +48,7 @@ const SilenceTokens = 5
 func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 	inst := float64(k.used) / dt * float64(l.cfg.Units) / k.rate
 	old := int64(k.demand)
-	a := 1.0
-	if h := l.cfg.HalfLife.Seconds(); h > 0 {
-		a = -math.Expm1(-dt / h * math.Ln2) // 1 - 2^(-dt/h)
-	}
-	slow := l.cfg.DemandTokens > 0 && dt*k.rate/l.cfg.DemandTokens < a
+	a, slow := l.cfg.demandWeight(dt, k.rate)
 	if slow {
 		a = dt * k.rate / l.cfg.DemandTokens
 	}
@@ -79,4 +75,16 @@ func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 	if int64(k.demand) != old {
 		k.dirty = true
 	}
+}
+
+// demandWeight is the half-life's EWMA weight of an interval of dt seconds,
+// 1-2^(-dt/HalfLife), and whether DemandTokens slows it for a limit of rate
+// per second (dt*rate/DemandTokens below it: the estimate then averages
+// over about DemandTokens requests' worth of the limit).
+func (c Config) demandWeight(dt, rate float64) (float64, bool) {
+	a := 1.0
+	if h := c.HalfLife.Seconds(); h > 0 {
+		a = -math.Expm1(-dt / h * math.Ln2) // 1 - 2^(-dt/h)
+	}
+	return a, c.DemandTokens > 0 && dt*rate/c.DemandTokens < a
 }

@@ -105,3 +105,48 @@ func TestDemandFastLimitUnchanged(t *testing.T) {
 		t.Fatalf("first estimate %d, want %d (half the first sample: one half-life)", got, want)
 	}
 }
+
+// TestEvenBand: with a Quantum, wants that all lie within EvenBand below
+// their fair shares (or above) become the split by weight; one want below
+// the band, or no Quantum, leaves them to the allocator as they are.
+func TestEvenBand(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Quantum = cfg.Units / 10 // 10 tokens
+	const pool = 1_000_000
+	w := func(d ...int64) []Want {
+		out := make([]Want, len(d))
+		for i, x := range d {
+			out[i] = Want{Weight: 1, Demand: x}
+		}
+		return out
+	}
+	split := func(c Config, ws []Want) []int64 {
+		c.evenBand(pool, ws, 10) // 10/s: the estimate is slowed
+		return c.Allocate(pool, ws)
+	}
+	// Four regions each asking about 0.4 of the limit, one estimate dipping
+	// to 0.19 (fair share 0.25, band down to 0.1625): the static split.
+	if got := split(cfg, w(400_000, 190_000, 420_000, 380_000)); got[0] != 250_000 || got[1] != 250_000 || got[2] != 250_000 || got[3] != 250_000 {
+		t.Fatalf("even demand with a dip: %v, want the static split", got)
+	}
+	// A region clearly below (0.1 < 0.1625) gets what it wants.
+	if got := split(cfg, w(400_000, 100_000, 420_000, 380_000)); got[1] != 100_000 {
+		t.Fatalf("low demand: %v, want 100000 for region 1", got)
+	}
+	// Without a Quantum (a large limit) the dip is followed.
+	big := cfg
+	big.Quantum = 0
+	if got := split(big, w(400_000, 190_000, 420_000, 380_000)); got[1] != 190_000 {
+		t.Fatalf("no quantum: %v, want 190000 for region 1", got)
+	}
+	// A fast limit (1000/s, 10 tokens) follows its estimates as they are.
+	if got := cfg.Allocate(pool, func() []Want { ws := w(400_000, 190_000, 420_000, 380_000); cfg.evenBand(pool, ws, 1000); return ws }()); got[1] != 190_000 {
+		t.Fatalf("fast limit: %v, want 190000 for region 1", got)
+	}
+	// Disabled.
+	off := cfg
+	off.EvenBand = 0
+	if got := split(off, w(400_000, 190_000, 420_000, 380_000)); got[1] != 190_000 {
+		t.Fatalf("EvenBand 0: %v, want 190000 for region 1", got)
+	}
+}

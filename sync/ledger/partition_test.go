@@ -83,11 +83,15 @@ func partitionSim(t *testing.T, seed int64, regions int) *sim {
 	return s
 }
 
-// TestTwoRegionPartition: two regions, each side loses its lease and fences
-// at the same moment; during the cut both hold their floors; after the heal
-// the shares reach the targets within healBound. Partitions shorter and
-// longer than the reclaim wait, so that the reclaims complete after the heal
-// or during the cut.
+// TestTwoRegionPartition: two regions cut apart for less and for more than
+// the reclaim wait. Neither side can be frozen by silence (its only peer is
+// the other side, which has no live peer to acknowledge it), so neither
+// fences: each keeps enforcing the position it held once the gifts in
+// flight at the cut have settled, above its floor, for the whole cut (the
+// harness checks at every step that the stores never enforce more than the
+// limit in sum), in its first incarnation; after the heal the shares reach
+// the targets within healBound. (Before, both fenced to their floors at the
+// lease: 74.41% utilization in two-region-partition against 99.69% now.)
 func TestTwoRegionPartition(t *testing.T) {
 	for _, cut := range []time.Duration{2 * time.Second, 10 * time.Second} {
 		var worst time.Duration
@@ -97,17 +101,25 @@ func TestTwoRegionPartition(t *testing.T) {
 			s.run(int64(3 * time.Second))
 			at := s.now
 			cutOff(s, 1)
-			s.run(at + int64(cut))
-			for _, r := range s.regions {
-				f, ok := s.fencedAt[Incarnation{r.name, 1}]
-				if !ok || time.Duration(f-at) > s.cfg.Lease+s.cfg.Interval+100*time.Millisecond {
-					t.Fatalf("seed %d: %s/1 did not fence within the lease of the cut (fenced %v, at %v)", seed, r.name, ok, time.Duration(f-at))
-				}
-			}
+			s.run(at + int64(time.Second)) // gifts in flight at the cut settle (or stay lowered)
+			held := map[string][]int64{}
 			for _, r := range s.regions {
 				for _, k := range s.keys {
-					if u := s.enforced(r, k.name); u != s.floor[r.idx] {
-						t.Fatalf("seed %d: %s enforces %d during the cut, floor %d", seed, r.name, u, s.floor[r.idx])
+					u := s.enforced(r, k.name)
+					if u <= s.floor[r.idx] {
+						t.Fatalf("seed %d: %s enforces its floor %d on %s after the cut", seed, r.name, u, k.name)
+					}
+					held[k.name] = append(held[k.name], u)
+				}
+			}
+			s.run(at + int64(cut))
+			for _, r := range s.regions {
+				if _, ok := s.fencedAt[Incarnation{r.name, 1}]; ok || r.inc != 1 {
+					t.Fatalf("seed %d: %s fenced during a two-region cut (incarnation %d)", seed, r.name, r.inc)
+				}
+				for _, k := range s.keys {
+					if u := s.enforced(r, k.name); u != held[k.name][r.idx] {
+						t.Fatalf("seed %d: %s enforces %d on %s at the end of the cut, %d after its start", seed, r.name, u, k.name, held[k.name][r.idx])
 					}
 				}
 			}

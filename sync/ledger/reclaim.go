@@ -10,10 +10,27 @@ func (l *Ledger) fence() Output {
 	return Output{Fenced: true}
 }
 
+// leaseDeadline is D, the end of the store lease this incarnation may
+// write (the package doc, invariant 3): the ack deadline among three
+// regions or more. With one or two regions it never comes: no peer can
+// freeze us by silence (see ackDeadline), so nobody can reclaim what we
+// hold while we live, and a cut-off region keeps its position instead of
+// fencing to its floor.
 func (l *Ledger) leaseDeadline() time.Duration {
-	if len(l.names) == 1 {
+	if len(l.names) <= 2 {
 		return math.MaxInt64
 	}
+	return l.ackDeadline()
+}
+
+// ackDeadline is the latest local send time of one of our reports that a
+// peer has acknowledged (or the start), plus Lease. A peer freezes us by
+// silence only while a peer acknowledges it (joined: now < its own ack
+// deadline). With two regions that peer is us: the ack that set its
+// ackDeadline came in a report of ours it heard at or after that send time,
+// so it has heard from us within Lease < ReclaimAfter, and it cannot freeze
+// us by silence.
+func (l *Ledger) ackDeadline() time.Duration {
 	d := l.started
 	for i := range l.peers {
 		if i != l.self && l.peers[i].ackedSend > d {
@@ -49,7 +66,7 @@ func (l *Ledger) joined(now time.Duration) bool {
 	for i := range l.peers {
 		acked = acked || i != l.self && l.peers[i].ackedSend > 0
 	}
-	return acked && now < l.leaseDeadline()
+	return acked && now < l.ackDeadline()
 }
 
 // payOwed applies the part of the registry's payment not applied yet.

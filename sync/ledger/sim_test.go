@@ -707,9 +707,10 @@ func (s *sim) run(until int64) {
 
 // restTargets mirrors Ledger.restWants: with no demand above the floors,
 // the bases are the wants.
-func (s *sim) restTargets(key string, wants []Want, pool int64) ([]int64, bool) {
+func (s *sim) restTargets(key string, rate float64, wants []Want, pool int64) ([]int64, bool) {
 	for i := range wants {
 		if wants[i].Demand != 0 {
+			s.cfg.evenBand(pool, wants, rate) // as give
 			return s.cfg.Allocate(pool, wants), false
 		}
 	}
@@ -760,7 +761,7 @@ func (s *sim) converged(tol int64) (bool, string) {
 			pool += p.Units - p.Floor
 			wants[i] = Want{Weight: s.specs[i].Weight, Demand: max(0, p.Demand-p.Floor)}
 		}
-		tg, rest := s.restTargets(k.name, wants, pool)
+		tg, rest := s.restTargets(k.name, k.rate, wants, pool)
 		if q := s.cfg.Quantum; q > 1 && !rest { // as the ledgers round (give)
 			dem := make([]int64, len(wants))
 			for i := range wants {

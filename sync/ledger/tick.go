@@ -133,6 +133,9 @@ func (l *Ledger) give(k *key, now time.Duration) {
 		return
 	}
 	rest := l.restWants(idx, wants) // retire.go: nobody wants more than its floor
+	if !rest {
+		l.cfg.evenBand(pool, wants, k.rate)
+	}
 	tg := l.cfg.Allocate(pool, wants)
 	if len(tg) != len(idx) {
 		return

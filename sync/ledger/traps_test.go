@@ -395,7 +395,7 @@ func TestTraps(t *testing.T) {
 		}
 		// The store lease ends, in real time, no later than the agent's own
 		// deadline, for any clock rates within rho.
-		l := newCluster(t, 2).l[0]
+		l := newCluster(t, 3).l[0] // with two regions the deadline never comes
 		rho := l.cfg.Rho
 		for _, left := range []time.Duration{100 * ms, 500 * ms, 900 * ms, 1000 * ms} {
 			now := l.leaseDeadline() - left
