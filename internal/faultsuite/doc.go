@@ -44,9 +44,10 @@
 // direction (launch.SuperClusterOptions.Dial), with two and three regions,
 // each with its own Redis, enforcer and sync agent, signed reports and load
 // on one key of a global rule: under latency and jitter the rule stays
-// served; under resets, a half-open link or a cut longer than the lease the
-// regions fall to their floors (three regions: the survivors reclaim the
-// cut one's share); in every 1 s window the regions together admit at most
+// served; under resets, a half-open link or a cut longer than the lease two
+// regions keep their positions (neither can be reclaimed by silence) and
+// stay served, and of three regions the cut one falls to its floor while
+// the survivors reclaim its share; in every 1 s window the regions together admit at most
 // the global bound (burst + rate x 1 s, plus the test clock's slack), and
 // after each fault the rule is served again within lease + 5 s.
 //
