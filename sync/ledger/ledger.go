@@ -69,7 +69,7 @@ type key struct {
 	lastUse time.Duration
 	rare    *keyRare // nil unless a store reset, a hold, a settlement, a retirement or reclaim terms concern the key
 	pairs   []pair   // one per peer region, in region order, none for this one (Ledger.pair)
-	pend    []snap
+	pend    *[]snap  // writes not yet confirmed (key.snaps); nil when none: 16 bytes a key less than a slice
 
 	// The flags and seen together, for the struct's size (a key per key
 	// in use).
@@ -90,6 +90,14 @@ type key struct {
 	idleAt  time.Duration
 }
 
+// snaps is k's writes not yet confirmed, oldest first.
+func (k *key) snaps() []snap {
+	if k.pend == nil {
+		return nil
+	}
+	return *k.pend
+}
+
 // version is the version of this incarnation with sequence seq
 // (key.wSeq, key.confSeq); Version{} for 0.
 func (l *Ledger) version(seq uint64) Version {
@@ -100,7 +108,7 @@ func (l *Ledger) version(seq uint64) Version {
 }
 
 // keyRare is what few keys need, apart so that the others do not carry it:
-// 176 bytes a key instead of 240 (the allocator's size classes).
+// 160 bytes a key instead of 240 (the allocator's size classes).
 type keyRare struct {
 	extra     int64   // paid by reclaims, beyond the base part (Payment.Keys)
 	frozen    int64   // terms of ended pairs: -Q of every frozen pair, and retired counters (retire.go)

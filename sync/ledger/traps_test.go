@@ -507,7 +507,10 @@ func snapshot(l *Ledger) Ledger {
 	for n, k := range l.keys {
 		kk := *k
 		kk.pairs = append([]pair(nil), k.pairs...)
-		kk.pend = append([]snap(nil), k.pend...)
+		if k.pend != nil {
+			ps := append([]snap(nil), *k.pend...)
+			kk.pend = &ps
+		}
 		s.keys[n] = &kk
 	}
 	s.peers = append([]peer(nil), l.peers...)
