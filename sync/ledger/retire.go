@@ -377,8 +377,9 @@ func (l *Ledger) finishRetire(k *key, now time.Duration) {
 	k.dropRare()
 	k.dirty = true
 	if l.quiet(k, now) {
-		for i := range k.pairs { // every peer's pair
-			if !zeroPair(&k.pairs[i]) {
+		ps := l.pairsOf(k)
+		for i := range ps { // every peer's pair
+			if !zeroPair(&ps[i]) {
 				return // gifts in flight in the new counters: stays, idle
 			}
 		}
