@@ -70,9 +70,10 @@ func (l *Ledger) confirm(name string, v Version) bool {
 	}
 	changed := false
 	n := 0
-	for _, s := range k.pend {
+	ps := k.snaps()
+	for _, s := range ps {
 		if v.Less(s.ver) {
-			k.pend[n] = s
+			ps[n] = s
 			n++
 			continue
 		}
@@ -86,9 +87,10 @@ func (l *Ledger) confirm(name string, v Version) bool {
 			}
 		}
 	}
-	k.pend = k.pend[:n]
 	if n == 0 {
 		k.pend = nil // an idle array (and its snapshots) would stay with every key
+	} else {
+		*k.pend = ps[:n]
 	}
 	if changed {
 		k.dirty = true

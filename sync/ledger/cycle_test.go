@@ -40,7 +40,7 @@ func cycleRun(t *testing.T, seed int64) int {
 	}
 	for i, l := range c.l {
 		k := l.keys["k"]
-		t.Logf("seed %d r%d: active %v pos %d frozen %d pairs %+v", seed, i, k.active, l.Position("k").Units, k.frozen(), k.pairs)
+		t.Logf("seed %d r%d: active %v pos %d frozen %d pairs %+v", seed, i, k.active, l.Position("k").Units, k.frozen(), l.pairsOf(k))
 	}
 	return 0
 }

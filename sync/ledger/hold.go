@@ -34,8 +34,8 @@ func (l *Ledger) Hold(now time.Duration, name string, units int64, until time.Du
 		if c := min(pr.give-pr.conf, short); c > 0 {
 			pr.give -= c
 			short -= c
-			for j := range k.pend {
-				k.pend[j].give[i] = min(k.pend[j].give[i], pr.give)
+			for _, s := range k.snaps() { // give shares its array with k.pend's
+				s.give[i] = min(s.give[i], pr.give)
 			}
 			k.dirty, k.gifted = true, true
 		}

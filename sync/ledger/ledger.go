@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/apportion/apportion/allocation"
 )
@@ -68,8 +69,8 @@ type key struct {
 	busyAt  time.Duration // the last tick whose interval had usage
 	lastUse time.Duration
 	rare    *keyRare // nil unless a store reset, a hold, a settlement, a retirement or reclaim terms concern the key
-	pairs   []pair   // one per peer region, in region order, none for this one (Ledger.pair)
-	pend    []snap
+	pairs   *pair    // the first of its pairs, one per peer region (Ledger.pairsOf, Ledger.pair)
+	pend    *[]snap  // writes not yet confirmed (key.snaps); nil when none: 16 bytes a key less than a slice
 
 	// The flags and seen together, for the struct's size (a key per key
 	// in use).
@@ -90,6 +91,14 @@ type key struct {
 	idleAt  time.Duration
 }
 
+// snaps is k's writes not yet confirmed, oldest first.
+func (k *key) snaps() []snap {
+	if k.pend == nil {
+		return nil
+	}
+	return *k.pend
+}
+
 // version is the version of this incarnation with sequence seq
 // (key.wSeq, key.confSeq); Version{} for 0.
 func (l *Ledger) version(seq uint64) Version {
@@ -100,7 +109,7 @@ func (l *Ledger) version(seq uint64) Version {
 }
 
 // keyRare is what few keys need, apart so that the others do not carry it:
-// 176 bytes a key instead of 240 (the allocator's size classes).
+// 144 bytes a key instead of 240 (the allocator's size classes).
 type keyRare struct {
 	extra     int64   // paid by reclaims, beyond the base part (Payment.Keys)
 	frozen    int64   // terms of ended pairs: -Q of every frozen pair, and retired counters (retire.go)
@@ -344,8 +353,21 @@ func (l *Ledger) Keys() []string {
 	return out
 }
 
-// pair is k's pair with peer region i (i != l.self): a key holds no pair
-// for this region itself, 56 bytes a key less.
+// pairsOf is k's pairs, one per peer region, in region order: a key holds
+// no pair for this region itself, 56 bytes a key less. The key keeps only
+// a pointer to the first (the array stays alive through it): their count
+// is the ledger's, len(l.names)-1, so a slice's length and capacity in
+// every key would be 16 bytes a key for nothing.
+func (l *Ledger) pairsOf(k *key) []pair {
+	return unsafe.Slice(k.pairs, len(l.names)-1)
+}
+
+// newPairs allocates a key's pairs (pairsOf).
+func (l *Ledger) newPairs() *pair {
+	return unsafe.SliceData(make([]pair, len(l.names)-1))
+}
+
+// pair is k's pair with peer region i (i != l.self).
 func (l *Ledger) pair(k *key, i int) *pair {
 	switch {
 	case i > l.self:
@@ -353,13 +375,13 @@ func (l *Ledger) pair(k *key, i int) *pair {
 	case i == l.self:
 		panic("ledger: no pair of a region with itself")
 	}
-	return &k.pairs[i]
+	return &l.pairsOf(k)[i]
 }
 
 func (l *Ledger) position(k *key) int64 {
 	u := l.base + k.extra() + k.frozen()
-	for i := range k.pairs {
-		u += k.pairs[i].recv - k.pairs[i].give
+	for _, pr := range l.pairsOf(k) {
+		u += pr.recv - pr.give
 	}
 	return u
 }
@@ -369,7 +391,7 @@ func (l *Ledger) key(name string) *key {
 	if k == nil {
 		// A copy: a name decoded from a report must not pin the message.
 		name = strings.Clone(name)
-		k = &key{name: name, pairs: make([]pair, len(l.names)-1)}
+		k = &key{name: name, pairs: l.newPairs()}
 		l.keys[name] = k
 	}
 	return k

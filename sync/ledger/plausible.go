@@ -25,8 +25,8 @@ func (l *Ledger) maxHold(i int) int64 {
 // has published (confirmed): the bound its store enforces (invariant 1).
 func (l *Ledger) publishedUnits(k *key) int64 {
 	u := l.base + k.extra() + k.frozen()
-	for i := range k.pairs {
-		u += k.pairs[i].recv - k.pairs[i].conf
+	for _, pr := range l.pairsOf(k) {
+		u += pr.recv - pr.conf
 	}
 	return u
 }

@@ -58,7 +58,7 @@ func TestReplaySeed(t *testing.T) {
 		}
 		for _, n := range l.Keys() {
 			k := l.keys[n]
-			t.Logf("   key %s active %v pos %d demand %.0f extra %d frozen %d pairs %+v", n, k.active, l.position(k), k.demand, k.extra(), k.frozen(), k.pairs)
+			t.Logf("   key %s active %v pos %d demand %.0f extra %d frozen %d pairs %+v", n, k.active, l.position(k), k.demand, k.extra(), k.frozen(), l.pairsOf(k))
 		}
 	}
 }

@@ -105,7 +105,7 @@ func (l *Ledger) rebase(k *key, i int, a, b int64) {
 	pr.conf -= a
 	pr.peerApplied = max(0, pr.peerApplied-a)
 	pr.recv -= b
-	for _, s := range k.pend {
+	for _, s := range k.snaps() {
 		if s.inc[i] == l.peers[i].inc {
 			s.give[i] = max(0, s.give[i]-a)
 		}
@@ -377,8 +377,9 @@ func (l *Ledger) finishRetire(k *key, now time.Duration) {
 	k.dropRare()
 	k.dirty = true
 	if l.quiet(k, now) {
-		for i := range k.pairs { // every peer's pair
-			if !zeroPair(&k.pairs[i]) {
+		ps := l.pairsOf(k)
+		for i := range ps { // every peer's pair
+			if !zeroPair(&ps[i]) {
 				return // gifts in flight in the new counters: stays, idle
 			}
 		}

@@ -102,8 +102,8 @@ func (s *sim) forgotten() string {
 		s.held.forgets += l.stats.Forgotten
 		for n, k := range l.keys {
 			cycle := false
-			for i := range k.pairs {
-				cycle = cycle || k.pairs[i].recv != k.pairs[i].give
+			for _, pr := range l.pairsOf(k) {
+				cycle = cycle || pr.recv != pr.give
 			}
 			if cycle && !k.retiring() {
 				s.held.cycles++
@@ -113,7 +113,7 @@ func (s *sim) forgotten() string {
 			// before it leaves coordination, then the idle reports.
 			recent := s.local(r)-k.lastUse < 2*s.cfg.IdleAfter+l.idleReported()
 			if k.retiring() || !keep[n] && k.frozen() == 0 && !cycle && !recent {
-				bad = append(bad, fmt.Sprintf("%s/%d holds %s (active %v, retiring %v, pairs %+v)", r.name, r.inc, n, k.active, k.retiring(), k.pairs))
+				bad = append(bad, fmt.Sprintf("%s/%d holds %s (active %v, retiring %v, pairs %+v)", r.name, r.inc, n, k.active, k.retiring(), l.pairsOf(k)))
 			}
 		}
 		if len(l.closing) > 0 {

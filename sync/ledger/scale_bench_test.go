@@ -89,7 +89,7 @@ func benchLedger(b *testing.B, n int) {
 	}
 	k := l.keys[names[0]]
 	if l.pair(k, 1).conf == 0 || l.pair(k, 2).recv != 1000 {
-		b.Fatalf("setup: want gifts both ways, got %+v", k.pairs)
+		b.Fatalf("setup: want gifts both ways, got %+v", l.pairsOf(k))
 	}
 	perKey := float64(heapNow()-before) / float64(n)
 	b.ResetTimer()

@@ -23,7 +23,7 @@ func (l *Ledger) owedTo(k *key, i int) int64 {
 // reclaim terms on the key returns a payment by its deficit, which brings
 // the nets back, and paying again would go round for good.
 func (l *Ledger) settleOwed(k *key, idx []int, room int64) int64 {
-	sum := netSum(k)
+	sum := l.netSum(k)
 	if room <= 0 || sum == 0 || k.rare != nil && k.rare.settled != 0 && sum >= k.rare.settled {
 		return 0
 	}
@@ -82,10 +82,10 @@ func (l *Ledger) settleGive(k *key, idx []int, rest bool, now time.Duration) int
 }
 
 // netSum is the sum of k's pairs' |net| as this region sees them.
-func netSum(k *key) int64 {
+func (l *Ledger) netSum(k *key) int64 {
 	var s int64
-	for i := range k.pairs { // every peer's pair
-		o := k.pairs[i].recv - k.pairs[i].give
+	for _, pr := range l.pairsOf(k) { // every peer's pair
+		o := pr.recv - pr.give
 		s += max(o, -o)
 	}
 	return s

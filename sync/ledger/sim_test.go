@@ -621,8 +621,8 @@ func published(l *Ledger, name string) int64 {
 		return l.Base()
 	}
 	u := l.base + k.extra() + k.frozen()
-	for i := range k.pairs {
-		u += k.pairs[i].recv - k.pairs[i].conf
+	for _, pr := range l.pairsOf(k) {
+		u += pr.recv - pr.conf
 	}
 	return u
 }

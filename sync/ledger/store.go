@@ -27,7 +27,10 @@ func (l *Ledger) write(k *key, now time.Duration) (Write, bool) {
 			s.give[i] = l.pair(k, i).give
 		}
 	}
-	k.pend = append(k.pend, s)
+	if k.pend == nil {
+		k.pend = new([]snap)
+	}
+	*k.pend = append(*k.pend, s)
 	k.gifted = false
 	if k.force {
 		k.rareState().reassert, k.force = v, false

@@ -499,15 +499,27 @@ func TestRejectedReportsChangeNothing(t *testing.T) {
 	})
 }
 
+// ledgerSnap is a ledger's comparable state (snapshot): its keys' pairs
+// apart, as a key points to its first pair only (reflect.DeepEqual would
+// compare that one alone).
+type ledgerSnap struct {
+	Ledger
+	pairs map[string][]pair
+}
+
 // snapshot deep-copies the comparable state of a ledger.
-func snapshot(l *Ledger) Ledger {
-	s := *l
+func snapshot(l *Ledger) ledgerSnap {
+	s := ledgerSnap{Ledger: *l, pairs: map[string][]pair{}}
 	s.cfg.Allocate = nil
 	s.keys = map[string]*key{}
 	for n, k := range l.keys {
 		kk := *k
-		kk.pairs = append([]pair(nil), k.pairs...)
-		kk.pend = append([]snap(nil), k.pend...)
+		kk.pairs = nil
+		s.pairs[n] = append([]pair(nil), l.pairsOf(k)...)
+		if k.pend != nil {
+			ps := append([]snap(nil), *k.pend...)
+			kk.pend = &ps
+		}
 		s.keys[n] = &kk
 	}
 	s.peers = append([]peer(nil), l.peers...)
