@@ -271,8 +271,10 @@
 // incarnation fences, and after the heal the reports resume in the same
 // incarnations, so the shares reach the targets within one round of gifts
 // (TestTwoRegionPartition: 10 ms at most after cuts of 2 s and 10 s, bound
-// 1.3 s; two-region-partition: 99.69% utilization, 74.41% when both sides
-// fenced to their floors). A lone survivor of a lost region keeps its
+// 1.3 s; TestTwoRegionPartitionSmallLimit the same for whole tokens of a
+// burst of 1 and 4, one side keeping the token through a 10 s cut;
+// two-region-partition: 99.69% utilization, 74.41% when both sides fenced
+// to their floors). A lone survivor of a lost region keeps its
 // position, not the other's: it cannot reclaim with no peer to acknowledge
 // it, and the lost region's units come back when it returns (its new
 // incarnation's marker floors the old records, the survivor freezes the old
