@@ -442,9 +442,12 @@ func (s *Store) load(ctx context.Context, sc *redis.Script) error {
 // next to each other, and units, where unit k (one script call) is
 // its[units[k]:units[k+1]]. All the items of a batch share one script call
 // (multiSrc: in it a call costs Redis about a quarter less than alone, the
-// EVALSHA and TIME being shared), in a Cluster one per hash slot, in the
-// order of each slot's first item; a unit of one item is a check script
-// call (checkSrc), as a batch of one single call is.
+// EVALSHA and TIME being shared), in a Cluster one per hash slot, and one
+// per time argument (the multi-call script takes one for all its calls:
+// with Redis TIME, the default, every call's is the same; a WithClock clock
+// may give the Dos of one pipeline different ones), in the order of each
+// group's first item; a unit of one item is a check script call
+// (checkSrc), as a batch of one single call is.
 func (s *Store) units(batch []*call, n int, its []*item, units []int) ([]*item, []int) {
 	its, units = slices.Grow(its[:0], n), append(slices.Grow(units[:0], n+1), 0)
 	for _, c := range batch {
@@ -452,39 +455,59 @@ func (s *Store) units(batch []*call, n int, its []*item, units []int) ([]*item, 
 			its = append(its, &c.items[i])
 		}
 	}
-	if s.cluster == nil || n == 1 {
-		return its, append(units, n)
+	type group struct {
+		slot int
+		now  any
 	}
-	// Cluster: by hash slot, stable, in the order of each slot's first item
-	slots := make([]int, n)
-	for i, it := range its {
-		slots[i] = HashSlot(it.args[3].(string))
+	groupOf := func(it *item) group {
+		g := group{now: nowOf(it)}
+		if s.cluster != nil {
+			g.slot = HashSlot(it.args[3].(string))
+		}
+		return g
 	}
-	first := make(map[int]int, 4) // slot -> rank of its first item
-	for _, sl := range slots {
-		if _, ok := first[sl]; !ok {
-			first[sl] = len(first)
+	one := true
+	g0 := groupOf(its[0])
+	for _, it := range its[1:] {
+		if groupOf(it) != g0 {
+			one = false
+			break
 		}
 	}
-	if len(first) == 1 {
+	if one {
 		return its, append(units, n)
+	}
+	// By group, stable, in the order of each group's first item.
+	groups := make([]group, n)
+	rank := make(map[group]int, 4)
+	for i, it := range its {
+		groups[i] = groupOf(it)
+		if _, ok := rank[groups[i]]; !ok {
+			rank[groups[i]] = len(rank)
+		}
 	}
 	idx := make([]int, n)
 	for i := range idx {
 		idx[i] = i
 	}
-	slices.SortStableFunc(idx, func(a, b int) int { return first[slots[a]] - first[slots[b]] })
+	slices.SortStableFunc(idx, func(a, b int) int { return rank[groups[a]] - rank[groups[b]] })
 	sorted := make([]*item, n)
 	for i, j := range idx {
 		sorted[i] = its[j]
 	}
 	copy(its, sorted)
 	for i := 1; i < n; i++ {
-		if slots[idx[i]] != slots[idx[i-1]] {
+		if groups[idx[i]] != groups[idx[i-1]] {
 			units = append(units, i)
 		}
 	}
 	return its, append(units, n)
+}
+
+// nowOf is the time argument of an item's check command (see scriptArgs):
+// "" (Redis TIME) or milliseconds from a WithClock clock.
+func nowOf(it *item) any {
+	return it.args[3+it.args[2].(int)+1]
 }
 
 // multiArgs is the multi-call script's EVALSHA command for the items u,
@@ -502,7 +525,7 @@ func (s *Store) multiArgs(u []*item) []any {
 		k := it.args[2].(int)
 		args = append(args, it.args[3:3+k]...)
 	}
-	args = append(args, u[0].args[3+u[0].args[2].(int)+1], s.slackArg) // now, slack
+	args = append(args, nowOf(u[0]), s.slackArg) // now (the same for all of u: units), slack
 	for _, it := range u {
 		k := it.args[2].(int)
 		vals := it.args[3+k+3:]
