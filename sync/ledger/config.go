@@ -141,15 +141,14 @@ func (c Config) evenBand(pool int64, wants []Want, rate float64) {
 	if !(sumW > 0) {
 		return
 	}
-	fair := make([]int64, len(wants))
-	for j, w := range wants {
-		fair[j] = int64(float64(pool) * w.Weight / sumW)
-		if float64(w.Demand) < (1-c.EvenBand)*float64(fair[j]) {
+	fair := func(w Want) int64 { return int64(float64(pool) * w.Weight / sumW) }
+	for _, w := range wants {
+		if float64(w.Demand) < (1-c.EvenBand)*float64(fair(w)) {
 			return
 		}
 	}
-	for j := range wants {
-		wants[j].Demand = max(wants[j].Demand, fair[j])
+	for j, w := range wants { // no allocation: it runs per key and tick
+		wants[j].Demand = max(w.Demand, fair(w))
 	}
 }
 
