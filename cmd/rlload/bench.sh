@@ -6,6 +6,7 @@
 #   cmd/rlload/bench.sh                    # default: 4s per run, 1,000 keys
 #   DURATION=10s CALLERS="16 64" cmd/rlload/bench.sh
 #   RATELIMITD=/path/to/other/ratelimitd cmd/rlload/bench.sh   # compare a build
+#   BATCH=0 CALLERS=16 cmd/rlload/bench.sh  # CheckLimit only (no CheckLimits runs)
 #
 # It starts one redis-server, one ratelimitd (one token-bucket rule that never
 # rejects) and one no-op ratelimit.v1 server (rlload --noop-server), drives the
@@ -154,7 +155,7 @@ run_pair() { # CALLERS BATCH
 	done
 }
 for c in $CALLERS; do run_pair "$c" 0; done
-run_pair 16 "$BATCH"
+if [ "$BATCH" -gt 0 ]; then run_pair 16 "$BATCH"; fi # BATCH=0: CheckLimit only
 
 echo
 echo "ratios (same run, same machine):"
