@@ -47,7 +47,6 @@ const SilenceTokens = 5
 // resume, the estimate is the EWMA's again.
 func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 	inst := float64(k.used) / dt * float64(l.cfg.Units) / k.rate
-	old := int64(k.demand)
 	a, slow := l.cfg.demandWeight(dt, k.rate)
 	if slow {
 		a = dt * k.rate / l.cfg.DemandTokens
@@ -72,9 +71,27 @@ func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 	if k.demand < 0.5 { // the average starts anew
 		k.ewma, k.demand, k.weight, k.seen = 0, 0, 0, 0
 	}
-	if int64(k.demand) != old {
-		k.dirty = true
+	if d := int64(k.demand); l.cfg.demandMoved(k.sentDem, d, l.cfg.Hysteresis) {
+		k.sentDem, k.dirty = d, true
 	}
+}
+
+// demandMoved reports whether a demand of d differs enough from sent, the
+// demand last reported, to count as a change (DemandBand): by more than
+// DemandBand of the larger of the two and more than hyst units, or to or
+// from zero.
+func (c Config) demandMoved(sent, d, hyst int64) bool {
+	if d == sent {
+		return false
+	}
+	if d == 0 || sent == 0 || c.DemandBand <= 0 {
+		return true
+	}
+	diff := d - sent
+	if diff < 0 {
+		diff = -diff
+	}
+	return diff > hyst && float64(diff) > c.DemandBand*float64(max(d, sent))
 }
 
 // demandWeight is the half-life's EWMA weight of an interval of dt seconds,

@@ -68,12 +68,26 @@
 //     that incarnation has acknowledged one of our reports: behind a one-way
 //     or flapping link it could not apply the gift, and the units would sit
 //     in flight until its reclaim.
-//   - Reports go out every Tick (they are also the heartbeat and carry the
-//     acknowledgements), with the keys that changed since the last report;
-//     every FullEvery-th report carries every active key, so a lost report is
-//     repaired within FullEvery intervals. ShareApplied returns an immediate
-//     report when it makes gifts durable, and Receive returns the raise write
-//     at once, so a gift takes about one RTT plus the store write.
+//   - Demand dead band (DemandBand). A key's demand counts as changed only
+//     when the estimate moved past the band from the value last reported
+//     (or to or from zero); the reported value is then updated at once, and
+//     every region allocates with the demands as last reported, its own
+//     included (Share.Reported). Targets are a function of reported state
+//     only, so they do not move on the estimate's noise, and no gift is
+//     made on it. The band changes which demand the allocator sees, never
+//     a counter or a position: the invariants below do not depend on
+//     demand, and invariant 4 holds with the reported demands in place of
+//     the estimates (demand that holds still is reported once).
+//   - Reports go out at a Tick when a key changed since the last report (a
+//     counter, its position, its activity or retirement, its demand past
+//     the band) or, as a heartbeat carrying the acknowledgements, when
+//     HeartbeatEvery has passed since the last report (with HeartbeatEvery
+//     at most Interval, the default, at every Tick), with the keys that
+//     changed; every FullEvery-th report of Tick carries every active key,
+//     so a lost report is repaired within FullEvery reports. ShareApplied
+//     returns an immediate report when it makes gifts durable, and Receive
+//     returns the raise write at once, so a gift takes about one RTT plus
+//     the store write.
 //
 // # The store contract (the Redis script must implement it)
 //

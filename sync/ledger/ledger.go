@@ -29,7 +29,10 @@ type Share struct {
 	Floor   int64
 	Initial int64 // units this region holds when nothing has moved (its base)
 	Demand  int64 // demand estimate, units
-	Active  bool  // coordinated (false: back at its initial part, static share)
+	// Reported is the demand as last reported (within DemandBand of
+	// Demand): what every region, this one included, allocates with.
+	Reported int64
+	Active   bool // coordinated (false: back at its initial part, static share)
 }
 
 // Stats counts rejected inputs and forgotten keys.
@@ -64,6 +67,7 @@ type key struct {
 	rate    float64
 	used    int64
 	demand  float64       // estimate (units): ewma / weight
+	sentDem int64         // the demand as reported (DemandBand), which give uses too
 	ewma    float64       // EWMA of the interval samples, from 0
 	weight  float64       // total EWMA weight of the samples so far (-> 1)
 	busyAt  time.Duration // the last tick whose interval had usage
@@ -202,9 +206,11 @@ type Ledger struct {
 	createAt time.Duration
 	reset    bool // reasserting after StoreReset
 
-	rseq  uint64
-	sent  map[uint64]time.Duration
-	stats Stats
+	rseq     uint64
+	sent     map[uint64]time.Duration
+	lastSent time.Duration // when the last report went out (HeartbeatEvery)
+	treports int           // reports of Tick so far (FullEvery)
+	stats    Stats
 
 	retires uint64              // retirements started (retire.go)
 	closing map[closeID]closing // closures of peers' retirements, until acknowledged
@@ -320,7 +326,7 @@ func (l *Ledger) Base() int64 {
 func (l *Ledger) Position(name string) Share {
 	s := Share{Floor: l.floor[l.self], Initial: l.base, Units: l.base}
 	if k := l.keys[name]; k != nil {
-		s.Units, s.Demand, s.Active = l.position(k), int64(k.demand), k.active
+		s.Units, s.Demand, s.Reported, s.Active = l.position(k), int64(k.demand), k.sentDem, k.active
 	}
 	if l.fenced {
 		s.Units = s.Floor
@@ -335,7 +341,7 @@ func (l *Ledger) Position(name string) Share {
 func (l *Ledger) Each(fn func(name string, s Share)) {
 	s := Share{Floor: l.floor[l.self], Initial: l.base}
 	for name, k := range l.keys {
-		s.Units, s.Demand, s.Active = l.position(k), int64(k.demand), k.active
+		s.Units, s.Demand, s.Reported, s.Active = l.position(k), int64(k.demand), k.sentDem, k.active
 		if l.fenced {
 			s.Units = s.Floor
 		}
