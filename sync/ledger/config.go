@@ -67,18 +67,26 @@ type Config struct {
 	// HeartbeatEvery is how often Tick reports when nothing worth sending
 	// changed: a report goes out at a Tick only if a key changed (a
 	// counter, a position, its activity, retirement, or its demand past
-	// DemandBand) or HeartbeatEvery has passed since the last report. The
-	// heartbeat carries the acknowledgements, so among three regions or
-	// more Lease must exceed RTT + 2 HeartbeatEvery + StoreTimeout
-	// comfortably (the package doc, Leases). 0 or at most Interval reports
-	// at every Tick (default 1s).
+	// DemandBand) or the heartbeat has passed since the last report. The
+	// heartbeat carries the acknowledgements that renew the lease, so it
+	// is at most a quarter of what the lease leaves after StoreTimeout and
+	// Interval: min(HeartbeatEvery, (Lease(1-Rho)/(1+Rho) - StoreTimeout -
+	// Interval)/4), 685 ms with the default lease of 3 s (the package doc,
+	// Leases). A heartbeat of at most Interval reports at every Tick
+	// (default 0: not yet the default, see DemandBand).
 	HeartbeatEvery time.Duration
 	// DemandBand is the demand dead band: a key's demand counts as
 	// changed only when it moved from the value last reported by more
 	// than DemandBand of that value (or of the new one, if larger), and
 	// at least Hysteresis units, or to or from zero. Every region
 	// allocates with the demands as last reported, its own included, so
-	// targets do not move on noise (default 0.25; 0 reports every change).
+	// targets do not move on noise. Default 0: every change is reported,
+	// as before. With the band (0.15 to 0.25) and a heartbeat of 1 s,
+	// rlsim's sync bytes fall 1.6x (ten-regions) to 8x (limit-10-per-second)
+	// at the same utilization or better (shift: 0.5 points less at 0.15,
+	// 0.7 at 0.25), but TestRandomized then finds seeds with key churn
+	// whose positions stay off the targets after the calm phase (seeds
+	// 35 and 202 at 0.15); until that is understood, both are opt-in.
 	DemandBand float64
 	// HalfLife is the demand estimate's half-life: the weight of a sample
 	// halves every HalfLife, so an interval of dt seconds enters the EWMA
@@ -168,10 +176,19 @@ func (c Config) evenBand(pool int64, wants []Want, rate float64) {
 	}
 }
 
+// heartbeat is the longest time between two reports of Tick
+// (HeartbeatEvery, bounded by the lease): an acknowledgement of a report
+// comes back within 2 heartbeats + RTT, which leaves at least half the
+// lease beyond StoreTimeout and Interval for the RTT and lost heartbeats.
+func (c Config) heartbeat() time.Duration {
+	lease := time.Duration(float64(c.Lease) * (1 - c.Rho) / (1 + c.Rho))
+	return max(0, min(c.HeartbeatEvery, (lease-c.StoreTimeout-c.Interval)/4))
+}
+
 // reportEvery is the longest time between two reports of a healthy
 // ledger: the heartbeat, or the interval if that is longer.
 func (c Config) reportEvery() time.Duration {
-	return max(c.Interval, c.HeartbeatEvery)
+	return max(c.Interval, c.heartbeat())
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -187,7 +204,7 @@ func DefaultConfig() Config {
 		RetryWrite:     time.Second,
 		FullEvery:      8,
 		HeartbeatEvery: 0,
-		DemandBand:     0.25,
+		DemandBand:     0,
 		HalfLife:       250 * time.Millisecond,
 		IdleAfter:      10 * time.Second,
 		Hysteresis:     100,

@@ -71,27 +71,26 @@ func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 	if k.demand < 0.5 { // the average starts anew
 		k.ewma, k.demand, k.weight, k.seen = 0, 0, 0, 0
 	}
-	if d := int64(k.demand); l.cfg.demandMoved(k.sentDem, d, l.cfg.Hysteresis) {
+	if d := int64(k.demand); l.cfg.demandMoved(k.sentDem, d, l.cfg.DemandBand) {
 		k.sentDem, k.dirty = d, true
 	}
 }
 
 // demandMoved reports whether a demand of d differs enough from sent, the
-// demand last reported, to count as a change (DemandBand): by more than
-// DemandBand of the larger of the two and more than hyst units, or to or
-// from zero.
-func (c Config) demandMoved(sent, d, hyst int64) bool {
+// demand last reported, to count as a change: by more than band of the
+// larger of the two (DemandBand) and more than Hysteresis units, or to or from zero.
+func (c Config) demandMoved(sent, d int64, band float64) bool {
 	if d == sent {
 		return false
 	}
-	if d == 0 || sent == 0 || c.DemandBand <= 0 {
+	if d == 0 || sent == 0 || band <= 0 {
 		return true
 	}
 	diff := d - sent
 	if diff < 0 {
 		diff = -diff
 	}
-	return diff > hyst && float64(diff) > c.DemandBand*float64(max(d, sent))
+	return diff > c.Hysteresis && float64(diff) > band*float64(max(d, sent))
 }
 
 // demandWeight is the half-life's EWMA weight of an interval of dt seconds,

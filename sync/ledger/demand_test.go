@@ -156,6 +156,7 @@ func TestEvenBand(t *testing.T) {
 // key's dirty flag alone; a move past the band is reported at the next Tick.
 func TestDemandBand(t *testing.T) {
 	l := demandLedger(t, false)
+	l.cfg.DemandBand = 0.25
 	const rate = 1000 // fast: DemandTokens does not slow the estimate
 	now := time.Duration(0)
 	tick := func(used int64) {
@@ -167,7 +168,7 @@ func TestDemandBand(t *testing.T) {
 		tick(100)
 	}
 	p := l.Position("k")
-	if p.Demand < l.cfg.Units*39/100 || l.cfg.demandMoved(p.Reported, p.Demand, l.cfg.Hysteresis) {
+	if p.Demand < l.cfg.Units*39/100 || l.cfg.demandMoved(p.Reported, p.Demand, l.cfg.DemandBand) {
 		t.Fatalf("steady demand: reported %d, estimate %d", p.Reported, p.Demand)
 	}
 	steady := p.Reported
@@ -190,7 +191,7 @@ func TestDemandBand(t *testing.T) {
 	for range 10 { // 2.5 s at twice the demand
 		tick(2 * mean)
 	}
-	if p = l.Position("k"); p.Reported < steady*5/4 || !l.cfg.demandMoved(steady, p.Reported, l.cfg.Hysteresis) {
+	if p = l.Position("k"); p.Reported < steady*5/4 || !l.cfg.demandMoved(steady, p.Reported, l.cfg.DemandBand) {
 		t.Fatalf("demand doubled: reported %d, was %d (estimate %d)", p.Reported, steady, p.Demand)
 	}
 }

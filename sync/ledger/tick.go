@@ -223,10 +223,11 @@ func (l *Ledger) peerAtRest(k *key, i int) bool {
 }
 
 // reportDue reports whether Tick sends a report: at every Tick without a
-// heartbeat (HeartbeatEvery at most Interval), else when a key changed,
+// heartbeat (Config.heartbeat at most Interval), else when a key changed,
 // or HeartbeatEvery has passed since the last report.
 func (l *Ledger) reportDue(now time.Duration, changed bool) bool {
-	return changed || l.cfg.HeartbeatEvery <= l.cfg.Interval || now-l.lastSent >= l.cfg.HeartbeatEvery || l.rseq == 0
+	hb := l.cfg.heartbeat()
+	return changed || hb <= l.cfg.Interval || now-l.lastSent >= hb || l.rseq == 0
 }
 
 func (l *Ledger) report(now time.Duration, full bool) *Report {
