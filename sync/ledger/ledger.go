@@ -64,10 +64,10 @@ type snap struct {
 
 type key struct {
 	name    string
-	rate    float64
+	rate    float32 // the rule's rate per second; float32 with sentDem in the 8 bytes of a float64
+	sentDem float32 // the demand as reported (DemandBand), which give uses too: key.reported
 	used    int64
 	demand  float64       // estimate (units): ewma / weight
-	sentDem int64         // the demand as reported (DemandBand), which give uses too
 	ewma    float64       // EWMA of the interval samples, from 0
 	weight  float64       // total EWMA weight of the samples so far (-> 1)
 	busyAt  time.Duration // the last tick whose interval had usage
@@ -94,6 +94,11 @@ type key struct {
 	confSeq uint64 // the highest the store confirmed holding
 	idleAt  time.Duration
 }
+
+// reported is k's demand as last reported (DemandBand), in units: a
+// float32 (exact up to 2^24 units, 16.8 times the default Units, and
+// within 6e-8 of it above) so that the key keeps its size class.
+func (k *key) reported() int64 { return int64(k.sentDem) }
 
 // snaps is k's writes not yet confirmed, oldest first.
 func (k *key) snaps() []snap {
@@ -326,7 +331,7 @@ func (l *Ledger) Base() int64 {
 func (l *Ledger) Position(name string) Share {
 	s := Share{Floor: l.floor[l.self], Initial: l.base, Units: l.base}
 	if k := l.keys[name]; k != nil {
-		s.Units, s.Demand, s.Reported, s.Active = l.position(k), int64(k.demand), k.sentDem, k.active
+		s.Units, s.Demand, s.Reported, s.Active = l.position(k), int64(k.demand), k.reported(), k.active
 	}
 	if l.fenced {
 		s.Units = s.Floor
@@ -341,7 +346,7 @@ func (l *Ledger) Position(name string) Share {
 func (l *Ledger) Each(fn func(name string, s Share)) {
 	s := Share{Floor: l.floor[l.self], Initial: l.base}
 	for name, k := range l.keys {
-		s.Units, s.Demand, s.Reported, s.Active = l.position(k), int64(k.demand), k.sentDem, k.active
+		s.Units, s.Demand, s.Reported, s.Active = l.position(k), int64(k.demand), k.reported(), k.active
 		if l.fenced {
 			s.Units = s.Floor
 		}
@@ -410,7 +415,7 @@ func (l *Ledger) Usage(now time.Duration, name string, rate float64, admitted, r
 		return
 	}
 	k := l.key(name)
-	k.rate = rate
+	k.rate = float32(rate)
 	k.used += admitted + rejected
 	k.lastUse = now
 	if !k.active && !k.retiring() { // a retiring key becomes active when its retirement ends

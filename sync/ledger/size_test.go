@@ -7,11 +7,10 @@ import (
 
 // TestKeySize keeps the per-key structs in the size classes the README's
 // heap figures assume: the key in 144 bytes, a pair in 56, one pair per
-// peer region (none for the region itself). The key is 152 bytes since it
-// keeps the demand as reported (DemandBand): the 160-byte class.
+// peer region (none for the region itself).
 func TestKeySize(t *testing.T) {
-	if s := unsafe.Sizeof(key{}); s > 152 {
-		t.Errorf("key is %d bytes, want <= 152 (see keyRare, key.pend, key.pairs)", s)
+	if s := unsafe.Sizeof(key{}); s > 144 {
+		t.Errorf("key is %d bytes, want <= 144 (see keyRare, key.pend, key.pairs)", s)
 	}
 	if s := unsafe.Sizeof(pair{}); s > 56 {
 		t.Errorf("pair is %d bytes, want <= 56", s)

@@ -117,7 +117,7 @@ func (l *Ledger) give(k *key, now time.Duration) {
 		var pos, dem int64
 		switch {
 		case i == l.self:
-			pos, dem = l.position(k), k.sentDem // as reported: peers allocate with it too
+			pos, dem = l.position(k), k.reported() // as reported: peers allocate with it too
 		case l.live(i, now):
 			pr := l.pair(k, i)
 			pos = l.peers[i].base
@@ -138,7 +138,7 @@ func (l *Ledger) give(k *key, now time.Duration) {
 	}
 	rest := l.restWants(idx, wants) // retire.go: nobody wants more than its floor
 	if !rest {
-		l.cfg.evenBand(pool, wants, k.rate)
+		l.cfg.evenBand(pool, wants, float64(k.rate))
 	}
 	tg := l.cfg.Allocate(pool, wants)
 	if len(tg) != len(idx) {
@@ -277,7 +277,7 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 			continue
 		}
 		k.dirty = false
-		kr := KeyReport{Key: n, Demand: k.sentDem, Position: l.position(k), Retire: k.retireSeq()}
+		kr := KeyReport{Key: n, Demand: k.reported(), Position: l.position(k), Retire: k.retireSeq()}
 		for i := range l.names {
 			if i == l.self {
 				continue
