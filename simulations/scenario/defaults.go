@@ -64,6 +64,13 @@ func (sc *Scenario) defaults() {
 		h := Duration(lc.HalfLife)
 		s.HalfLife = &h
 	}
+	if s.Heartbeat == nil {
+		h := Duration(lc.HeartbeatEvery)
+		s.Heartbeat = &h
+	}
+	if s.DemandBand == nil {
+		s.DemandBand = fptr(lc.DemandBand)
+	}
 	for i := range sc.Demand {
 		d := &sc.Demand[i]
 		if d.Shape == "" {

@@ -149,6 +149,15 @@ type Sync struct {
 	// default 250ms, the agent's; 0 keeps only the newest interval):
 	// shorter follows shifts faster, longer is steadier under noisy arrivals.
 	HalfLife *Duration `yaml:"half_life"`
+	// Heartbeat is the ledger's HeartbeatEvery: a Tick with nothing changed
+	// sends no report unless this long has passed since the last one
+	// (bounded by the lease; default 0, the agent's: a report every
+	// interval).
+	Heartbeat *Duration `yaml:"heartbeat"`
+	// DemandBand is the ledger's DemandBand: a key's demand counts as
+	// changed only past this fraction of the value last reported
+	// (default 0, the agent's: every change).
+	DemandBand *float64 `yaml:"demand_band"`
 }
 
 // Demand is one stream of requests. Levels are multiples of rule.rate.

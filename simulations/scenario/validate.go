@@ -118,6 +118,12 @@ func (sc *Scenario) Validate() error {
 	if s.Interval <= 0 || s.Lease <= 0 || s.Margin < 0 || s.StoreTimeout < 0 || s.RegistryPoll <= 0 || s.EtcdTimeout <= 0 {
 		return bad("sync", "durations must be positive")
 	}
+	if *s.Heartbeat < 0 {
+		return bad("sync.heartbeat", "must not be negative")
+	}
+	if !(*s.DemandBand >= 0 && *s.DemandBand < 1) {
+		return bad("sync.demand_band", "must be in [0, 1)")
+	}
 	if !(*s.ClockError >= 0 && *s.ClockError < 0.5) {
 		return bad("sync.clock_error", "must be in [0,0.5)")
 	}

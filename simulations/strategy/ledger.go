@@ -99,6 +99,8 @@ func ledgerConfig(env *sim.Env) (ledger.Config, []ledger.RegionSpec) {
 	cfg.Margin = sc.Sync.Margin.D()
 	cfg.StoreTimeout = sc.Sync.StoreTimeout.D()
 	cfg.HalfLife = sc.Sync.HalfLife.D()
+	cfg.HeartbeatEvery = sc.Sync.Heartbeat.D()
+	cfg.DemandBand = *sc.Sync.DemandBand
 	cfg.Quantum = ledger.QuantumOf(cfg.Units, sc.Rule.Burst)
 	if w := sc.Rule.Window.D(); w > 0 {
 		cfg.Margin += driver.WindowWait(w, cfg.Rho) // as the agent's ledger of a window rule

@@ -46,11 +46,11 @@ const SilenceTokens = 5
 // keeps its estimate. The cap does not change the EWMA: when requests
 // resume, the estimate is the EWMA's again.
 func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
-	inst := float64(k.used) / dt * float64(l.cfg.Units) / k.rate
-	old := int64(k.demand)
-	a, slow := l.cfg.demandWeight(dt, k.rate)
+	rate := float64(k.rate)
+	inst := float64(k.used) / dt * float64(l.cfg.Units) / rate
+	a, slow := l.cfg.demandWeight(dt, rate)
 	if slow {
-		a = dt * k.rate / l.cfg.DemandTokens
+		a = dt * rate / l.cfg.DemandTokens
 	}
 	if k.used > 0 || k.weight == 0 {
 		k.busyAt = now
@@ -63,8 +63,8 @@ func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 		k.demand /= k.weight
 	}
 	if quiet := (now - k.busyAt).Seconds(); slow && quiet > 0 {
-		limit := SilenceTokens / quiet / k.rate * float64(l.cfg.Units)
-		if quiet*k.rate >= l.cfg.DemandTokens {
+		limit := SilenceTokens / quiet / rate * float64(l.cfg.Units)
+		if quiet*rate >= l.cfg.DemandTokens {
 			limit = 0
 		}
 		k.demand = min(k.demand, limit) // the EWMA stays: requests that resume find it
@@ -72,9 +72,26 @@ func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 	if k.demand < 0.5 { // the average starts anew
 		k.ewma, k.demand, k.weight, k.seen = 0, 0, 0, 0
 	}
-	if int64(k.demand) != old {
-		k.dirty = true
+	if d := int64(k.demand); l.cfg.demandMoved(k.reported(), d, l.cfg.DemandBand) {
+		k.sentDem, k.dirty = float32(d), true
 	}
+}
+
+// demandMoved reports whether a demand of d differs enough from sent, the
+// demand last reported, to count as a change: by more than band of the
+// larger of the two (DemandBand) and more than Hysteresis units, or to or from zero.
+func (c Config) demandMoved(sent, d int64, band float64) bool {
+	if d == sent {
+		return false
+	}
+	if d == 0 || sent == 0 || band <= 0 {
+		return true
+	}
+	diff := d - sent
+	if diff < 0 {
+		diff = -diff
+	}
+	return diff > c.Hysteresis && float64(diff) > band*float64(max(d, sent))
 }
 
 // demandWeight is the half-life's EWMA weight of an interval of dt seconds,

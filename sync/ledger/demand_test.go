@@ -150,3 +150,48 @@ func TestEvenBand(t *testing.T) {
 		t.Fatalf("EvenBand 0: %v, want 190000 for region 1", got)
 	}
 }
+
+// TestDemandBand: demand noise within DemandBand of the reported value
+// leaves the reported demand (what every region allocates with) and the
+// key's dirty flag alone; a move past the band is reported at the next Tick.
+func TestDemandBand(t *testing.T) {
+	l := demandLedger(t, false)
+	l.cfg.DemandBand = 0.25
+	const rate = 1000 // fast: DemandTokens does not slow the estimate
+	now := time.Duration(0)
+	tick := func(used int64) {
+		now += l.cfg.Interval
+		l.Usage(now, "k", rate, used, 0)
+		l.Tick(now)
+	}
+	for range 40 { // 10 s of a steady 400/s (the default interval, 250 ms)
+		tick(100)
+	}
+	p := l.Position("k")
+	if p.Demand < l.cfg.Units*39/100 || l.cfg.demandMoved(p.Reported, p.Demand, l.cfg.DemandBand) {
+		t.Fatalf("steady demand: reported %d, estimate %d", p.Reported, p.Demand)
+	}
+	steady := p.Reported
+	mean := int64(float64(steady*rate) * l.cfg.Interval.Seconds() / float64(l.cfg.Units)) // the reported demand's usage per tick
+	moved := 0
+	for j := range 200 { // +-15% noise around it for 50 s
+		l.keys["k"].dirty = false
+		tick(mean + mean*15/100*int64(2*(j%2)-1))
+		p = l.Position("k")
+		if p.Demand != steady {
+			moved++
+		}
+		if p.Reported != steady || l.keys["k"].dirty {
+			t.Fatalf("tick %d: noise of 15%% reported: %d, was %d (estimate %d, dirty %v)", j, p.Reported, steady, p.Demand, l.keys["k"].dirty)
+		}
+	}
+	if moved == 0 {
+		t.Fatal("the estimate never moved: the noise tests nothing")
+	}
+	for range 10 { // 2.5 s at twice the demand
+		tick(2 * mean)
+	}
+	if p = l.Position("k"); p.Reported < steady*5/4 || !l.cfg.demandMoved(steady, p.Reported, l.cfg.DemandBand) {
+		t.Fatalf("demand doubled: reported %d, was %d (estimate %d)", p.Reported, steady, p.Demand)
+	}
+}

@@ -68,12 +68,29 @@
 //     that incarnation has acknowledged one of our reports: behind a one-way
 //     or flapping link it could not apply the gift, and the units would sit
 //     in flight until its reclaim.
-//   - Reports go out every Tick (they are also the heartbeat and carry the
-//     acknowledgements), with the keys that changed since the last report;
-//     every FullEvery-th report carries every active key, so a lost report is
-//     repaired within FullEvery intervals. ShareApplied returns an immediate
-//     report when it makes gifts durable, and Receive returns the raise write
-//     at once, so a gift takes about one RTT plus the store write.
+//   - Demand dead band (DemandBand, off by default: see Config). A key's
+//     demand counts as changed only when the estimate moved past the band
+//     from the value last reported (or to or from zero); the reported value
+//     is then updated at once, and
+//     every region allocates with the demands as last reported, its own
+//     included (Share.Reported). Targets are a function of reported state
+//     only, so they do not move on the estimate's noise, and no gift is
+//     made on it. The band changes which demand the allocator sees, never
+//     a counter or a position, so invariants 1 to 3 do not depend on it;
+//     invariant 4 is argued for demand that holds still, which with the
+//     band is reported demand, but TestRandomized finds churn seeds whose
+//     positions stay off the targets with the band on, not understood yet
+//     (the reason it is off by default).
+//   - Reports go out at a Tick when a key changed since the last report (a
+//     counter, its position, its activity or retirement, its demand past
+//     the band) or, as a heartbeat carrying the acknowledgements, when
+//     HeartbeatEvery has passed since the last report (with HeartbeatEvery
+//     at most Interval, the default, at every Tick), with the keys that
+//     changed; every FullEvery-th report of Tick carries every active key,
+//     so a lost report is repaired within FullEvery reports. ShareApplied
+//     returns an immediate report when it makes gifts durable, and Receive
+//     returns the raise write at once, so a gift takes about one RTT plus
+//     the store write.
 //
 // # The store contract (the Redis script must implement it)
 //
@@ -116,6 +133,33 @@
 // peer can acknowledge it again; its next marker is then a Create): a region
 // cut off from every peer fences once, then keeps one life for the whole cut.
 // A peer telling us it froze us fences us too.
+//
+// Heartbeats (off by default: see Config.DemandBand). With HeartbeatEvery
+// above Interval a Tick with nothing
+// changed sends no report until the heartbeat h = min(HeartbeatEvery,
+// (L(1-rho)/(1+rho) - StoreTimeout - Interval)/4) has passed (Config.heartbeat:
+// 685 ms at the default lease of 3 s). Safety does not depend
+// on h: D and the store lease are computed from acknowledged send times
+// only, as above, whatever their age. What h changes is how old the
+// newest acknowledged send can be: a report is acknowledged in the peer's
+// next report, within h + RTT of its arrival, and our reports are at most
+// h apart, so with no loss D - now >= L - RTT - 2h, which the bound on h
+// keeps above half the lease beyond StoreTimeout and Interval (a lost
+// heartbeat costs h more). Every report still carries the acks, so an
+// event report renews them too. The cost floor this leaves: a heartbeat
+// to each of n-1 peers is 40 B of NATS framing + wire.Overhead (65 B) + the
+// encoding (about 25 B + 15 B per ack: 40 B at 2 regions, 160 B at 10),
+// so (n-1) * (130 + 15(n-1)) / h bytes a second per region, with no key
+// changed at all: 212 B/s at 2 regions, 9 * 265 / 0.685 = 3,480 B/s at 10
+// with a 3 s lease. 1,500 B/s at 10 regions would need h >= 1.6 s, hence
+// a lease of about 6.6 s, or acks sent only to the peer they concern
+// (a per-recipient message instead of one report to all).
+// Liveness with a heartbeat: invariant 4's steps that wait for an
+// acknowledgement take h + RTT instead of I + RTT (gifts and raises still
+// go out at the next Tick); with h on, TestPartitionDuringShift's
+// three-region cuts took up to 1.39 s against the interval's bound of
+// 1.305 s, and TestRandomized found seeds that did not settle, so the
+// heartbeat is off by default until the bound is restated and tested.
 //
 // With one or two regions there is no D (it never comes): the marker is
 // renewed with a store lease of Lease at every Tick and the incarnation

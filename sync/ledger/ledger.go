@@ -29,7 +29,10 @@ type Share struct {
 	Floor   int64
 	Initial int64 // units this region holds when nothing has moved (its base)
 	Demand  int64 // demand estimate, units
-	Active  bool  // coordinated (false: back at its initial part, static share)
+	// Reported is the demand as last reported (within DemandBand of
+	// Demand): what every region, this one included, allocates with.
+	Reported int64
+	Active   bool // coordinated (false: back at its initial part, static share)
 }
 
 // Stats counts rejected inputs and forgotten keys.
@@ -61,7 +64,8 @@ type snap struct {
 
 type key struct {
 	name    string
-	rate    float64
+	rate    float32 // the rule's rate per second; float32 with sentDem in the 8 bytes of a float64
+	sentDem float32 // the demand as reported (DemandBand), which give uses too: key.reported
 	used    int64
 	demand  float64       // estimate (units): ewma / weight
 	ewma    float64       // EWMA of the interval samples, from 0
@@ -90,6 +94,11 @@ type key struct {
 	confSeq uint64 // the highest the store confirmed holding
 	idleAt  time.Duration
 }
+
+// reported is k's demand as last reported (DemandBand), in units: a
+// float32 (exact up to 2^24 units, 16.8 times the default Units, and
+// within 6e-8 of it above) so that the key keeps its size class.
+func (k *key) reported() int64 { return int64(k.sentDem) }
 
 // snaps is k's writes not yet confirmed, oldest first.
 func (k *key) snaps() []snap {
@@ -202,9 +211,11 @@ type Ledger struct {
 	createAt time.Duration
 	reset    bool // reasserting after StoreReset
 
-	rseq  uint64
-	sent  map[uint64]time.Duration
-	stats Stats
+	rseq     uint64
+	sent     map[uint64]time.Duration
+	lastSent time.Duration // when the last report went out (HeartbeatEvery)
+	treports int           // reports of Tick so far (FullEvery)
+	stats    Stats
 
 	retires uint64              // retirements started (retire.go)
 	closing map[closeID]closing // closures of peers' retirements, until acknowledged
@@ -320,7 +331,7 @@ func (l *Ledger) Base() int64 {
 func (l *Ledger) Position(name string) Share {
 	s := Share{Floor: l.floor[l.self], Initial: l.base, Units: l.base}
 	if k := l.keys[name]; k != nil {
-		s.Units, s.Demand, s.Active = l.position(k), int64(k.demand), k.active
+		s.Units, s.Demand, s.Reported, s.Active = l.position(k), int64(k.demand), k.reported(), k.active
 	}
 	if l.fenced {
 		s.Units = s.Floor
@@ -335,7 +346,7 @@ func (l *Ledger) Position(name string) Share {
 func (l *Ledger) Each(fn func(name string, s Share)) {
 	s := Share{Floor: l.floor[l.self], Initial: l.base}
 	for name, k := range l.keys {
-		s.Units, s.Demand, s.Active = l.position(k), int64(k.demand), k.active
+		s.Units, s.Demand, s.Reported, s.Active = l.position(k), int64(k.demand), k.reported(), k.active
 		if l.fenced {
 			s.Units = s.Floor
 		}
@@ -404,7 +415,7 @@ func (l *Ledger) Usage(now time.Duration, name string, rate float64, admitted, r
 		return
 	}
 	k := l.key(name)
-	k.rate = rate
+	k.rate = float32(rate)
 	k.used += admitted + rejected
 	k.lastUse = now
 	if !k.active && !k.retiring() { // a retiring key becomes active when its retirement ends

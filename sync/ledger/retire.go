@@ -416,7 +416,7 @@ func (l *Ledger) restWants(idx []int, wants []Want) bool {
 
 // idleReported is how long an idle key stays in full reports (report).
 func (l *Ledger) idleReported() time.Duration {
-	return 3 * time.Duration(l.cfg.FullEvery) * l.cfg.Interval
+	return 3 * time.Duration(l.cfg.FullEvery) * l.cfg.reportEvery()
 }
 
 func (l *Ledger) forget(k *key) {

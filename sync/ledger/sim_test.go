@@ -759,7 +759,7 @@ func (s *sim) converged(tol int64) (bool, string) {
 			p := r.led.Position(k.name)
 			pos[i] = p.Units
 			pool += p.Units - p.Floor
-			wants[i] = Want{Weight: s.specs[i].Weight, Demand: max(0, p.Demand-p.Floor)}
+			wants[i] = Want{Weight: s.specs[i].Weight, Demand: max(0, p.Reported-p.Floor)}
 		}
 		tg, rest := s.restTargets(k.name, k.rate, wants, pool)
 		if q := s.cfg.Quantum; q > 1 && !rest { // as the ledgers round (give)

@@ -71,6 +71,7 @@ func (l *Ledger) Tick(now time.Duration) Output {
 	}
 	// Every key held, in map order (no sort of every key per tick: the
 	// writes are sorted below); retireStep may forget k.
+	changed := false
 	for _, k := range l.keys {
 		if k.active && !k.retiring() {
 			l.give(k, now)
@@ -79,14 +80,17 @@ func (l *Ledger) Tick(now time.Duration) Output {
 		if w, ok := l.write(k, now); ok {
 			out.Writes = append(out.Writes, w)
 		}
+		changed = changed || k.dirty
 		l.retireStep(k, now) // retire.go: may forget k
 	}
 	sort.Slice(out.Writes, func(a, b int) bool { return out.Writes[a].Key < out.Writes[b].Key })
 	if w, ok := l.marker(now); ok {
 		out.Writes = append(out.Writes, w)
 	}
-	full := l.ticks%l.cfg.FullEvery == 0
-	out.Report = l.report(now, full)
+	if l.reportDue(now, changed) {
+		l.treports++
+		out.Report = l.report(now, l.treports%l.cfg.FullEvery == 0)
+	}
 	// Resend contributions the registry has not shown us yet.
 	if l.ticks%l.cfg.FullEvery == 0 {
 		for i := range l.peers {
@@ -113,7 +117,7 @@ func (l *Ledger) give(k *key, now time.Duration) {
 		var pos, dem int64
 		switch {
 		case i == l.self:
-			pos, dem = l.position(k), int64(k.demand)
+			pos, dem = l.position(k), k.reported() // as reported: peers allocate with it too
 		case l.live(i, now):
 			pr := l.pair(k, i)
 			pos = l.peers[i].base
@@ -134,7 +138,7 @@ func (l *Ledger) give(k *key, now time.Duration) {
 	}
 	rest := l.restWants(idx, wants) // retire.go: nobody wants more than its floor
 	if !rest {
-		l.cfg.evenBand(pool, wants, k.rate)
+		l.cfg.evenBand(pool, wants, float64(k.rate))
 	}
 	tg := l.cfg.Allocate(pool, wants)
 	if len(tg) != len(idx) {
@@ -218,11 +222,20 @@ func (l *Ledger) peerAtRest(k *key, i int) bool {
 	return pr.peerDemand <= 0 && (pr.peerSeq == 0 || pr.peerPos == l.peers[i].base)
 }
 
+// reportDue reports whether Tick sends a report: at every Tick without a
+// heartbeat (Config.heartbeat at most Interval), else when a key changed,
+// or HeartbeatEvery has passed since the last report.
+func (l *Ledger) reportDue(now time.Duration, changed bool) bool {
+	hb := l.cfg.heartbeat()
+	return changed || hb <= l.cfg.Interval || now-l.lastSent >= hb || l.rseq == 0
+}
+
 func (l *Ledger) report(now time.Duration, full bool) *Report {
 	if !l.everOK {
 		return nil
 	}
 	l.rseq++
+	l.lastSent = now
 	l.sent[l.rseq] = now
 	for s, t := range l.sent {
 		if now-t > l.cfg.Lease {
@@ -260,11 +273,11 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 	}
 	for _, n := range names {
 		k := l.keys[n]
-		if !(k.dirty || full && (k.active || now-k.idleAt < 3*time.Duration(l.cfg.FullEvery)*l.cfg.Interval)) {
+		if !(k.dirty || full && (k.active || now-k.idleAt < l.idleReported())) {
 			continue
 		}
 		k.dirty = false
-		kr := KeyReport{Key: n, Demand: int64(k.demand), Position: l.position(k), Retire: k.retireSeq()}
+		kr := KeyReport{Key: n, Demand: k.reported(), Position: l.position(k), Retire: k.retireSeq()}
 		for i := range l.names {
 			if i == l.self {
 				continue
