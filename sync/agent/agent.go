@@ -94,6 +94,7 @@ type Agent struct {
 	reclaimed  map[string]bool // rule + "/" + incarnation: completed reclaims counted
 	everRules  bool
 	fencedSeen bool
+	snapshots  int // publishSnapshot calls
 }
 
 type usageCounts struct{ admitted, rejected int64 }

@@ -71,7 +71,11 @@ func (r *testRegion) start(t testing.TB, ec *clientv3.Client, tweak ...func(*Con
 	t.Helper()
 	cfg := testConfig(r.name, t)
 	if testInterval > 0 {
-		cfg.Interval, cfg.Lease = testInterval, 10*testInterval
+		// The default configuration's lease of 30 intervals (3 s at
+		// 100 ms): at 10 (5 s at 500 ms) the three loaded agents' report
+		// round trips outlasted the lease, and every ledger fenced every
+		// 10-20 s.
+		cfg.Interval, cfg.Lease = testInterval, 30*testInterval
 	}
 	for _, f := range tweak {
 		f(&cfg)

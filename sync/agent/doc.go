@@ -224,7 +224,8 @@
 //     tick, or a tick's store writes (bounded by StoreTimeout each), and at
 //     most shareViewTimeout. Each visits every key a ledger holds, keeping
 //     only the keys it answers with; the tick itself only counts the
-//     coordinated keys for the gauge.
+//     coordinated keys for the gauge, every tenth tick (the gauge lags by
+//     up to ten intervals).
 //   - Reports wait for the loop in their encoded form, verified on the
 //     NATS goroutine and decoded by the loop one at a time, within a byte
 //     budget (inbox.go: per sender 5/4 of the largest report this agent

@@ -1,12 +1,17 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/apportion/apportion/internal/logsample"
 	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/sync/driver"
+	"github.com/apportion/apportion/sync/ledger"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -94,6 +99,67 @@ func TestHeldRecords(t *testing.T) {
 		}
 		if h.since() != 90*time.Minute {
 			t.Fatalf("held at %v, want 90m", h.since())
+		}
+	}
+}
+
+// failingStore is a memStore whose WriteShares calls fail from call
+// failFrom on (1-based; 0: never), and which records each call's size.
+type failingStore struct {
+	*memStore
+	calls    []int
+	failFrom int
+}
+
+func (s *failingStore) WriteShares(ctx context.Context, rule string, recs []redisstore.ShareRecord) ([]redisstore.Version, error) {
+	s.calls = append(s.calls, len(recs))
+	if s.failFrom > 0 && len(s.calls) >= s.failFrom {
+		return nil, errors.New("memstore: down")
+	}
+	return s.memStore.WriteShares(ctx, rule, recs)
+}
+
+// TestApplyWritesChunks: a rule's records go to the store writeChunk at a
+// time, in the ledger's order, each chunk confirmed and held as it is
+// answered; a failed call ends the rule's record writes for the flush
+// (what follows is not confirmed: the ledger retries it), and the marker
+// is written and confirmed either way.
+func TestApplyWritesChunks(t *testing.T) {
+	for _, failFrom := range []int{0, 2} {
+		fs := &failingStore{memStore: newMemStore(&world{}, "a"), failFrom: failFrom}
+		cfg := DefaultConfig()
+		a := &Agent{cfg: cfg, store: fs, start: time.Now(), rules: map[string]*ruleState{},
+			logs: logsample.New(slog.New(slog.DiscardHandler), time.Minute)}
+		a.m = newMetrics("a", nil, a)
+		r := &driver.Rule{ID: "r"}
+		a.rules["r"] = &ruleState{Rule: r, rule: globalRule(), spec: Spec{Units: 1000}}
+		n := 2*writeChunk + 5
+		var ws []ledger.Write
+		for i := range n {
+			ws = append(ws, ledger.Write{Key: fmt.Sprintf("k%06d", i), Units: 10, Version: ledger.Version{Inc: 1, Seq: uint64(i + 1)}})
+		}
+		ws = append(ws, ledger.Write{Key: ledger.MarkerKey, Units: 10, Version: ledger.Version{Inc: 1, Seq: 1}, Create: true,
+			Lease: time.Second, RunID: fs.runID})
+		res := a.applyWrites(context.Background(), map[*driver.Rule][]ledger.Write{r: ws})[r]
+		wantCalls := []int{writeChunk, writeChunk, 5}
+		confirmed := n
+		if failFrom == 2 {
+			wantCalls, confirmed = []int{writeChunk, writeChunk}, writeChunk
+		}
+		if fmt.Sprint(fs.calls) != fmt.Sprint(wantCalls) {
+			t.Fatalf("failFrom %d: store calls of %v records, want %v", failFrom, fs.calls, wantCalls)
+		}
+		cs := res.Confirmations
+		if len(cs) != confirmed+1 || cs[len(cs)-1].Key != ledger.MarkerKey {
+			t.Fatalf("failFrom %d: %d confirmations (last %+v), want %d records and the marker", failFrom, len(cs), cs[len(cs)-1], confirmed)
+		}
+		for i, c := range cs[:confirmed] {
+			if c.Key != ws[i].Key || c.Version != ws[i].Version {
+				t.Fatalf("failFrom %d: confirmation %d is %+v, want %s at %v", failFrom, i, c, ws[i].Key, ws[i].Version)
+			}
+		}
+		if held := len(a.rules["r"].holds.held); held != confirmed {
+			t.Fatalf("failFrom %d: %d records held, want %d", failFrom, held, confirmed)
 		}
 	}
 }

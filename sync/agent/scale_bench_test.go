@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/regional/usage"
+	"github.com/apportion/apportion/sync/ledger"
 	"github.com/nats-io/nats.go"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -29,9 +31,13 @@ import (
 // whole process's heap per key per region (an upper bound), and the
 // agents' own heap per key per region (agentHeap, plus the encoded reports
 // in the agents' queues: the least and the most of three samples, of
-// those in which every ledger held every key). It logs every sample with
-// the keys each ledger holds, and the reports the agents rejected by
-// reason.
+// those in which every ledger held every key), and the fences (new
+// incarnations) of the warm-up and of the measured intervals (fences-warmup,
+// fences). The warm-up lasts until the agents have converged (every ledger
+// holds every key, every marker is of its ledger's incarnation, and no
+// incarnation changed for 16 intervals), so the figures are of the steady
+// state. It logs every sample with the keys each ledger holds, and the
+// reports the agents rejected by reason.
 //
 //	go test -run '^$' -bench Agent100kKeys -benchtime 50x ./sync/agent/
 func BenchmarkAgent100kKeys(b *testing.B) { benchAgent(b, benchKeys(), 500*time.Millisecond) }
@@ -84,20 +90,30 @@ func benchAgent(b *testing.B, keys int, iv time.Duration) {
 		}
 	}
 	interval := testInterval
-	// Warm up until every region coordinates every key.
-	wait := 120 * time.Second * time.Duration(max(1, keys/100_000))
+	// Warm up until the agents have converged: every ledger holds every
+	// key, every store's marker is of its region's current incarnation
+	// and unexpired, and no incarnation changed (no fence) for
+	// stableChecks intervals in a row. The first tick's usage creates every
+	// key at once, so "every key held" alone ends the warm-up inside the
+	// start, where the loops are furthest behind.
+	const stableChecks = 16
+	wait := 240 * time.Second * time.Duration(max(1, keys/100_000))
 	deadline := time.Now().Add(wait)
-	for {
+	fences := newFenceCount(s)
+	stable := 0
+	for stable < stableChecks {
 		publish()
 		time.Sleep(interval) // pacing the load generator, not synchronisation
-		all := true
+		changed := fences.probe()
+		ok := !changed
 		for _, n := range s.names {
-			if len(s.regions[n].agent.Shares(testRule)) < keys {
-				all = false
-			}
+			p := fences.last[n]
+			ok = ok && p.keys >= keys && p.inc > 0 && markerAt(s.regions[n].mem, testRule, p.inc)
 		}
-		if all {
-			break
+		if ok {
+			stable++
+		} else {
+			stable = 0
 		}
 		if time.Now().After(deadline) {
 			for _, n := range s.names {
@@ -109,11 +125,13 @@ func benchAgent(b *testing.B, keys int, iv time.Duration) {
 						}
 					}
 				}
-				b.Logf("%s coordinates %d keys", n, len(s.regions[n].agent.Shares(testRule)))
+				b.Logf("%s: %+v", n, fences.last[n])
 			}
-			b.Fatalf("the agents did not coordinate %d keys within %v", keys, wait)
+			b.Fatalf("the agents did not converge on %d keys within %v (%d fences)", keys, wait, fences.n())
 		}
 	}
+	warmFences := fences.n()
+	b.Logf("converged after %d fences (warm-up)", warmFences)
 	// Three samples a third of an interval apart: the agents keep working
 	// meanwhile, and what a tick has in hand (writes, reports, usage) is
 	// in use when a sample falls into it.
@@ -184,6 +202,9 @@ func benchAgent(b *testing.B, keys int, iv time.Duration) {
 	elapsed := time.Since(start)
 	cpu := cpuTime() - cpu0
 	sent := sentBytes(s) - sent0
+	fences.probe()
+	runFences := fences.n() - warmFences
+	b.Logf("fences: %d in the warm-up, %d after it", warmFences, runFences)
 	intervals := elapsed.Seconds() / interval.Seconds()
 	b.Logf("reports rejected (all regions, whole run): %v", rejections(s))
 	b.ReportMetric(float64(cpu.Microseconds())/1000/intervals/3, "cpu-ms/region/interval")
@@ -191,6 +212,73 @@ func benchAgent(b *testing.B, keys int, iv time.Duration) {
 	b.ReportMetric(float64(heap)/3/float64(keys), "process-heap-B/key/region")
 	b.ReportMetric(own/3/float64(keys), "agent-heap-B/key/region")
 	b.ReportMetric(ownMax/3/float64(keys), "agent-heap-max-B/key/region")
+	b.ReportMetric(float64(warmFences), "fences-warmup")
+	b.ReportMetric(float64(runFences), "fences")
+}
+
+// ledgerProbe is what a region's loop answered of its ledger of testRule.
+type ledgerProbe struct {
+	keys int    // keys held
+	inc  uint64 // its incarnation; 0: none (fenced, or starting)
+}
+
+// fenceCount counts the fences of the regions' ledgers of testRule from
+// their incarnations (each fence starts a new one): the highest seen per
+// region, less the first, plus one while a region has no ledger.
+type fenceCount struct {
+	s    *stack
+	max  map[string]uint64
+	last map[string]ledgerProbe
+}
+
+func newFenceCount(s *stack) *fenceCount {
+	return &fenceCount{s: s, max: map[string]uint64{}, last: map[string]ledgerProbe{}}
+}
+
+// probe asks every region's loop (counting keys without copying them)
+// and reports whether an incarnation changed since the last probe.
+func (f *fenceCount) probe() (changed bool) {
+	for _, n := range f.s.names {
+		a := f.s.regions[n].agent
+		var p ledgerProbe
+		ctx, cancel := context.WithTimeout(context.Background(), shareViewTimeout)
+		err := a.onLoop(ctx, func() {
+			if st := a.rules[testRule]; st != nil && st.Led != nil {
+				p.inc = st.Led.Incarnation().Inc
+				st.Led.Each(func(string, ledger.Share) { p.keys++ })
+			}
+		})
+		cancel()
+		if err != nil {
+			p = f.last[n] // a busy loop: nothing learnt
+		}
+		changed = changed || p.inc != f.last[n].inc
+		f.last[n] = p
+		f.max[n] = max(f.max[n], p.inc)
+	}
+	return changed
+}
+
+// n is the fences counted so far.
+func (f *fenceCount) n() int {
+	total := 0
+	for _, n := range f.s.names {
+		if f.max[n] > 1 {
+			total += int(f.max[n] - 1)
+		}
+		if f.max[n] > 0 && f.last[n].inc == 0 {
+			total++
+		}
+	}
+	return total
+}
+
+// markerAt reports whether m holds rule's marker at incarnation inc, unexpired.
+func markerAt(m *memStore, rule string, inc uint64) bool {
+	m.w.mu.Lock()
+	defer m.w.mu.Unlock()
+	mk := m.markers[rule]
+	return mk != nil && mk.v.Inc == inc && time.Now().Before(mk.expires)
 }
 
 // heapSite is the in-use heap allocated at one place of the agents' code.

@@ -11,12 +11,15 @@ import (
 	"github.com/apportion/apportion/sync/ledger"
 )
 
+// writeChunk bounds the share records of one store call.
+const writeChunk = 4096
+
 // applyWrites runs every rule's writes on the store, rules in parallel.
 func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledger.Write) map[*driver.Rule]driver.Applied {
 	type job struct {
-		st      *ruleState
-		recs    []redisstore.ShareRecord
-		markers []redisstore.Marker
+		st *ruleState
+		ws []ledger.Write
+		sr driver.StoreRule
 	}
 	var jobs []job
 	for r, ws := range writes {
@@ -32,10 +35,7 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 				st.lowered = n
 			}
 		}
-		j := job{st: st}
-		j.recs, j.markers = driver.StoreWrites(ws, storeRule(st))
-		a.holdRecords(j.recs)
-		jobs = append(jobs, j)
+		jobs = append(jobs, job{st: st, ws: ws, sr: storeRule(st)})
 	}
 	out := make(map[*driver.Rule]driver.Applied, len(jobs))
 	var mu sync.Mutex
@@ -46,19 +46,45 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			var vs []redisstore.WindowApplied
-			var mvs []redisstore.Version
-			if len(j.recs) > 0 {
+			var res driver.Applied
+			var markers []redisstore.Marker
+			// The records in chunks of writeChunk, in the ledger's order:
+			// only one chunk's store records exist at a time (a tick
+			// writing every key held them all, about 130 B per key). A
+			// failed call ends the rule's writes for this flush: the
+			// ledger retries what was not confirmed.
+			for ws := j.ws; len(ws) > 0; {
+				n := min(len(ws), writeChunk)
+				recs, ms := driver.StoreWrites(ws[:n], j.sr)
+				ws = ws[n:]
+				markers = append(markers, ms...)
+				if len(recs) == 0 {
+					continue
+				}
+				a.holdRecords(recs)
 				cctx, cancel := context.WithTimeout(ctx, max(a.cfg.StoreTimeout, a.cfg.Interval))
-				var err error
-				vs, err = a.writeShares(cctx, j.st.ID, j.recs)
+				vs, err := a.writeShares(cctx, j.st.ID, recs)
 				cancel()
 				if err != nil {
 					a.m.storeErrors.Inc()
 					a.logs.Log(slog.LevelWarn, "write-shares", "share writes failed; the ledger retries them", logKeyRule, j.st.ID, logKeyErr, err)
+					for _, w := range ws { // the markers still go: the lease depends on them
+						if w.Key == ledger.MarkerKey {
+							_, ms := driver.StoreWrites([]ledger.Write{w}, j.sr)
+							markers = append(markers, ms...)
+						}
+					}
+					break
 				}
+				c := driver.Confirmations(recs, vs, nil)
+				res.Confirmations = append(res.Confirmations, c.Confirmations...)
+				res.Refused = append(res.Refused, c.Refused...)
+				mu.Lock()
+				a.noteHeld(j.st, recs, vs, time.Now())
+				mu.Unlock()
 			}
-			for _, m := range j.markers {
+			var mvs []redisstore.Version
+			for _, m := range markers {
 				cctx, cancel := context.WithTimeout(ctx, a.cfg.StoreTimeout)
 				v, err := a.store.WriteMarker(cctx, j.st.ID, m)
 				cancel()
@@ -69,9 +95,8 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 				}
 				mvs = append(mvs, v)
 			}
-			res := driver.Confirmations(j.recs, vs, mvs)
+			res.Confirmations = append(res.Confirmations, driver.Confirmations(nil, nil, mvs).Confirmations...)
 			mu.Lock()
-			a.noteHeld(j.st, j.recs, vs, time.Now())
 			out[j.st.Rule] = res
 			mu.Unlock()
 		}()
