@@ -89,7 +89,12 @@
 // A record write applies only if its version is above the stored one; a share
 // change settles the bucket at the old rate up to now, sets the new rate and
 // capacity and clamps the tokens, in one script; elapsed time below zero
-// counts as zero. Records of coordinated keys do not expire while their
+// counts as zero. A raise adds no tokens, except once per key under a
+// first incarnation's first marker (regional/redisstore, "The boot fill"):
+// a key built at the floor before it gets the tokens it would hold had it
+// started at min(its units, the base); safe because before that marker is
+// confirmed the incarnation has published nothing, so its published
+// position is at least its base. Records of coordinated keys do not expire while their
 // incarnation's marker may be in force (the agent gives them a TTL, the
 // Hold, and writes them again well within it; only Release records,
 // written when a key is back at its base, may expire with the bucket). A marker Create applies only to the store run (RunID) it names; a
