@@ -85,7 +85,8 @@
 // takes the new ones and its tokens are clamped to the new capacity, in the
 // same script, and the new state is written even if the request is
 // rejected. A state written by a regional check (no rate stored) gets no
-// refill credit. A missing key starts full at its enforced capacity.
+// refill credit. A missing key starts full at its enforced capacity; an
+// existing one gains no token when raised, except by the boot fill below.
 // WriteShares applies a record whose version is not below the stored one
 // with the same settle-set-clamp steps; a Release record gives the key the
 // bucket's TTL (at least ShareRecord.TTL), any other the bucket's TTL, at
@@ -95,6 +96,46 @@
 // same incarnation, at or above its version. Both return the version held
 // afterwards. A regional check on a key holding a global state keeps only
 // its tokens (a rule that changes scope loses its records).
+//
+// The boot fill. A raise adds no tokens, with one exception. A marker is
+// a boot marker when it is a Create of incarnation 1 (a region's first)
+// applied over no marker of the server run, and stays one through writes
+// of its incarnation with the same default units applied while it is in
+// force (flagged by bit 47 of its stored sequence); any other write ends
+// it. When a key's settle step finds a boot marker in force, a stored e
+// equal to the floor, and units u above the floor enforced since the
+// marker's Create (the held record's or the default; for WriteShares the
+// units before the new record), its tokens get floor(C*min(u,D)/U) -
+// floor(C*F/U) more, D the marker's default: a key built at the floor
+// before the region's first marker holds what a bucket of min(u,D) units
+// started full at its creation would, as the static split's does.
+//
+// Why it stays within the global bound (C + R*T over any T). Charge each
+// region a virtual bucket L_i: until its marker applies, D units (a first
+// incarnation's base B_i: the ledger publishes nothing before its first
+// marker is confirmed, so its published position is at least B_i), from
+// then on the units the contract enforces; L_i refills at its charge's
+// rate, is clamped when the charge falls and gains nothing when it rises.
+// The charges sum to at most U at every instant (sync/ledger, invariant
+// 1), so the regions admit at most sum L_i(s) + R*T <= C + R*T in any
+// [s, s+T] as long as each real bucket holds at most L_i. Before the fill
+// L_i >= min(cap(X), t + cap(X) - cap(F)), X = min(u, D): it starts so
+// (full against full), admissions take the same from both, and L_i refills
+// at least as fast and is clamped no lower. So the fill leaves t <= L_i,
+// and from then on both follow the same units. It applies at most once
+// per key: a state written while a boot marker is in force has e = the
+// units then enforced, which change only by a write to the key (the
+// default cannot change within a boot). Hence no fill on a later raise
+// (a giver's used tokens plus fresh ones would exceed the bound), for a
+// later incarnation (its records carry gifts), after a lapse (the Create
+// that follows is not over "no marker") or a default change (a reclaim
+// payment). Not covered: a Redis that restarts empty during a first
+// incarnation forgets the keys' use, and its re-created marker is a boot
+// marker again (the store cannot tell it from the first), so a key
+// re-asserted above its floor may admit its min(u,D) share's burst once
+// more than the bound, where without the fill it would admit its floor's.
+// TestGlobalContract's boot cases fail if the fill applies on a later
+// raise, for incarnation 2, after a lapse or after a default change.
 //
 // Global windows. A fixed_window or sliding_window Bucket with Global set
 // has the rule's GLOBAL limit L per window W; with u units (chosen exactly
@@ -229,7 +270,8 @@
 // units*2+release as a token bucket does: 24 bytes, and 28 for a sliding
 // window, whose c and p then take 5 bytes each (30 bytes, 6 each, when a
 // count reaches 2^40; also read, as written by earlier versions). The sliding log
-// is a sorted set. A marker is 5 6-byte integers and the run id.
+// is a sorted set. A marker is 5 6-byte integers (inc, seq with bit 47 set
+// for a boot marker, units, applied at, lease end) and the run id.
 //
 // Memory, measured with MEMORY USAGE on Redis 7.0 (jemalloc) for the
 // typical key rl:{user:42}:orders-free (go test -v -run TestMemoryUsage

@@ -295,7 +295,8 @@ func compareMarker(t *testing.T, e *env, m *Model, rule string) {
 			v[i] = v[i]<<8 | int64(raw[6*i+j])
 		}
 	}
-	got := modelMarker{inc: v[0], seq: v[1], units: v[2], at: v[3], exp: v[4], run: raw[30:]}
+	const bootBit = int64(1) << 47 // a boot marker's flag in seq
+	got := modelMarker{inc: v[0], seq: v[1] &^ bootBit, units: v[2], at: v[3], exp: v[4], run: raw[30:], boot: v[1]&bootBit != 0}
 	if got != want {
 		t.Fatalf("marker %s: redis %+v, model %+v", key, got, want)
 	}

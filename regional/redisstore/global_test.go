@@ -141,6 +141,76 @@ var globalCases = []struct {
 			t.Fatalf("after a default raise: limit %d remaining %d, want 900, 149 (500ms at 300/s)", l, rem)
 		}
 	}},
+	{"boot fill: a first incarnation's first marker fills a key built at the floor, once; no other raise does", func(t *testing.T, im impl, key func(string) string, rule string) {
+		a, b := key("a"), key("b")
+		// before any marker: the floor (100), 30 taken from a; b has a record of 200 written first
+		if ok, res := im.check(t, t0, 30, globalBucket(rule, a)); !ok || res[0].Remaining != 70 {
+			t.Fatalf("take 30 at the floor: %v %+v", ok, res)
+		}
+		im.shares(t, t0, rule, record(rule, b, 1, 1, 200))
+		m := create(im, 1, 2, 300, time.Minute)
+		m.RunID = im.runID(t)
+		im.marker(t, t0, rule, m)
+		// a: 70 + (300 - 100) filled, 1 taken; b: 100 + (200 - 100), 1 taken
+		if l, rem := limitOf(t, im, rule, t0, a); l != 300 || rem != 269 {
+			t.Fatalf("boot fill: limit %d remaining %d, want 300, 269", l, rem)
+		}
+		if l, rem := limitOf(t, im, rule, t0, b); l != 200 || rem != 199 {
+			t.Fatalf("boot fill with a record: limit %d remaining %d, want 200, 199", l, rem)
+		}
+		// once: a lowering to the floor (a gift), drained, then a raise adds no token
+		im.shares(t, t0, rule, record(rule, a, 1, 3, gFloor))
+		if ok, _ := im.check(t, t0, gFloor, globalBucket(rule, a)); !ok {
+			t.Fatal("drain rejected")
+		}
+		im.shares(t, t0, rule, record(rule, a, 1, 4, 600))
+		if l, rem := limitOf(t, im, rule, t0, a); l != 600 || rem != 0 {
+			t.Fatalf("a raise after the boot: limit %d remaining %d, want 600, 0", l, rem)
+		}
+	}},
+	{"boot fill: none for a later incarnation, a Create after a lapse or a changed default", func(t *testing.T, im impl, key func(string) string, rule string) {
+		drained := func(k string, nowMs int64) {
+			t.Helper()
+			if ok, _ := im.check(t, nowMs, gFloor, globalBucket(rule, k)); !ok {
+				t.Fatal("drain rejected")
+			}
+		}
+		// a later incarnation's first marker
+		drained(key("a"), t0)
+		m := create(im, 2, 1, 300, 10*time.Second)
+		m.RunID = im.runID(t)
+		im.marker(t, t0, rule, m)
+		if l, rem := limitOf(t, im, rule, t0, key("a")); l != 300 || rem != 0 {
+			t.Fatalf("later incarnation: limit %d remaining %d, want 300, 0", l, rem)
+		}
+		// a first incarnation's Create over its own lapsed marker
+		r2 := rule + "-lapse"
+		m = create(im, 1, 1, 300, 10*time.Second)
+		m.RunID = im.runID(t)
+		im.marker(t, t0, r2, m)
+		b := Key("b", r2)
+		if ok, _ := im.check(t, t0+11_000, gFloor, globalBucket(r2, b)); !ok {
+			t.Fatal("drain rejected")
+		}
+		m.Seq = 2
+		im.marker(t, t0+11_000, r2, m)
+		if l, rem := limitOf(t, im, r2, t0+11_000, b); l != 300 || rem != 0 {
+			t.Fatalf("create after a lapse: limit %d remaining %d, want 300, 0", l, rem)
+		}
+		// a renewal that changes the default ends the boot
+		r3 := rule + "-units"
+		c := Key("c", r3)
+		if ok, _ := im.check(t, t0, gFloor, globalBucket(r3, c)); !ok {
+			t.Fatal("drain rejected")
+		}
+		m = create(im, 1, 1, 300, time.Minute)
+		m.RunID = im.runID(t)
+		im.marker(t, t0, r3, m)
+		im.marker(t, t0, r3, Marker{Inc: 1, Seq: 2, Units: 400, Lease: time.Minute})
+		if l, rem := limitOf(t, im, r3, t0, c); l != 400 || rem != 0 {
+			t.Fatalf("changed default: limit %d remaining %d, want 400, 0", l, rem)
+		}
+	}},
 	{"create with a stale run id is refused; versions only move forward", func(t *testing.T, im impl, key func(string) string, rule string) {
 		m := create(im, 1, 5, 300, time.Minute)
 		m.RunID = "0123456789abcdef0123456789abcdef01234567"

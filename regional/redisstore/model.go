@@ -23,6 +23,10 @@ type modelMarker struct {
 	inc, seq, units int64
 	at, exp         int64 // applied at, lease end (virtual ms)
 	run             string
+	// boot: a first incarnation's marker, in force with the same default
+	// units without a break since its Create (see the package doc, "The
+	// boot fill").
+	boot bool
 }
 
 // modelKey mirrors one Redis key: a hash (token, leaky, fixed and sliding
@@ -177,6 +181,7 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 					oc, or, okc := lastSeen(k, b.Capacity, b.Rate, g.Units)
 					if okc {
 						t = refill(t, nowMs-l, oc*1000, or)
+						t = m.bootFill(mk, okm, nowMs, t, k.h["e"], g.Floor, u, b.Capacity, g.Units)
 					}
 					t = min(t, capU)
 					p.changed = !okc || oc != capacity || or != rate
@@ -526,6 +531,19 @@ func (m *Model) live(mk modelMarker, ok bool, nowMs int64) bool {
 	return ok && mk.at <= nowMs && nowMs < mk.exp && mk.run == m.runID
 }
 
+// bootFill is the boot fill (see the package doc, "The boot fill"): t, a
+// global key's tokens settled up to nowMs at the capacity of the units e it
+// last enforced, plus the capacity of min(u, the marker's default units)
+// above the floor's, if the marker is a boot marker in force, e is the
+// floor and u, the units the key has enforced since the marker's Create
+// (its held record's or the default), is above it; else t.
+func (m *Model) bootFill(mk modelMarker, ok bool, nowMs, t, e, floor, u, c, total int64) int64 {
+	if !mk.boot || e != floor || u <= floor || !m.live(mk, ok, nowMs) {
+		return t
+	}
+	return t + (shareOf(c, min(u, mk.units), total)-shareOf(c, floor, total))*1000
+}
+
 // enforced is the units a global key enforces (see the package doc).
 func (m *Model) enforced(mk modelMarker, ok bool, nowMs, total, floor int64, hasRec bool, recInc, recUnits int64) int64 {
 	u := floor
@@ -563,7 +581,14 @@ func (m *Model) WriteMarker(nowMs int64, rule string, mk Marker) (Version, error
 		}
 		return Version{}, nil
 	}
-	m.markers[key] = modelMarker{inc: inc, seq: seq, units: mk.Units, at: nowMs, exp: nowMs + mk.Lease.Milliseconds(), run: m.runID}
+	nm := modelMarker{inc: inc, seq: seq, units: mk.Units, at: nowMs, exp: nowMs + mk.Lease.Milliseconds(), run: m.runID}
+	switch {
+	case ok && old.boot && inc == old.inc && mk.Units == old.units && m.live(old, true, nowMs):
+		nm.boot = true
+	case !ok && mk.Create && inc == 1:
+		nm.boot = true
+	}
+	m.markers[key] = nm
 	return Version{mk.Inc, mk.Seq}, nil
 }
 
@@ -596,6 +621,10 @@ func (m *Model) WriteShares(nowMs int64, rule string, recs []ShareRecord) ([]Ver
 		} else {
 			if oc, or, ok := lastSeen(k, r.Capacity, r.Rate, r.Total); ok {
 				t = refill(t, nowMs-tbLast(k, nowMs), oc*1000, or)
+				// the boot fill at the units the key enforced until now (its held record's or the marker's default)
+				hi, hasRec := m.field(k, "i")
+				uo := m.enforced(mk, okm, nowMs, r.Total, r.Floor, hasRec, hi, k.h["u"]/2)
+				t = m.bootFill(mk, okm, nowMs, t, k.h["e"], r.Floor, uo, r.Capacity, r.Total)
 			}
 			t = min(t, capU)
 		}

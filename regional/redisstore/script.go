@@ -171,7 +171,7 @@ else now = tonumber(now) end
 // assignments to locals, so that the check script builds them only once
 // it meets a global bucket.
 const globalLocals = `
-local shareOf, loadmarker, runid, currentrun, live, enforced
+local shareOf, loadmarker, runid, currentrun, live, enforced, bootfill
 `
 
 const globalHelpers = `
@@ -180,13 +180,16 @@ shareOf = function(x, u, UN)
   local q = idiv(x, UN)
   return q * u + idiv((x - q * UN) * u, UN)
 end
--- marker: inc, seq, units, applied at, lease expiry (ms), then the run id
+-- marker: inc, seq (+ 2^47 for a boot marker), units, applied at, lease
+-- expiry (ms), then the run id
 loadmarker = function(key)
   local s = redis.call('GET', key)
   if not s then return nil end
   if #s < 30 then return error('redisstore: bad marker in ' .. key) end
   local i, q, u, at, exp = unpackle('<I6I6I6I6I6', s)
-  return {inc = i, seq = q, units = u, at = at, exp = exp, run = string.sub(s, 31)}
+  local boot = q >= 140737488355328
+  if boot then q = q - 140737488355328 end
+  return {inc = i, seq = q, units = u, at = at, exp = exp, run = string.sub(s, 31), boot = boot}
 end
 -- the server's run id (INFO server); EmbeddedRunID where the server
 -- answers that INFO server is not supported (an embedded server)
@@ -215,6 +218,17 @@ enforced = function(m, now, UN, F, rinc, runits)
   end
   if u > UN then u = UN end
   return u
+end
+-- the boot fill (package doc): tokens t settled at the e units last
+-- enforced, plus the capacity of min(u, default) above the floor's, if m
+-- is a boot marker in force, e the floor and u (the units enforced since
+-- the marker's Create) above it
+bootfill = function(m, now, t, e, F, u, C, UN)
+  if e == F and u > F and m and m.boot and live(m, now) then
+    if u > m.units then u = m.units end
+    t = t + (shareOf(C, u, UN) - shareOf(C, F, UN)) * 1000
+  end
+  return t
 end
 `
 
@@ -301,8 +315,8 @@ while base < #ARGV do
       local UN, F, mk = tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
       local m = markers[mk]
       if m == nil then m = loadmarker(KEYS[mk]) or false; markers[mk] = m end
-      if rinc then return enforced(m, now, UN, F, rinc, idiv(ru, 2)), UN end
-      return enforced(m, now, UN, F, nil, 0), UN
+      if rinc then return enforced(m, now, UN, F, rinc, idiv(ru, 2)), UN, m, F end
+      return enforced(m, now, UN, F, nil, 0), UN, m, F
     end
   end
   if alg == 1 or alg == 6 then
@@ -311,8 +325,8 @@ while base < #ARGV do
     local cap, rate, changed, u = a, b, false, nil
     if alg == 6 then
       -- global: enforce a share of the global capacity a and rate b
-      local UN
-      u, UN = gunits(base, rinc, ru)
+      local UN, gm, F
+      u, UN, gm, F = gunits(base, rinc, ru)
       cap = shareOf(a, u, UN); rate = shareOf(b, u, UN)
       local capU = cap * 1000
       if t == nil then t = capU; l = now
@@ -322,6 +336,7 @@ while base < #ARGV do
         -- new capacity
         if e then oc = shareOf(a, e, UN); orate = shareOf(b, e, UN) end
         if oc then t = refill(t, now - l, oc * 1000, orate) end
+        if e then t = bootfill(gm, now, t, e, F, u, a, UN) end
         if t > capU then t = capU end
         changed = oc ~= cap or orate ~= rate
       end
@@ -582,9 +597,10 @@ local ttl = tonumber(ARGV[9])
 local now = ARGV[10]` + clockLua + `
 local slack = tonumber(ARGV[11])
 local hold = tonumber(ARGV[12])
-local t, l, e, oc, orate, hinc, hseq = loadtb(key, now)
+local t, l, e, oc, orate, hinc, hseq, hru = loadtb(key, now)
 if hinc and (inc < hinc or (inc == hinc and seq < hseq)) then return {hinc, hseq} end
-local u = enforced(loadmarker(KEYS[2]) or false, now, UN, F, inc, units)
+local m = loadmarker(KEYS[2]) or false
+local u = enforced(m, now, UN, F, inc, units)
 local cap, rate = shareOf(C, u, UN), shareOf(R, u, UN)
 local capU = cap * 1000
 if t == nil then t = capU
@@ -593,6 +609,13 @@ else
   -- earlier layouts' c and r; none: no credit)
   if e then oc = shareOf(C, e, UN); orate = shareOf(R, e, UN) end
   if oc then t = refill(t, now - l, oc * 1000, orate) end
+  -- the boot fill at the units enforced until now (the held record's or
+  -- the default)
+  if e then
+    local uo
+    if hinc then uo = enforced(m, now, UN, F, hinc, idiv(hru, 2)) else uo = enforced(m, now, UN, F, nil, 0) end
+    t = bootfill(m, now, t, e, F, uo, C, UN)
+  end
   if t > capU then t = capU end
 end
 if rel == 0 then ttl = hold end
@@ -644,6 +667,13 @@ if ARGV[8] and ARGV[8] ~= '' then
   if cap < exp then exp = cap end
   if exp < now then exp = now end
 end
-redis.call('SET', key, packle('<I6I6I6I6I6', inc, seq, units, now, exp) .. cur)
+-- a boot marker: a first incarnation's Create over no marker of this run,
+-- or a write of its incarnation and default units over a boot marker in
+-- force (package doc, "The boot fill"); flagged by 2^47 in seq
+local q = seq
+if (m and m.boot and inc == m.inc and units == m.units and live(m, now)) or (not m and create and inc == 1) then
+  q = seq + 140737488355328
+end
+redis.call('SET', key, packle('<I6I6I6I6I6', inc, q, units, now, exp) .. cur)
 return {inc, seq}
 `

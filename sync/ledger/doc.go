@@ -106,7 +106,12 @@
 // A record write applies only if its version is above the stored one; a share
 // change settles the bucket at the old rate up to now, sets the new rate and
 // capacity and clamps the tokens, in one script; elapsed time below zero
-// counts as zero. Records of coordinated keys do not expire while their
+// counts as zero. A raise adds no tokens, except once per key under a
+// first incarnation's first marker (regional/redisstore, "The boot fill"):
+// a key built at the floor before it gets the tokens it would hold had it
+// started at min(its units, the base); safe because before that marker is
+// confirmed the incarnation has published nothing, so its published
+// position is at least its base. Records of coordinated keys do not expire while their
 // incarnation's marker may be in force (the agent gives them a TTL, the
 // Hold, and writes them again well within it; only Release records,
 // written when a key is back at its base, may expire with the bucket). A marker Create applies only to the store run (RunID) it names; a
@@ -317,7 +322,7 @@
 // (TestTwoRegionPartition: 10 ms at most after cuts of 2 s and 10 s, bound
 // 1.3 s; TestTwoRegionPartitionSmallLimit the same for whole tokens of a
 // burst of 1 and 4, one side keeping the token through a 10 s cut;
-// two-region-partition: 99.69% utilization, 74.41% when both sides fenced
+// two-region-partition: 99.71% utilization, 74.41% when both sides fenced
 // to their floors). A lone survivor of a lost region keeps its
 // position, not the other's: it cannot reclaim with no peer to acknowledge
 // it, and the lost region's units come back when it returns (its new
@@ -334,7 +339,7 @@
 // during a cut would need the survivors to leave that much unreclaimed for
 // good when it dies, which is what the floor already is: min_share is the
 // price paid in advance for serving during a cut, and min_share 1 is the
-// static split (partition: 99.44% against the static split's 99.99%, the
+// static split (partition: 99.74% against the static split's 99.99%, the
 // cut-off region at its floor for the cut).
 //
 // # Clocks
