@@ -360,10 +360,7 @@ func (s *Store) runFanouts(job *fanJob) {
 // range) and returns the lowest version a copy holds afterwards.
 func (s *Store) fanOut(job *fanJob) (Version, error) {
 	m, view, caps, rule := job.m, job.view, job.caps, job.rule
-	create := 0
-	if m.Create {
-		create = 1
-	}
+	create := createArg(m)
 	// The copies may take longer than the caller's budget for one write
 	// (16384 script calls): every lease is already capped by its anchor
 	// and every copy is ordered by its version, so a copy applied late

@@ -99,6 +99,7 @@
 //
 // The boot fill. A raise adds no tokens, with one exception. A marker is
 // a boot marker when it is a Create of incarnation 1 (a region's first)
+// flagged Boot by its writer (below)
 // applied over no marker of the server run, and stays one through writes
 // of its incarnation with the same default units applied while it is in
 // force (flagged by bit 47 of its stored sequence); any other write ends
@@ -129,13 +130,17 @@
 // (a giver's used tokens plus fresh ones would exceed the bound), for a
 // later incarnation (its records carry gifts), after a lapse (the Create
 // that follows is not over "no marker") or a default change (a reclaim
-// payment). Not covered: a Redis that restarts empty during a first
-// incarnation forgets the keys' use, and its re-created marker is a boot
-// marker again (the store cannot tell it from the first), so a key
-// re-asserted above its floor may admit its min(u,D) share's burst once
-// more than the bound, where without the fill it would admit its floor's.
+// payment). A Redis that restarts empty forgets the keys' use, and the
+// store cannot tell its re-created marker from a first one; the writer can,
+// so a boot marker also needs the Create flagged Boot (Marker.Boot), which
+// the ledger sets only on its first incarnation's Creates before any of its
+// markers was confirmed and before any store reset (a Create naming the
+// run id of a store that restarted since is refused anyway). Without the
+// flag a re-created marker fills nothing, and a restart re-mints only what
+// it always did: the floor's burst of keys that start anew.
 // TestGlobalContract's boot cases fail if the fill applies on a later
-// raise, for incarnation 2, after a lapse or after a default change.
+// raise, for incarnation 2, for a Create not flagged Boot, after a lapse or
+// after a default change.
 //
 // Global windows. A fixed_window or sliding_window Bucket with Global set
 // has the rule's GLOBAL limit L per window W; with u units (chosen exactly

@@ -40,6 +40,14 @@ type Marker struct {
 	Lease    time.Duration // validity from apply, on the store's clock (whole ms, in [0, MaxLease])
 	Create   bool
 	RunID    string // with Create: the store run id the marker is for
+	// Boot, with Create: the writer's first incarnation makes its first
+	// Create and has seen no store reset, so the keys it enforced at the
+	// floor before it may get the boot fill (package doc, "The boot fill";
+	// only for Inc 1: a store incarnation mapped from a later epoch of
+	// sharded agents never fills). The store cannot tell a first boot from a
+	// Redis that restarted empty; only the writer can. Ignored without
+	// Create.
+	Boot bool
 }
 
 // ShareRecord is a write of one key's share record.
@@ -222,17 +230,26 @@ func (s *Store) WriteMarker(ctx context.Context, rule string, m Marker) (Version
 	if s.cluster != nil {
 		return s.writeMarkerCluster(ctx, rule, m, now)
 	}
-	create := 0
-	if m.Create {
-		create = 1
-	}
 	keys := []string{MarkerKey(rule)}
+	create := createArg(m)
 	args := []any{m.Inc, m.Seq, m.Units, m.Lease.Milliseconds(), create, m.RunID, now}
 	v, err := s.evalShas(ctx, s.marker, 1, func(int) []string { return keys }, func(int) []any { return args })[0].Result()
 	if err != nil {
 		return Version{}, fmt.Errorf("redisstore: write marker of %q: %w", rule, err)
 	}
 	return parseVersion(v)
+}
+
+// createArg is the marker script's create argument: 0 a renewal, 1 a
+// Create, 2 a boot Create (Marker.Boot).
+func createArg(m Marker) int {
+	switch {
+	case m.Create && m.Boot:
+		return 2
+	case m.Create:
+		return 1
+	}
+	return 0
 }
 
 // validateShares checks the arguments of WriteShares (Store and Model).

@@ -235,7 +235,7 @@ func diffGlobal(t *testing.T, alg rules.Algorithm) {
 			mk := Marker{Inc: uint64(1 + r.IntN(3)), Seq: uint64(r.IntN(30)), Units: units(g),
 				Lease: time.Duration(r.Int64N(30_000)) * time.Millisecond, Create: r.IntN(2) == 0}
 			if mk.Create {
-				mk.RunID = m.RunID()
+				mk.RunID, mk.Boot = m.RunID(), mk.Inc == 1 && r.IntN(4) != 0
 				if r.IntN(4) == 0 {
 					mk.RunID = "0000000000000000000000000000000000000000"
 				}

@@ -149,7 +149,7 @@ var globalCases = []struct {
 		}
 		im.shares(t, t0, rule, record(rule, b, 1, 1, 200))
 		m := create(im, 1, 2, 300, time.Minute)
-		m.RunID = im.runID(t)
+		m.RunID, m.Boot = im.runID(t), true
 		im.marker(t, t0, rule, m)
 		// a: 70 + (300 - 100) filled, 1 taken; b: 100 + (200 - 100), 1 taken
 		if l, rem := limitOf(t, im, rule, t0, a); l != 300 || rem != 269 {
@@ -168,7 +168,7 @@ var globalCases = []struct {
 			t.Fatalf("a raise after the boot: limit %d remaining %d, want 600, 0", l, rem)
 		}
 	}},
-	{"boot fill: none for a later incarnation, a Create after a lapse or a changed default", func(t *testing.T, im impl, key func(string) string, rule string) {
+	{"boot fill: none for a later incarnation, a Create not flagged Boot, a Create after a lapse or a changed default", func(t *testing.T, im impl, key func(string) string, rule string) {
 		drained := func(k string, nowMs int64) {
 			t.Helper()
 			if ok, _ := im.check(t, nowMs, gFloor, globalBucket(rule, k)); !ok {
@@ -183,10 +183,23 @@ var globalCases = []struct {
 		if l, rem := limitOf(t, im, rule, t0, key("a")); l != 300 || rem != 0 {
 			t.Fatalf("later incarnation: limit %d remaining %d, want 300, 0", l, rem)
 		}
+		// a first incarnation's Create that its writer does not call a boot
+		// (it saw the store reset: an empty Redis looks like a first boot)
+		r1 := rule + "-reset"
+		d := Key("d", r1)
+		if ok, _ := im.check(t, t0, gFloor, globalBucket(r1, d)); !ok {
+			t.Fatal("drain rejected")
+		}
+		m = create(im, 1, 1, 300, 10*time.Second)
+		m.RunID = im.runID(t)
+		im.marker(t, t0, r1, m)
+		if l, rem := limitOf(t, im, r1, t0, d); l != 300 || rem != 0 {
+			t.Fatalf("create after a store reset: limit %d remaining %d, want 300, 0", l, rem)
+		}
 		// a first incarnation's Create over its own lapsed marker
 		r2 := rule + "-lapse"
 		m = create(im, 1, 1, 300, 10*time.Second)
-		m.RunID = im.runID(t)
+		m.RunID, m.Boot = im.runID(t), true
 		im.marker(t, t0, r2, m)
 		b := Key("b", r2)
 		if ok, _ := im.check(t, t0+11_000, gFloor, globalBucket(r2, b)); !ok {
@@ -204,7 +217,7 @@ var globalCases = []struct {
 			t.Fatal("drain rejected")
 		}
 		m = create(im, 1, 1, 300, time.Minute)
-		m.RunID = im.runID(t)
+		m.RunID, m.Boot = im.runID(t), true
 		im.marker(t, t0, r3, m)
 		im.marker(t, t0, r3, Marker{Inc: 1, Seq: 2, Units: 400, Lease: time.Minute})
 		if l, rem := limitOf(t, im, r3, t0, c); l != 400 || rem != 0 {

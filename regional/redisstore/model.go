@@ -585,7 +585,7 @@ func (m *Model) WriteMarker(nowMs int64, rule string, mk Marker) (Version, error
 	switch {
 	case ok && old.boot && inc == old.inc && mk.Units == old.units && m.live(old, true, nowMs):
 		nm.boot = true
-	case !ok && mk.Create && inc == 1:
+	case !ok && mk.Create && mk.Boot && inc == 1:
 		nm.boot = true
 	}
 	m.markers[key] = nm

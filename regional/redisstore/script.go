@@ -643,7 +643,7 @@ return {inc, seq}
 const markerSrc = prelude + globalLocals + globalHelpers + `
 local key = KEYS[1]
 local inc, seq, units, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local create, run = ARGV[5] == '1', ARGV[6]
+local create, boot, run = ARGV[5] == '1' or ARGV[5] == '2', ARGV[5] == '2', ARGV[6]
 local now = ARGV[7]` + clockLua + `
 local cur = currentrun()
 local m = loadmarker(key)
@@ -667,11 +667,12 @@ if ARGV[8] and ARGV[8] ~= '' then
   if cap < exp then exp = cap end
   if exp < now then exp = now end
 end
--- a boot marker: a first incarnation's Create over no marker of this run,
+-- a boot marker: a first incarnation's boot Create (its writer's first
+-- Create, no store reset seen: ARGV[5] 2) over no marker of this run,
 -- or a write of its incarnation and default units over a boot marker in
 -- force (package doc, "The boot fill"); flagged by 2^47 in seq
 local q = seq
-if (m and m.boot and inc == m.inc and units == m.units and live(m, now)) or (not m and create and inc == 1) then
+if (m and m.boot and inc == m.inc and units == m.units and live(m, now)) or (not m and boot and inc == 1) then
   q = seq + 140737488355328
 end
 redis.call('SET', key, packle('<I6I6I6I6I6', inc, q, units, now, exp) .. cur)

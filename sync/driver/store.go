@@ -52,7 +52,7 @@ func StoreWrites(ws []ledger.Write, p StoreRule) ([]redisstore.ShareRecord, []re
 	for _, w := range ws {
 		if w.Key == ledger.MarkerKey {
 			markers = append(markers, redisstore.Marker{Inc: w.Version.Inc, Seq: w.Version.Seq, Units: w.Units,
-				Lease: w.Lease.Truncate(time.Millisecond), Create: w.Create, RunID: w.RunID})
+				Lease: w.Lease.Truncate(time.Millisecond), Create: w.Create, Boot: w.Boot, RunID: w.RunID})
 			continue
 		}
 		rec := base

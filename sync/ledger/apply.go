@@ -105,7 +105,7 @@ func (l *Ledger) StoreReset(now time.Duration, runID string) Output {
 	if l.fenced {
 		return Output{Fenced: true}
 	}
-	l.runID, l.markerOK, l.reset, l.creating = runID, false, true, Version{}
+	l.runID, l.markerOK, l.reset, l.wasReset, l.creating = runID, false, true, true, Version{}
 	var out Output
 	for _, n := range l.Keys() {
 		k := l.keys[n]

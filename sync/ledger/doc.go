@@ -107,7 +107,9 @@
 // change settles the bucket at the old rate up to now, sets the new rate and
 // capacity and clamps the tokens, in one script; elapsed time below zero
 // counts as zero. A raise adds no tokens, except once per key under a
-// first incarnation's first marker (regional/redisstore, "The boot fill"):
+// first incarnation's first marker, a Create the ledger flags Boot only
+// while no marker of it was confirmed and no StoreReset came
+// (regional/redisstore, "The boot fill"):
 // a key built at the floor before it gets the tokens it would hold had it
 // started at min(its units, the base); safe because before that marker is
 // confirmed the incarnation has published nothing, so its published

@@ -210,6 +210,7 @@ type Ledger struct {
 	creating Version
 	createAt time.Duration
 	reset    bool // reasserting after StoreReset
+	wasReset bool // StoreReset came at least once (no Create of this incarnation is a boot)
 
 	rseq     uint64
 	sent     map[uint64]time.Duration

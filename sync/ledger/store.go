@@ -101,5 +101,11 @@ func (l *Ledger) marker(now time.Duration) (Write, bool) {
 	}
 	l.wseq++
 	l.creating, l.createAt = Version{l.inc, l.wseq}, now
-	return Write{Key: MarkerKey, Version: l.creating, Units: l.markerDefault(), Create: true, RunID: l.runID, Lease: lease}, true
+	// Boot: the first incarnation's Create before any marker of it was
+	// confirmed and with no store reset seen; the store may then fill the
+	// keys it enforced at the floor (see the package doc, "The store
+	// contract"). After a reset the store cannot tell an empty Redis from a
+	// first boot, so only the ledger can say.
+	boot := l.inc == 1 && !l.everOK && !l.wasReset
+	return Write{Key: MarkerKey, Version: l.creating, Units: l.markerDefault(), Create: true, Boot: boot, RunID: l.runID, Lease: lease}, true
 }

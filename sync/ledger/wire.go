@@ -39,8 +39,12 @@ type Write struct {
 	Units   int64
 	Release bool
 	Create  bool
-	RunID   string
-	Lease   time.Duration
+	// Boot, with Create: this is the region's first incarnation's first
+	// marker and its store has not been reset; the store may give keys it
+	// enforced at the floor until now the boot fill (regional/redisstore).
+	Boot  bool
+	RunID string
+	Lease time.Duration
 }
 
 // Output is what an input asks the agent to do, in this order: apply Writes
