@@ -98,9 +98,9 @@
 // its tokens (a rule that changes scope loses its records).
 //
 // The boot fill. A raise adds no tokens, with one exception. A marker is
-// a boot marker when it is a Create of incarnation 1 (a region's first)
-// flagged Boot by its writer (below)
-// applied over no marker of the server run, and stays one through writes
+// a boot marker when it is a Create of incarnation 1 (a region's first),
+// flagged Boot by its writer (below), applied over no marker of the
+// server run, and stays one through writes
 // of its incarnation with the same default units applied while it is in
 // force (flagged by bit 47 of its stored sequence); any other write ends
 // it. When a key's settle step finds a boot marker in force, a stored e

@@ -96,6 +96,8 @@ func TestBadFilesNameTheLine(t *testing.T) {
 		{"wrong type", "rate: 100", "rate: fast", "line 10", "cannot unmarshal"},
 		{"unknown shape", "    level: 1.5\n", "    level: 1.5\n    shape: square\n", "line 15", "unknown shape"},
 		{"unknown region in demand", "{a: 0.7, b: 0.3}", "{a: 0.7, c: 0.3}", "line 13", `unknown region "c"`},
+		{"demand band out of range", "    level: 1.5\n", "    level: 1.5\nsync:\n  demand_band: 1.5\n", "line 16", "sync.demand_band"},
+		{"negative heartbeat", "    level: 1.5\n", "    level: 1.5\nsync:\n  heartbeat: -1s\n", "line 16", "sync.heartbeat"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -63,10 +63,16 @@ func TestBootFlag(t *testing.T) {
 		t.Fatalf("first incarnation's retried Create: want Boot, got %+v", w)
 	}
 	first.StoreReset(c.now, "run2")
+	recreated := false
 	for range 3 {
 		c.now += c.cfg.RetryWrite + c.cfg.Interval
-		if w := markerCreate(first.Tick(c.now)); w != nil && w.Boot {
+		w := markerCreate(first.Tick(c.now))
+		if w != nil && w.Boot {
 			t.Fatalf("Create after a store reset flagged Boot: %+v", w)
 		}
+		recreated = recreated || w != nil && w.RunID == "run2"
+	}
+	if !recreated { // the marker comes back after the reset, only without the flag
+		t.Fatal("no marker Create for the reset store (run2) within 3 retries")
 	}
 }
