@@ -269,19 +269,25 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 	})
 	// The keys to report: one map scan (no lookup per key), then a sort by
 	// name.
-	var ks []*key
-	for _, k := range l.keys {
+	// name and key side by side: the sort compares without a key's load.
+	type named struct {
+		name string
+		k    *key
+	}
+	var ks []named
+	for n, k := range l.keys {
 		if k.dirty || full && (k.active || now-k.idleAt < l.idleReported()) {
-			ks = append(ks, k)
+			ks = append(ks, named{n, k})
 		}
 	}
-	slices.SortFunc(ks, func(a, b *key) int { return strings.Compare(a.name, b.name) })
+	slices.SortFunc(ks, func(a, b named) int { return strings.Compare(a.name, b.name) })
 	// The keys' counters share one array, cut as it fills (a report of n
 	// keys is a few allocations, not 2n); peers in name order
 	// (Ledger.order), so each key's counters come out sorted by region.
 	var arena []Counter
 	r.Keys = make([]KeyReport, 0, len(ks))
-	for _, k := range ks {
+	for _, x := range ks {
+		k := x.k
 		k.dirty = false
 		kr := KeyReport{Key: k.name, Demand: k.reported(), Position: l.position(k), Retire: k.retireSeq()}
 		if cap(arena)-len(arena) < 2*len(l.order) {
