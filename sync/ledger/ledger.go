@@ -168,9 +168,9 @@ func (k *key) dropRare() {
 	}
 }
 
-// giveScratch holds give's per-key slices between calls, so that a Tick
+// scratchSpace holds give's per-key slices between calls, so that a Tick
 // over n keys does not allocate them n times.
-type giveScratch struct {
+type scratchSpace struct {
 	idx   []int
 	wants []Want
 	proj  []int64
@@ -231,8 +231,8 @@ type Ledger struct {
 	closing map[closeID]closing // closures of peers' retirements, until acknowledged
 	marks   []mark              // per peer: ignore the keys of its reports below this
 
-	scratch giveScratch // give's slices, reused from key to key (tick.go)
-	order   []int       // the peers' indices (self excluded) by name: a report's order
+	scratch scratchSpace // give's per-key slices, reused from key to key
+	order   []int        // the peers' indices (self excluded) by name: a report's order
 
 	paid        Payment // the payment applied so far (cumulative)
 	markerUnits int64   // the default units of the last marker write
