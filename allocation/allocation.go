@@ -109,10 +109,19 @@ func MaxMinFair(pool float64, regions []Region) []float64 {
 	if !validPool(pool) || n == 0 {
 		return out
 	}
-	w, sumW := weights(regions)
+	// Scratch on the stack for up to smallN regions: the share ledger runs
+	// this per key and tick.
+	var wB, wantB [smallN]float64
+	var orderB [smallN]int
+	var suffixB [smallN + 1]float64
+	w, want, order, suffixW := wB[:0], wantB[:0], orderB[:0], suffixB[:0]
+	if n > smallN {
+		w, want, order, suffixW = make([]float64, 0, n), make([]float64, 0, n), make([]int, 0, n), make([]float64, 0, n+1)
+	}
+	w, sumW := weightsInto(w, regions)
 	// No region can use more than pool, so capping wants at pool changes
 	// nothing and keeps every sum below n*pool.
-	want := make([]float64, n)
+	want = want[:n]
 	var total float64
 	for i, r := range regions {
 		want[i] = min(r.Want(), pool)
@@ -126,9 +135,8 @@ func MaxMinFair(pool float64, regions []Region) []float64 {
 	// (ties by index). While the region's want is below the level that the
 	// remaining pool would give everyone left, grant it and raise the level;
 	// the first region above the level caps all remaining regions at it.
-	order := make([]int, n)
-	for i := range order {
-		order[i] = i
+	for i := range n {
+		order = append(order, i)
 	}
 	slices.SortFunc(order, func(a, b int) int {
 		if c := cmp.Compare(want[a]/w[a], want[b]/w[b]); c != 0 {
@@ -136,7 +144,8 @@ func MaxMinFair(pool float64, regions []Region) []float64 {
 		}
 		return cmp.Compare(a, b)
 	})
-	suffixW := make([]float64, n+1) // suffixW[k] = weight of order[k:]
+	suffixW = suffixW[:n+1] // suffixW[k] = weight of order[k:]
+	suffixW[n] = 0
 	for k := n - 1; k >= 0; k-- {
 		suffixW[k] = w[order[k]] + suffixW[k+1]
 	}
@@ -232,13 +241,18 @@ func absorb(out []float64, pool float64) []float64 {
 // weights returns the normalized weights of regions (see MinWeightRatio), in
 // (0, 1] with the largest equal to 1, and their sum.
 func weights(regions []Region) ([]float64, float64) {
+	return weightsInto(make([]float64, 0, len(regions)), regions)
+}
+
+// weightsInto is weights into w (cap(w) >= len(regions)).
+func weightsInto(w []float64, regions []Region) ([]float64, float64) {
 	var maxW float64
 	for _, r := range regions {
 		if validWeight(r.Weight) {
 			maxW = max(maxW, r.Weight)
 		}
 	}
-	w := make([]float64, len(regions))
+	w = w[:len(regions)]
 	var sum float64
 	for i, r := range regions {
 		switch {

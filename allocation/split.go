@@ -1,7 +1,9 @@
 package allocation
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -18,8 +20,16 @@ const DefaultUnits int64 = 1_000_000
 // positive weight everything goes to the first part.
 func SplitByWeight(total int64, w []float64) []int64 {
 	out := make([]int64, len(w))
+	splitInto(out, total, w)
+	return out
+}
+
+// splitInto is SplitByWeight into out (len(out) == len(w), zeroed): the
+// share ledger runs it per key and tick, so it allocates nothing for up to
+// smallN weights.
+func splitInto(out []int64, total int64, w []float64) {
 	if len(w) == 0 || total <= 0 {
-		return out
+		return
 	}
 	var sum float64
 	for _, x := range w {
@@ -27,21 +37,21 @@ func SplitByWeight(total int64, w []float64) []int64 {
 	}
 	if !(sum > 0) || math.IsInf(sum, 1) {
 		out[0] = total
-		return out
+		return
 	}
-	type rem struct {
-		i int
-		r float64
+	var buf [smallN]rem
+	rems := buf[:0]
+	if len(w) > smallN {
+		rems = make([]rem, 0, len(w))
 	}
-	rems := make([]rem, len(w))
 	var given int64
 	for i, x := range w {
 		exact := float64(total) * x / sum
 		out[i] = int64(math.Floor(exact))
 		given += out[i]
-		rems[i] = rem{i, exact - float64(out[i])}
+		rems = append(rems, rem{i, exact - float64(out[i])})
 	}
-	sort.SliceStable(rems, func(a, b int) bool { return rems[a].r > rems[b].r })
+	slices.SortStableFunc(rems, func(a, b rem) int { return cmp.Compare(b.r, a.r) })
 	for k := 0; given < total; k = (k + 1) % len(w) {
 		out[rems[k].i]++
 		given++
@@ -56,7 +66,16 @@ func SplitByWeight(total int64, w []float64) []int64 {
 		out[j]--
 		given--
 	}
-	return out
+}
+
+// smallN is how many regions the allocation's integer splits handle
+// without allocating scratch space.
+const smallN = 16
+
+// rem is a part's index and the fraction its integer part left out.
+type rem struct {
+	i int
+	r float64
 }
 
 // Floors is the static split of a global limit over its regions, in units:
@@ -93,14 +112,22 @@ func WaterFillUnits(pool int64, w []float64, demand []int64) []int64 {
 	if n == 0 || pool <= 0 {
 		return out
 	}
+	// Scratch on the stack for up to smallN regions: it runs per key and
+	// tick in the share ledger.
+	var openB [smallN]bool
+	var wsB [smallN]float64
+	var idxB [smallN]int
+	var partsB [smallN]int64
+	open, ws, idx, parts := openB[:0], wsB[:0], idxB[:0], partsB[:0]
+	if n > smallN {
+		open, ws, idx, parts = make([]bool, 0, n), make([]float64, 0, n), make([]int, 0, n), make([]int64, 0, n)
+	}
 	left := pool
-	open := make([]bool, n)
 	for i := range w {
-		open[i] = demand[i] > 0
+		open = append(open, demand[i] > 0)
 	}
 	for {
-		var ws []float64
-		var idx []int
+		ws, idx = ws[:0], idx[:0]
 		for i := range w {
 			if open[i] {
 				ws = append(ws, w[i])
@@ -110,7 +137,8 @@ func WaterFillUnits(pool int64, w []float64, demand []int64) []int64 {
 		if len(idx) == 0 || left == 0 {
 			break
 		}
-		parts := SplitByWeight(left, ws)
+		parts = zeroed(parts, len(idx))
+		splitInto(parts, left, ws)
 		capped := false
 		for k, i := range idx {
 			need := demand[i] - out[i]
@@ -130,12 +158,20 @@ func WaterFillUnits(pool int64, w []float64, demand []int64) []int64 {
 		}
 	}
 	if left > 0 {
-		parts := SplitByWeight(left, w)
+		parts = zeroed(parts, n)
+		splitInto(parts, left, w)
 		for i := range out {
 			out[i] += parts[i]
 		}
 	}
 	return out
+}
+
+// zeroed is s resliced to n zeros (n <= cap(s)).
+func zeroed(s []int64, n int) []int64 {
+	s = s[:n]
+	clear(s)
+	return s
 }
 
 // Thousandths converts a rule's per-second rate (or any token amount) to the

@@ -28,8 +28,16 @@ func SplitUnits(f Func, pool int64, regions []Region) []int64 {
 		return out
 	}
 	fp := float64(pool)
-	v := usableShares(f(fp, regions), n)
-	if v == nil {
+	// Scratch on the stack for up to smallN regions: the share ledger runs
+	// this per key and tick.
+	var vB [smallN]float64
+	var remB [smallN]uint64
+	var orderB [smallN]int
+	v, rem, order := vB[:0], remB[:0], orderB[:0]
+	if n > smallN {
+		v, rem, order = make([]float64, 0, n), make([]uint64, 0, n), make([]int, 0, n)
+	}
+	if v = usableSharesInto(v, f(fp, regions), n); v == nil {
 		v = Static(fp, regions)
 	}
 	var sum float64
@@ -40,7 +48,7 @@ func SplitUnits(f Func, pool int64, regions []Region) []int64 {
 	// rem holds each quota's fractional part in units of 2^-32: rounding it
 	// to that grid keeps float noise in f's result (a few ulps) from
 	// deciding what are really ties, which then go by index.
-	rem := make([]uint64, n)
+	rem = rem[:n]
 	var given uint64 // sum of out, about pool; saturating for safety
 	for i, x := range v {
 		quota := x / sum * fp
@@ -59,9 +67,8 @@ func SplitUnits(f Func, pool int64, regions []Region) []int64 {
 		}
 	}
 
-	order := make([]int, n)
-	for i := range order {
-		order[i] = i
+	for i := range n {
+		order = append(order, i)
 	}
 	switch want := uint64(pool); {
 	case given < want:
@@ -112,11 +119,11 @@ func SplitUnits(f Func, pool int64, regions []Region) []int64 {
 	return out
 }
 
-// usableShares returns shares[:n] with entries that are not finite and >= 0
-// replaced by 0, rescaled if their sum would overflow, or nil if nothing
-// positive is left.
-func usableShares(shares []float64, n int) []float64 {
-	v := make([]float64, n)
+// usableSharesInto returns shares[:n], in v (cap(v) >= n), with entries
+// that are not finite and >= 0 replaced by 0, rescaled if their sum would
+// overflow, or nil if nothing positive is left.
+func usableSharesInto(v, shares []float64, n int) []float64 {
+	v = v[:n]
 	var sum, maxV float64
 	for i := range v {
 		if i < len(shares) {

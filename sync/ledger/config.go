@@ -298,10 +298,11 @@ func AllocatorOf(f allocation.Func) Allocator {
 // WaterFill is the default Allocator: allocation.WaterFillUnits of the
 // wants' weights and demands.
 func WaterFill(pool int64, wants []Want) []int64 {
-	w := make([]float64, len(wants))
-	d := make([]int64, len(wants))
-	for i, x := range wants {
-		w[i], d[i] = x.Weight, x.Demand
+	var wb [16]float64 // on the stack for up to 16 regions: it runs per key and tick
+	var db [16]int64
+	w, d := wb[:0], db[:0]
+	for _, x := range wants {
+		w, d = append(w, x.Weight), append(d, x.Demand)
 	}
 	return allocation.WaterFillUnits(pool, w, d)
 }

@@ -168,6 +168,15 @@ func (k *key) dropRare() {
 	}
 }
 
+// scratchSpace holds give's per-key slices between calls, so that a Tick
+// over n keys does not allocate them n times.
+type scratchSpace struct {
+	idx   []int
+	wants []Want
+	proj  []int64
+	def   []int64
+}
+
 type peer struct {
 	name      string
 	inc       uint64 // the incarnation we pair with (or expect next)
@@ -222,6 +231,9 @@ type Ledger struct {
 	closing map[closeID]closing // closures of peers' retirements, until acknowledged
 	marks   []mark              // per peer: ignore the keys of its reports below this
 
+	scratch scratchSpace // give's per-key slices, reused from key to key
+	order   []int        // the peers' indices (self excluded) by name: a report's order
+
 	paid        Payment // the payment applied so far (cumulative)
 	markerUnits int64   // the default units of the last marker write
 	owed        Payment // the newest payment the registry shows
@@ -269,6 +281,12 @@ func New(cfg Config, self string, regions []RegionSpec, st Start, now time.Durat
 		l.peers[i] = peer{name: l.names[i], inc: 1, heard: now, mayFreeze: true,
 			pending: map[uint64]Contribution{}, wanted: map[uint64]bool{}}
 	}
+	for i := range l.names {
+		if i != l.self {
+			l.order = append(l.order, i)
+		}
+	}
+	sort.Slice(l.order, func(a, b int) bool { return l.names[l.order[a]] < l.names[l.order[b]] })
 	for _, k := range st.Known {
 		i := l.index(k.Region)
 		if i < 0 || i == l.self || k.Inc == 0 {

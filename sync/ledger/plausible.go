@@ -45,7 +45,7 @@ func (l *Ledger) publishedUnits(k *key) int64 {
 //     giver could hold, nor a counter's unapplied part the global pool);
 //   - the units the sender says it applied of our gifts never exceed what we
 //     confirmed to it (it can only apply counters we published).
-func (l *Ledger) plausible(r Report) error {
+func (l *Ledger) plausible(r Report, ks []*key) error {
 	i := l.index(r.From)
 	lo, hi := l.floor[i], l.maxHold(i)
 	if r.Base < lo || r.Base > hi {
@@ -53,15 +53,16 @@ func (l *Ledger) plausible(r Report) error {
 	}
 	me, mine := l.names[l.self], l.maxHold(l.self)
 	same := r.Inc == l.peers[i].inc // else Receive starts new pairs with r.Inc
-	for _, kr := range r.Keys {
+	for j, kr := range r.Keys {
+		k := ks[j]
 		if kr.Position < lo || kr.Position > hi {
 			return fmt.Errorf("%w: %s key %q position %d outside [%d, %d]", ErrImplausible, r.From, kr.Key, kr.Position, lo, hi)
 		}
-		if l.exempt(i, &r, &kr) {
+		if l.exempt(i, &r, &kr, k) {
 			continue // ignored, or checked by checkRetire (retire.go)
 		}
 		pub, recv, conf := l.base, int64(0), int64(0)
-		if k := l.keys[kr.Key]; k != nil {
+		if k != nil {
 			pub = l.publishedUnits(k)
 			if same {
 				pr := l.pair(k, i)

@@ -57,12 +57,15 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 	if l.told {
 		return l.fence(), nil
 	}
-	l.retireAcks(now, i, &r)
+	l.retireAcks(now, i, &r) // may forget keys: look them up after it
 	for _, kr := range r.Keys {
-		if l.retireKey(now, i, &r, &kr, &out) {
+		k := l.keys[kr.Key] // one lookup per key report (the loop is that of the agent's busiest input)
+		if l.retireKey(now, i, &r, &kr, k, &out) {
 			continue
 		}
-		k := l.key(kr.Key)
+		if k == nil {
+			k = l.key(kr.Key)
+		}
 		pr := l.pair(k, i)
 		if r.Seq > pr.peerSeq {
 			pr.peerSeq, pr.peerPos, pr.peerDemand = r.Seq, kr.Position, kr.Demand
@@ -124,6 +127,9 @@ func (l *Ledger) check(r Report) error {
 	}
 	same := r.Inc == p.inc && p.seen
 	me := l.names[l.self]
+	// Each key report's key, looked up once for check and plausible (a
+	// slice per call: kept in the ledger it would cost 8 B per key).
+	ks := make([]*key, 0, len(r.Keys))
 	for j, kr := range r.Keys {
 		if j > 0 && r.Keys[j-1].Key >= kr.Key {
 			return fmt.Errorf("%w: keys not sorted", ErrMalformed)
@@ -135,7 +141,8 @@ func (l *Ledger) check(r Report) error {
 			return fmt.Errorf("%w: counters", ErrMalformed)
 		}
 		k := l.keys[kr.Key]
-		if !same || k == nil || r.Seq <= p.lastSeq || l.exempt(i, &r, &kr) {
+		ks = append(ks, k)
+		if !same || k == nil || r.Seq <= p.lastSeq || l.exempt(i, &r, &kr, k) {
 			continue
 		}
 		pr := l.pair(k, i)
@@ -153,5 +160,5 @@ func (l *Ledger) check(r Report) error {
 	if err := l.checkRetire(i, &r); err != nil {
 		return err
 	}
-	return l.plausible(r) // plausible.go
+	return l.plausible(r, ks) // plausible.go
 }

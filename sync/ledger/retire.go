@@ -117,11 +117,10 @@ func (l *Ledger) rebase(k *key, i int, a, b int64) {
 // the checks that compare them with our pair (backwards, plausible): they
 // are ignored (a stale report, a key we are retiring) or handled by
 // retireKey (a retirement, checked by checkRetire).
-func (l *Ledger) exempt(i int, r *Report, kr *KeyReport) bool {
+func (l *Ledger) exempt(i int, r *Report, kr *KeyReport, k *key) bool {
 	if kr.Retire != 0 || l.stale(i, r) {
 		return true
 	}
-	k := l.keys[kr.Key]
 	return k != nil && k.retiring()
 }
 
@@ -215,11 +214,10 @@ func (l *Ledger) retireAcks(now time.Duration, i int, r *Report) {
 
 // retireKey handles one key report of peer i when retirement is involved;
 // it returns false when Receive should merge the report as usual.
-func (l *Ledger) retireKey(now time.Duration, i int, r *Report, kr *KeyReport, out *Output) bool {
+func (l *Ledger) retireKey(now time.Duration, i int, r *Report, kr *KeyReport, k *key, out *Output) bool {
 	if l.stale(i, r) {
 		return true
 	}
-	k := l.keys[kr.Key]
 	gave, applied := l.countersFor(kr)
 	if kr.Retire == 0 {
 		if k == nil {

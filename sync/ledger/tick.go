@@ -1,7 +1,9 @@
 package ledger
 
 import (
+	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -83,7 +85,7 @@ func (l *Ledger) Tick(now time.Duration) Output {
 		changed = changed || k.dirty
 		l.retireStep(k, now) // retire.go: may forget k
 	}
-	sort.Slice(out.Writes, func(a, b int) bool { return out.Writes[a].Key < out.Writes[b].Key })
+	slices.SortFunc(out.Writes, func(a, b Write) int { return strings.Compare(a.Key, b.Key) })
 	if w, ok := l.marker(now); ok {
 		out.Writes = append(out.Writes, w)
 	}
@@ -109,9 +111,11 @@ func (l *Ledger) Tick(now time.Duration) Output {
 // give hands this region's excess over its target to the live regions below
 // theirs, in proportion to their deficits.
 func (l *Ledger) give(k *key, now time.Duration) {
-	var idx []int
-	var wants []Want
-	var proj []int64
+	// The slices are the ledger's, reused from key to key (give runs per key
+	// and tick; nothing keeps them past the call).
+	sc := &l.scratch
+	idx, wants, proj := sc.idx[:0], sc.wants[:0], sc.proj[:0]
+	defer func() { sc.idx, sc.wants, sc.proj = idx, wants, proj }()
 	var pool int64
 	for i := range l.names {
 		var pos, dem int64
@@ -152,7 +156,11 @@ func (l *Ledger) give(k *key, now time.Duration) {
 		tg = l.cfg.wholeTokens(tg, fl, dem, proj)
 	}
 	var excess, sumD int64
-	def := make([]int64, len(idx))
+	def := sc.def[:0]
+	for range idx {
+		def = append(def, 0)
+	}
+	sc.def = def
 	for j, i := range idx {
 		if i == l.self {
 			excess = min(proj[j]-l.floor[i]-tg[j], l.giveable(k, proj[j], now))
@@ -259,41 +267,58 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 		x, y := r.Acks[a], r.Acks[b]
 		return x.Region < y.Region || x.Region == y.Region && x.Inc < y.Inc
 	})
-	var names []string
-	if full {
-		names = l.Keys()
-	} else {
-		// Only the changed keys: a map scan, not a sort of every key.
-		for n, k := range l.keys {
-			if k.dirty {
-				names = append(names, n)
-			}
-		}
-		sort.Strings(names)
+	// The keys to report: one map scan (no lookup per key), then a sort by
+	// name.
+	// name and key side by side: the sort compares without a key's load.
+	type named struct {
+		name string
+		k    *key
 	}
-	for _, n := range names {
-		k := l.keys[n]
-		if !(k.dirty || full && (k.active || now-k.idleAt < l.idleReported())) {
-			continue
+	var ks []named
+	for n, k := range l.keys {
+		if k.dirty || full && (k.active || now-k.idleAt < l.idleReported()) {
+			ks = append(ks, named{n, k})
 		}
+	}
+	slices.SortFunc(ks, func(a, b named) int { return strings.Compare(a.name, b.name) })
+	// The keys' counters share one array, cut as it fills (a report of n
+	// keys is a few allocations, not 2n); peers in name order
+	// (Ledger.order), so each key's counters come out sorted by region.
+	var arena []Counter
+	r.Keys = make([]KeyReport, 0, len(ks))
+	for _, x := range ks {
+		k := x.k
 		k.dirty = false
-		kr := KeyReport{Key: n, Demand: k.reported(), Position: l.position(k), Retire: k.retireSeq()}
-		for i := range l.names {
-			if i == l.self {
-				continue
-			}
-			pr := l.pair(k, i)
-			if c := pr.conf; c > 0 {
-				kr.Gave = append(kr.Gave, Counter{l.names[i], l.peers[i].inc, c})
-			}
-			if a := pr.recv; a > 0 {
-				kr.Applied = append(kr.Applied, Counter{l.names[i], l.peers[i].inc, a})
-			}
+		kr := KeyReport{Key: k.name, Demand: k.reported(), Position: l.position(k), Retire: k.retireSeq()}
+		if cap(arena)-len(arena) < 2*len(l.order) {
+			arena = make([]Counter, 0, 2*len(l.order)*min(len(ks), 512))
 		}
-		sort.Slice(kr.Gave, func(a, b int) bool { return kr.Gave[a].Region < kr.Gave[b].Region })
-		sort.Slice(kr.Applied, func(a, b int) bool { return kr.Applied[a].Region < kr.Applied[b].Region })
+		kr.Gave, arena = l.counters(k, arena, true)
+		kr.Applied, arena = l.counters(k, arena, false)
 		r.Keys = append(r.Keys, kr)
 	}
 	r.Closes = l.closures()
 	return r
+}
+
+// counters appends k's nonzero confirmed gifts (gave) or applied receipts
+// (!gave) to arena, peers in name order, and returns them as a slice of
+// their own (nil when none: a later append cannot reach the next key's)
+// with the grown arena.
+func (l *Ledger) counters(k *key, arena []Counter, gave bool) ([]Counter, []Counter) {
+	start := len(arena)
+	for _, i := range l.order {
+		pr := l.pair(k, i)
+		v := pr.recv
+		if gave {
+			v = pr.conf
+		}
+		if v > 0 {
+			arena = append(arena, Counter{l.names[i], l.peers[i].inc, v})
+		}
+	}
+	if len(arena) == start {
+		return nil, arena
+	}
+	return arena[start:len(arena):len(arena)], arena
 }
