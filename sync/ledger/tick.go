@@ -212,7 +212,7 @@ func (l *Ledger) maybeIdle(k *key, now time.Duration) {
 		}
 	}
 	k.active, k.dirty, k.idleAt = false, true, now
-	settleReset(k) // settle.go: a new chance to settle once quiet
+	settleReset(k, false) // settle.go: a new chance to settle once quiet
 }
 
 // peerAtRest reports whether peer i's last report shows k at its base with
