@@ -72,8 +72,10 @@ type Config struct {
 	// is at most a quarter of what the lease leaves after StoreTimeout and
 	// Interval: min(HeartbeatEvery, (Lease(1-Rho)/(1+Rho) - StoreTimeout -
 	// Interval)/4), 685 ms with the default lease of 3 s (the package doc,
-	// Leases). A heartbeat of at most Interval reports at every Tick
-	// (default 0: not yet the default, see DemandBand).
+	// Leases). A heartbeat of at most Interval reports at every Tick. The
+	// liveness bound's steps that wait for a report or an acknowledgement
+	// take the heartbeat instead of the interval (the package doc,
+	// Invariant 4). Default 0: not yet the default.
 	HeartbeatEvery time.Duration
 	// DemandBand is the demand dead band: a key's demand counts as
 	// changed only when it moved from the value last reported by more
@@ -87,7 +89,7 @@ type Config struct {
 	// 0.7 at 0.25). (TestRandomized's seeds 35 and 202 that stayed off
 	// the targets at 0.15 were a settlement going round for good, reached
 	// without the band too, since fixed: the package doc, Settling
-	// cycles.) Opt-in until the heartbeat's liveness bound is restated.
+	// cycles.) Default 0: not yet the default.
 	DemandBand float64
 	// HalfLife is the demand estimate's half-life: the weight of a sample
 	// halves every HalfLife, so an interval of dt seconds enters the EWMA

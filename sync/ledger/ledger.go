@@ -217,6 +217,7 @@ type Ledger struct {
 	sent     map[uint64]time.Duration
 	lastSent time.Duration // when the last report went out (HeartbeatEvery)
 	treports int           // reports of Tick so far (FullEvery)
+	resync   bool          // a peer likely missed our reports (a silence, Receive): the next Tick sends a full report
 	stats    Stats
 
 	retires uint64              // retirements started (retire.go)

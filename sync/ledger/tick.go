@@ -87,9 +87,10 @@ func (l *Ledger) Tick(now time.Duration) Output {
 	if w, ok := l.marker(now); ok {
 		out.Writes = append(out.Writes, w)
 	}
-	if l.reportDue(now, changed) {
+	if l.reportDue(now, changed || l.resync) {
 		l.treports++
-		out.Report = l.report(now, l.treports%l.cfg.FullEvery == 0)
+		out.Report = l.report(now, l.treports%l.cfg.FullEvery == 0 || l.resync)
+		l.resync = l.resync && out.Report == nil
 	}
 	// Resend contributions the registry has not shown us yet.
 	if l.ticks%l.cfg.FullEvery == 0 {
