@@ -783,7 +783,7 @@ type simResult struct {
 	violation, liveness, memory               string
 	held                                      heldStats
 	healedIn                                  time.Duration // from the heal to the targets (0.1%); -1: never
-	strayed                                   string        // the first sample off the targets (1%) past randomHealBound
+	strayed                                   string        // the first sample off the targets (1%) in the calm phase's last third
 }
 
 func runSim(tb testing.TB, seed int64, o simOpts) simResult {
@@ -794,17 +794,20 @@ func runSim(tb testing.TB, seed int64, o simOpts) simResult {
 	// Demand stays put from here on; restarts and the demand estimates
 	// settle. The time until every key is within 0.1% of its targets is
 	// measured; at the end of the calm phase they must be at the targets.
-	// Past the bound (randomHealBound), every sample must be near the
-	// targets (1%) too: reaching them once is not enough, units that go
-	// round for good pass through them (TestSettleNoLivelock). (Not 0.1%:
-	// a settlement's payment may be in flight then, after IdleAfter.)
+	// In the calm phase's last third (past randomHealBound), every sample
+	// must be near the targets (1%) too: reaching them once is not
+	// enough, units that go round for good pass through them
+	// (TestSettleNoLivelock). (Not at 0.1%, nor right after the bound: a
+	// churned key's settlement, after IdleAfter, moves whole debts for a
+	// while; band off, seed 467 had 10,083 units of one in flight 7.2 s
+	// after the heal, none after 7.5 s.)
 	healed, healedIn, strayed := s.now, time.Duration(-1), ""
 	for s.now < healed+int64(o.calm) && s.violation == "" {
 		s.run(s.now + int64(50*time.Millisecond))
 		if ok, _ := s.converged(s.cfg.Units / 1000); ok && healedIn < 0 {
 			healedIn = time.Duration(s.now - healed)
 		}
-		if since := time.Duration(s.now - healed); since > randomHealBound(s.cfg) && strayed == "" {
+		if since := time.Duration(s.now - healed); since > max(randomHealBound(s.cfg), 2*o.calm/3) && strayed == "" {
 			if ok, why := s.converged(s.cfg.Units / 100); !ok {
 				strayed = fmt.Sprintf("%v after the heal: %s", since, why)
 			}
