@@ -51,3 +51,64 @@ func TestHeartbeat(t *testing.T) {
 		t.Fatalf("a changed key was not reported at once: %+v", r)
 	}
 }
+
+// TestResyncAfterSilence: with a heartbeat, what a peer missed during a cut
+// (here r0's new demand) reaches it in the first reports after the heal: a
+// heartbeat for the two sides to hear each other, then the next Tick's full
+// report (Ledger.resync; step 2 of the package doc's liveness bound), not
+// at the next of every FullEvery-th report, which with nothing changed
+// comes FullEvery heartbeats apart. Cuts of 10 to 24 intervals put the
+// heal at every phase of the heartbeat and of the full reports.
+func TestResyncAfterSilence(t *testing.T) {
+	worst := 0
+	for cut := 10; cut < 25; cut++ {
+		worst = max(worst, resyncRun(t, cut))
+	}
+	c := newCluster(t, 2)
+	c.cfg.HeartbeatEvery = time.Second
+	bound := int(2*c.cfg.heartbeat()/c.cfg.Interval) + 2 // two heartbeats, then a Tick and its delivery
+	if worst > bound {
+		t.Fatalf("r1 had r0's demand %d intervals after the heal, bound %d", worst, bound)
+	}
+	t.Logf("r1 had r0's demand at most %d intervals after the heal (bound %d)", worst, bound)
+}
+
+// resyncRun cuts two regions apart for cut intervals, r0's demand changing
+// at the start, and returns the intervals after the heal until r1 sees it.
+func resyncRun(t *testing.T, cut int) int {
+	c := newCluster(t, 2)
+	for i := range c.l {
+		c.l[i].cfg.HeartbeatEvery = time.Second
+	}
+	c.use[0], c.use[1] = 60, 30
+	for range 10 {
+		c.exchange()
+	}
+	seen := func() (int64, int64) {
+		return c.l[1].pair(c.l[1].keys["k"], 0).peerDemand, c.l[0].keys["k"].reported()
+	}
+	if got, want := seen(); got != want {
+		t.Fatalf("before the cut r1 sees r0's demand %d, r0 reported %d", got, want)
+	}
+	// The cut: both tick, their stores confirm, their reports are lost.
+	c.use[0] = 20
+	for range cut {
+		c.now += c.cfg.Interval
+		for i, l := range c.l {
+			l.Usage(c.now, "k", 100, c.use[i], 0)
+			c.confirm(i, l.Tick(c.now))
+		}
+	}
+	if got, want := seen(); got == want {
+		t.Fatalf("r1 saw r0's new demand %d during the cut", got)
+	}
+	for n := 1; n <= 100; n++ {
+		c.exchange()
+		if got, want := seen(); got == want {
+			return n
+		}
+	}
+	got, want := seen()
+	t.Fatalf("cut of %d intervals: 100 intervals after the heal r1 sees r0's demand %d, r0 reported %d", cut, got, want)
+	return 0
+}

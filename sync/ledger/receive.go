@@ -39,6 +39,15 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 		out.Contributions = l.freeze(i, r.Inc-1, now)
 	}
 	newer := r.Seq > p.lastSeq
+	// A peer heard again after a silence of more than two report periods
+	// (a cut, or a restart) most likely missed our reports too: the next
+	// Tick repairs what it missed with a full report at once, instead of
+	// after up to FullEvery reports (FullEvery heartbeats, with nothing
+	// changed).
+	gap := 2 * l.cfg.reportEvery()
+	if p.seen && r.Inc == p.inc && now-p.heard > gap || r.Inc > p.inc {
+		l.resync = true
+	}
 	p.seen, p.mayFreeze, p.heard = true, true, now
 	if newer {
 		p.lastSeq, p.base = r.Seq, r.Base
@@ -51,6 +60,9 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 		if a.Frozen {
 			l.told = true
 		} else if t, ok := l.sent[a.Seq]; ok && t > p.ackedSend {
+			if t-p.ackedSend > gap {
+				l.resync = true // it acknowledged none of ours for a while: a cut one way
+			}
 			p.ackedSend = t
 		}
 	}

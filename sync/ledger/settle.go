@@ -18,10 +18,20 @@ func (l *Ledger) owedTo(k *key, i int) int64 {
 
 // settleOwed gives each live peer of idx this region owes on k what it
 // owes it, as far as room allows, in region order, and returns what it
-// gave: whole debts at a time. It pays only if the sum of k's nets is below
-// the sum when it last paid (settleReset clears that record): a peer with
-// reclaim terms on the key returns a payment by its deficit, which brings
-// the nets back, and paying again would go round for good.
+// gave: whole debts at a time. It pays only if at least half of its last
+// payment stuck: the sum of k's nets must be at least ceil(g/2) below the
+// sum S before its last payment of g (the record is S - ceil(g/2) + 1). A
+// peer with reclaim terms on the key cannot pay on what it was paid (its
+// nets cannot all be zero at its base) and returns it by its deficit
+// gifts, which raise the nets again: paying again would go round for
+// good. (It is not all of the payment: views of a payment in flight
+// differ, and regions without reclaim terms give part of it back by
+// deficit gifts for a while; and a return spread over several deficits
+// leaves the payer's sum a little below S, so a record of S alone let it
+// pay its whole debts again for a few units of progress.) The records
+// fall by at least half of each payment, so between two records cleared
+// (when the key goes idle, and with demand) a region pays at most twice
+// the sum it started from.
 func (l *Ledger) settleOwed(k *key, idx []int, room int64) int64 {
 	sum := l.netSum(k)
 	if room <= 0 || sum == 0 || k.rare != nil && k.rare.settled != 0 && sum >= k.rare.settled {
@@ -43,17 +53,22 @@ func (l *Ledger) settleOwed(k *key, idx []int, room int64) int64 {
 		}
 	}
 	if gave > 0 {
-		k.rareState().settled = sum
+		k.rareState().settled = sum - (gave+1)/2 + 1
 		l.stats.Settled++
 	}
 	return gave
 }
 
-// settleReset clears k's record of its last payment: with demand anywhere
-// (give), and when k leaves coordination (maybeIdle).
-func settleReset(k *key) {
-	if k.rare != nil && k.rare.settled != 0 {
-		k.rare.settled = 0
+// settleReset clears k's records of its payments: both with demand
+// anywhere (give, demand true); the last payment's only when k leaves
+// coordination (maybeIdle), so that a settlement can begin afresh from
+// rest, under settleStart's rule.
+func settleReset(k *key, demand bool) {
+	if r := k.rare; r != nil && (r.settled != 0 || demand && r.round != 0) {
+		r.settled = 0
+		if demand {
+			r.round = 0
+		}
 		k.dropRare()
 	}
 }
@@ -66,19 +81,26 @@ func (l *Ledger) settleRoom(k *key, pos int64, now time.Duration) int64 {
 
 // settleGive runs in give, before the gifts to deficits, and returns what
 // it gave. When nobody wants more than its floor (rest), a region above its
-// base with no reclaim terms on k pays the live peers of idx it owes their
-// whole debts, as far as its position above its floor allows (such a
-// region owes at least its excess: see the package doc, Settling cycles).
+// base pays the live peers of idx it owes their whole debts, as far as its
+// position above its floor allows (such a region owes at least its excess,
+// without reclaim terms: see the package doc, Settling cycles). One with
+// reclaim terms on k pays as far as its position above its base allows:
+// its nets cannot all be zero at its base, and what it was paid on a cycle
+// then goes on round the cycle instead of back by its deficit gifts.
 func (l *Ledger) settleGive(k *key, idx []int, rest bool, now time.Duration) int64 {
 	if !rest {
-		settleReset(k)
+		settleReset(k, true)
 		return 0
 	}
 	pos := l.position(k)
-	if pos <= l.base || k.extra() != 0 || k.frozen() != 0 {
+	if pos <= l.base {
 		return 0
 	}
-	return l.settleOwed(k, idx, l.settleRoom(k, pos, now))
+	room := l.settleRoom(k, pos, now)
+	if k.extra() != 0 || k.frozen() != 0 {
+		room = min(room, pos-l.base)
+	}
+	return l.settleOwed(k, idx, room)
 }
 
 // netSum is the sum of k's pairs' |net| as this region sees them.
@@ -95,7 +117,13 @@ func (l *Ledger) netSum(k *key) int64 {
 // applied but that has a pair with a net, when every live peer reports it
 // at its base with no demand: the key becomes active again and this region
 // pays the peers it owes (settleOwed); they, above their bases then, pay
-// what they owe in turn (settleGive) until the units are back.
+// what they owe in turn (settleGive) until the units are back. A region
+// begins again from rest only if its last beginning since the key's
+// demand at least halved its sum of |net|: a key whose cycle cannot settle
+// (a region owed on it holds reclaim terms) comes back to rest with its
+// nets about where they were, and beginning every time it came to rest
+// moved its units round for good, off the bases (TestSettleNoLivelock).
+// So a region begins at most log2 of its first sum times.
 func (l *Ledger) settleStart(k *key, now time.Duration) {
 	var idx []int
 	for i := range l.names {
@@ -107,7 +135,12 @@ func (l *Ledger) settleStart(k *key, now time.Duration) {
 		}
 		idx = append(idx, i)
 	}
+	sum := l.netSum(k)
+	if k.rare != nil && k.rare.round != 0 && 2*sum > k.rare.round {
+		return // the last beginning did not halve it
+	}
 	if l.settleOwed(k, idx, l.settleRoom(k, l.position(k), now)) > 0 {
 		k.active, k.dirty = true, true
+		k.rareState().round = sum
 	}
 }

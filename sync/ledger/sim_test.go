@@ -783,6 +783,7 @@ type simResult struct {
 	violation, liveness, memory               string
 	held                                      heldStats
 	healedIn                                  time.Duration // from the heal to the targets (0.1%); -1: never
+	strayed                                   string        // the first sample off the targets (1%) in the calm phase's last third
 }
 
 func runSim(tb testing.TB, seed int64, o simOpts) simResult {
@@ -793,14 +794,26 @@ func runSim(tb testing.TB, seed int64, o simOpts) simResult {
 	// Demand stays put from here on; restarts and the demand estimates
 	// settle. The time until every key is within 0.1% of its targets is
 	// measured; at the end of the calm phase they must be at the targets.
-	healed, healedIn := s.now, time.Duration(-1)
+	// In the calm phase's last third (past randomHealBound), every sample
+	// must be near the targets (1%) too: reaching them once is not
+	// enough, units that go round for good pass through them
+	// (TestSettleNoLivelock). (Not at 0.1%, nor right after the bound: a
+	// churned key's settlement, after IdleAfter, moves whole debts for a
+	// while; band off, seed 467 had 10,083 units of one in flight 7.2 s
+	// after the heal, none after 7.5 s.)
+	healed, healedIn, strayed := s.now, time.Duration(-1), ""
 	for s.now < healed+int64(o.calm) && s.violation == "" {
 		s.run(s.now + int64(50*time.Millisecond))
 		if ok, _ := s.converged(s.cfg.Units / 1000); ok && healedIn < 0 {
 			healedIn = time.Duration(s.now - healed)
 		}
+		if since := time.Duration(s.now - healed); since > max(randomHealBound(s.cfg), 2*o.calm/3) && strayed == "" {
+			if ok, why := s.converged(s.cfg.Units / 100); !ok {
+				strayed = fmt.Sprintf("%v after the heal: %s", since, why)
+			}
+		}
 	}
-	res := simResult{steps: s.steps, fences: s.fences, reclaims: s.reclaims, rejected: s.rejected, raises: s.raises, violation: s.violation, healedIn: healedIn}
+	res := simResult{steps: s.steps, fences: s.fences, reclaims: s.reclaims, rejected: s.rejected, raises: s.raises, violation: s.violation, healedIn: healedIn, strayed: strayed}
 	if s.violation == "" {
 		if ok, why := s.converged(int64(o.regions)); !ok {
 			res.liveness = why
@@ -854,6 +867,9 @@ func TestRandomized(t *testing.T) {
 		}
 		if b := randomHealBound(s0cfg(o)); res.healedIn < 0 || res.healedIn > b {
 			t.Errorf("seed %d %+v: LIVENESS: at the targets %v after the heal, bound %v", seed, o, res.healedIn, b)
+		}
+		if res.strayed != "" {
+			t.Errorf("seed %d %+v: LIVENESS: off the targets again %s", seed, o, res.strayed)
 		}
 		if res.healedIn > worst {
 			worst, worstSeed = res.healedIn, seed
@@ -912,13 +928,39 @@ func randomOpts(seed int64) simOpts {
 		calm:       15 * time.Second,
 		config:     smallLimit(rng),
 	}
-	if rng.Intn(2) == 0 && o.config == nil {
+	churn := rng.Intn(2) == 0 && o.config == nil
+	o.config = withEnv(o.config)
+	if churn {
 		// Keys come and go (retire_test.go), in about a third of the seeds.
 		// (Not with whole tokens: their swings are a liveness matter of
 		// their own, see smallLimit.)
 		o.churn, o.keys = true, 8
 	}
 	return o
+}
+
+// withEnv adds to adjust the settings LEDGER_BAND (Config.DemandBand, e.g.
+// 0.15) and LEDGER_HEARTBEAT (Config.HeartbeatEvery, e.g. 1s) name, so that
+// TestRandomized and TestReplaySeed run with them:
+//
+//	LEDGER_BAND=0.15 LEDGER_HEARTBEAT=1s LEDGER_SEEDS=2000 go test -run TestRandomized ./sync/ledger
+func withEnv(adjust func(*Config)) func(*Config) {
+	band, errB := strconv.ParseFloat(os.Getenv("LEDGER_BAND"), 64)
+	hb, errH := time.ParseDuration(os.Getenv("LEDGER_HEARTBEAT"))
+	if errB != nil && errH != nil {
+		return adjust
+	}
+	return func(c *Config) {
+		if adjust != nil {
+			adjust(c)
+		}
+		if errB == nil {
+			c.DemandBand = band
+		}
+		if errH == nil {
+			c.HeartbeatEvery = hb
+		}
+	}
 }
 
 // smallLimit makes every fourth seed a small limit: whole tokens of a burst

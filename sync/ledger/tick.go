@@ -89,9 +89,10 @@ func (l *Ledger) Tick(now time.Duration) Output {
 	if w, ok := l.marker(now); ok {
 		out.Writes = append(out.Writes, w)
 	}
-	if l.reportDue(now, changed) {
+	if l.reportDue(now, changed || l.resync) {
 		l.treports++
-		out.Report = l.report(now, l.treports%l.cfg.FullEvery == 0)
+		out.Report = l.report(now, l.treports%l.cfg.FullEvery == 0 || l.resync)
+		l.resync = l.resync && out.Report == nil
 	}
 	// Resend contributions the registry has not shown us yet.
 	if l.ticks%l.cfg.FullEvery == 0 {
@@ -220,7 +221,7 @@ func (l *Ledger) maybeIdle(k *key, now time.Duration) {
 		}
 	}
 	k.active, k.dirty, k.idleAt = false, true, now
-	settleReset(k) // settle.go: a new chance to settle once quiet
+	settleReset(k, false) // settle.go: a new chance to settle once quiet
 }
 
 // peerAtRest reports whether peer i's last report shows k at its base with
