@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -159,7 +160,11 @@ func TestRegistryChunksLargeRoundTrip(t *testing.T) {
 		}
 		chunkBytes += int64(len(g.Kvs[0].Value))
 	}
-	t.Logf("chunked: document %d bytes, %d chunks, %d bytes in chunks", len(doc.Kvs[0].Value), len(refs), chunkBytes)
+	p, err := parseDoc(doc.Kvs[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("chunked: document %d bytes, %d lists in %d chunks, %d bytes in chunks", len(doc.Kvs[0].Value), len(p.lists), len(refs), chunkBytes)
 	if len(doc.Kvs[0].Value) > 64<<10 {
 		t.Errorf("document %d bytes: not independent of the keys", len(doc.Kvs[0].Value))
 	}
@@ -512,5 +517,67 @@ func TestRegistryPreviousVersion(t *testing.T) {
 	}
 	if _, err := prevDecode(g.Kvs[0].Value); err == nil || !strings.Contains(err.Error(), "state") {
 		t.Fatalf("the previous version reads a chunked document (error %v)", err)
+	}
+}
+
+// BenchmarkRegistry1MKeys: one reclaim of a rule with 1,000,000 active keys
+// through a real etcd (default limits): a/1 reclaimed by the contributions
+// of b/1 and c/1, each of every key; then a fresh registry's Records. It
+// reports the seconds of each contribution (the second completes the
+// reclaim: record, payments, kept) and of the Records, the document's and
+// the chunks' bytes.
+//
+//	go test -run '^$' -bench Registry1MKeys -benchtime 1x -v ./sync/agent/
+func BenchmarkRegistry1MKeys(b *testing.B) {
+	const n = 1_000_000
+	ctx := context.Background()
+	ec := testutil.StartEtcd(b).Client(b)
+	spec := Spec{Units: 1_000_000, MinShare: 0.1, Regions: []ledger.RegionSpec{{Name: "a", Weight: 1}, {Name: "b", Weight: 2}, {Name: "c", Weight: 1}}}
+	qb := manyKeys(n, "k", func(i int) int64 { return int64(i%97 + 1) })
+	qc := manyKeys(n, "k", func(i int) int64 { return -int64(i%13 + 1) })
+	for i := 0; i < b.N; i++ {
+		rule := fmt.Sprintf("r%d", i)
+		reg := NewEtcdRegistry(ec, "", ledger.DefaultConfig())
+		for _, x := range []string{"a", "b", "c", "a"} {
+			if _, _, err := reg.Start(ctx, rule, spec, x); err != nil {
+				b.Fatal(err)
+			}
+		}
+		a1 := ledger.Incarnation{Region: "a", Inc: 1}
+		for j, c := range []ledger.Contribution{{Of: a1, From: ledger.Incarnation{Region: "b", Inc: 1}, Q: qb}, {Of: a1, From: ledger.Incarnation{Region: "c", Inc: 1}, Q: qc}} {
+			t0 := time.Now()
+			rec, err := reg.Contribute(ctx, rule, c)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(time.Since(t0).Seconds(), fmt.Sprintf("s/contribution%d", j+1))
+			if j == 1 && !rec.Complete {
+				b.Fatal("the reclaim did not complete")
+			}
+		}
+		t0 := time.Now()
+		recs, err := NewEtcdRegistry(ec, "", ledger.DefaultConfig()).Records(ctx)
+		if err != nil || len(recs[rule].Records) == 0 {
+			b.Fatalf("records: %v", err)
+		}
+		b.ReportMetric(time.Since(t0).Seconds(), "s/records")
+		doc, err := ec.Get(ctx, reg.Key(rule))
+		if err != nil {
+			b.Fatal(err)
+		}
+		all, err := ec.Get(ctx, reg.chunkDir(rule), clientv3.WithPrefix())
+		if err != nil {
+			b.Fatal(err)
+		}
+		var cb, nc int
+		for _, kv := range all.Kvs {
+			if chunkName(strings.TrimPrefix(string(kv.Key), reg.chunkDir(rule))) != "" {
+				cb += len(kv.Value)
+				nc++
+			}
+		}
+		b.ReportMetric(float64(len(doc.Kvs[0].Value)), "doc-bytes")
+		b.ReportMetric(float64(cb), "chunk-bytes")
+		b.ReportMetric(float64(nc), "chunks")
 	}
 }
