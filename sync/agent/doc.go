@@ -197,7 +197,7 @@
 // the list's JSON encoding in pieces of at most 512 KiB, each under
 // <registry prefix without its final "/">.chunks/<rule>/<hex SHA-256 of the
 // piece>, referenced from the document by hash and length (200,000 keys in
-// seven lists: a 7.8 KB document and 73 chunks instead of one 36 MB
+// six lists: a 7.8 KB document and 73 chunks instead of one 36 MB
 // document). Smaller documents keep the previous version's form, which
 // both versions read; a chunked one is refused by the previous version (its
 // "state" is a string), never read as empty.
@@ -219,12 +219,12 @@
 //     which retries and puts it again), and, for up to 120 new chunks, each
 //     one's CreateRevision > 0 (a chunk deleted by anyone else fails it too).
 //     etcd allows 128 comparisons per transaction (--max-txn-ops): a write
-//     with more new chunks (a reclaim of some 500,000 keys or more) relies
+//     with more new chunks (a reclaim of roughly 400,000 keys or more) relies
 //     on the gc key alone, so a chunk deleted by hand in that window is
 //     found at the next read, as a missing chunk.
 //   - Chunks nothing references (those of the replaced document, and those
 //     of writes that failed or crashed between their puts and their swap)
-//     are collected after every successful write that involves chunks, in
+//     are collected after every successful write of the rule, in
 //     transactions of at most 120 deletes, each comparing the document's
 //     ModRevision (unchanged since the listing) and the gc key's, and
 //     changing the gc key. Garbage is thus bounded by one write's new
@@ -266,17 +266,17 @@
 //
 // # Limits
 //
-//   - Registry size (see "Registry chunks"): each list costs about 26 bytes
+//   - Registry size (see "Registry chunks"): each list costs about 30 bytes
 //     per key in etcd and 90 bytes per 512 KiB chunk in the document, which
-//     may not exceed 1 MiB. At 1,000,000 keys a list is ~26 MB in ~51
-//     chunks and a reclaim writes a few hundred MB of chunks in one write
-//     (unguarded by per-chunk comparisons, above). At 10,000,000 keys the
-//     document still fits (~0.3 MB) but a rule's chunks (~2 GB with seven
-//     lists) exceed etcd's default backend quota (--quota-backend-bytes,
-//     2 GB; etcd advises at most 8 GB), every reclaim rewrites GBs, and old
-//     revisions keep deleted chunks until etcd compacts: beyond a few
-//     million keys per rule the registry needs per-key deltas or sharding
-//     (Shards), not chunks.
+//     may not exceed 1 MiB. At 1,000,000 keys a list is ~30 MB in ~58
+//     chunks, and the write that completes a reclaim puts 100-200 MB of
+//     chunks (more than the 120 the swap checks one by one, above) within
+//     EtcdTimeout. At 10,000,000 keys the document still fits (~0.3 MB) but
+//     a rule's chunks (~1.8 GB in six lists) approach etcd's default
+//     backend quota (--quota-backend-bytes, 2 GB; etcd advises at most
+//     8 GB), every reclaim rewrites GBs, and old revisions keep deleted
+//     chunks until etcd compacts: beyond a few million keys per rule the
+//     registry needs per-key deltas or sharding (Shards), not chunks.
 //   - A store write that takes effect later than StoreTimeout after it was
 //     issued breaks the ledger's lease arithmetic; the agent bounds its own
 //     calls by StoreTimeout and disables client retries, but cannot stop a

@@ -352,10 +352,11 @@ func (r *EtcdRegistry) update(ctx context.Context, rule string, spec *Spec, fn f
 			return err
 		}
 		if tr.Succeeded {
-			if len(had) > 0 || len(fresh) > 0 {
-				// Best effort: what is left is collected after a later write.
-				_, _ = r.gc(ctx, rule)
-			}
+			// After every write (one keys-only read when there is nothing
+			// to collect), so that what a crashed writer left is collected
+			// even if the document no longer has chunks. Best effort: what
+			// is left is collected after a later write.
+			_, _ = r.gc(ctx, rule)
 			return nil
 		}
 		if err := ctx.Err(); err != nil {
