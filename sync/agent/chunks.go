@@ -58,8 +58,11 @@ const (
 	// maxChunkRefs bounds the chunk references a document read from etcd
 	// may hold (a document of maxDocBytes holds fewer).
 	maxChunkRefs = 1 << 14
-	// defaultCacheBytes bounds the chunk cache of an EtcdRegistry.
-	defaultCacheBytes = 64 << 20
+	// defaultCacheBytes bounds the chunk cache of an EtcdRegistry: above
+	// the ~180 MB of chunks of a rule with 1,000,000 keys, so that a poll
+	// cut off by its deadline keeps what it read and the next goes on from
+	// there instead of reading it again (the cache holds only chunks read).
+	defaultCacheBytes = 256 << 20
 )
 
 // chunkFormat holds the chunking thresholds (tests make them small).

@@ -232,7 +232,7 @@
 //   - Reads: a document's chunks are read at the revision of the read that
 //     returned it (they exist then, whatever changed since; a compacted
 //     revision makes update read again and Records fail until the next
-//     poll), verified, and cached by hash (immutable; up to 64 MiB, least
+//     poll), verified, and cached by hash (immutable; up to 256 MiB, least
 //     recently used out). Records decodes only documents whose ModRevision
 //     changed since its last call.
 //
@@ -268,15 +268,21 @@
 //
 //   - Registry size (see "Registry chunks"): each list costs about 30 bytes
 //     per key in etcd and 90 bytes per 512 KiB chunk in the document, which
-//     may not exceed 1 MiB. At 1,000,000 keys a list is ~30 MB in ~58
-//     chunks, and the write that completes a reclaim puts 100-200 MB of
-//     chunks (more than the 120 the swap checks one by one, above) within
-//     EtcdTimeout. At 10,000,000 keys the document still fits (~0.3 MB) but
-//     a rule's chunks (~1.8 GB in six lists) approach etcd's default
-//     backend quota (--quota-backend-bytes, 2 GB; etcd advises at most
-//     8 GB), every reclaim rewrites GBs, and old revisions keep deleted
-//     chunks until etcd compacts: beyond a few million keys per rule the
-//     registry needs per-key deltas or sharding (Shards), not chunks.
+//     may not exceed 1 MiB. At 1,000,000 keys (BenchmarkRegistry1MKeys: a
+//     33 KB document, 351 chunks, 182 MB) the write that completes a
+//     reclaim puts ~150 MB of chunks (more than the 120 the swap checks one
+//     by one, above) and took 11-12 s on 2 loaded cores, and a Records with
+//     an empty cache 6.6-7.1 s: most of it the ledger.Registry's own work
+//     (Contribute, State's sorting, RestoreRegistry, Records: ~10 s of CPU
+//     in all) and JSON (~4 s). That is above EtcdTimeout (5 s): at that
+//     scale a reclaim needs a longer EtcdTimeout or a cheaper
+//     ledger.Registry, not smaller requests. At 10,000,000 keys the
+//     document still fits (~0.3 MB), but a rule's chunks (~1.8 GB in six
+//     lists) approach etcd's default backend quota (--quota-backend-bytes,
+//     2 GB; etcd advises at most 8 GB), every reclaim rewrites GBs, and old
+//     revisions keep deleted chunks until etcd compacts: beyond a few
+//     million keys per rule the registry needs per-key deltas or sharding
+//     (Shards), not chunks.
 //   - A store write that takes effect later than StoreTimeout after it was
 //     issued breaks the ledger's lease arithmetic; the agent bounds its own
 //     calls by StoreTimeout and disables client retries, but cannot stop a
