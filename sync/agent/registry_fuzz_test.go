@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/apportion/apportion/sync/ledger"
@@ -34,7 +35,7 @@ func fuzzRegistry() *EtcdRegistry {
 }
 
 // fuzzSeed returns a small registry's spec and state.
-func fuzzSeed(f *testing.F) (Spec, ledger.RegistryState) {
+func fuzzSeed(f testing.TB) (Spec, ledger.RegistryState) {
 	spec := Spec{Units: 1000, MinShare: 0.1, Regions: []ledger.RegionSpec{{Name: "a", Weight: 1}, {Name: "b", Weight: 2}}}
 	reg, err := ledger.NewRegistry(spec.ledgerConfig(ledger.DefaultConfig()), spec.Regions)
 	if err != nil {
@@ -161,4 +162,63 @@ func FuzzRegistryChunkedDecode(f *testing.F) {
 		}
 		checkDecoded(t, r, store, reg, sp, p)
 	})
+}
+
+// TestRegistryChunkedDocRefused: chunked documents that are wrong in one
+// place each are refused with ErrRegistry saying what is wrong, and the
+// untouched document decodes.
+func TestRegistryChunkedDocRefused(t *testing.T) {
+	spec, st := fuzzSeed(t)
+	r := fuzzRegistry()
+	doc, chunks, err := r.format.encodeDoc(spec, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := parseDoc(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := p.lists[0].Chunks[0]
+	if _, _, _, err := r.decode(doc, memChunks(chunks)); err != nil {
+		t.Fatalf("the document itself: %v", err)
+	}
+	edit := func(old, new string) []byte {
+		if !strings.Contains(string(doc), old) {
+			t.Fatalf("%q not in %s", old, doc)
+		}
+		return []byte(strings.Replace(string(doc), old, new, 1))
+	}
+	corrupt := map[string][]byte{}
+	for h, b := range chunks {
+		corrupt[h] = b
+	}
+	corrupt[first.Hash] = append([]byte(" "), chunks[first.Hash][1:]...)
+	missing := map[string][]byte{}
+	for h, b := range chunks {
+		if h != first.Hash {
+			missing[h] = b
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		doc    []byte
+		chunks map[string][]byte
+		want   string
+	}{
+		{"list nowhere", edit(`"kind":"`+p.lists[0].At.Kind+`"`, `"kind":"nowhere"`), chunks, "no such list"},
+		{"list twice", edit(`"lists":[`, `"lists":[{"at":{"kind":"`+p.lists[0].At.Kind+`","i":0},"chunks":[{"sha256":"`+first.Hash+`","len":1}]},`), chunks, "twice"},
+		{"bad hash", edit(`"sha256":"`+first.Hash, `"sha256":"`+strings.ToUpper(first.Hash)), chunks, "not a SHA-256"},
+		{"zero length", edit(fmt.Sprintf(`"sha256":"%s","len":%d`, first.Hash, first.Len), fmt.Sprintf(`"sha256":"%s","len":0`, first.Hash)), chunks, "not a SHA-256"},
+		{"wrong length", edit(fmt.Sprintf(`"sha256":"%s","len":%d`, first.Hash, first.Len), fmt.Sprintf(`"sha256":"%s","len":%d`, first.Hash, first.Len-1)), chunks, "does not match"},
+		{"state not the marker", edit(`"state":"chunked"`, `"state":{}`), chunks, "not \"chunked\""},
+		{"corrupt chunk", doc, corrupt, "does not match"},
+		{"missing chunk", doc, missing, "missing"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, _, err := r.decode(tc.doc, memChunks(tc.chunks))
+			if !errors.Is(err, ErrRegistry) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("decode: %v, want ErrRegistry with %q", err, tc.want)
+			}
+		})
+	}
 }
