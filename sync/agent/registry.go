@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/sync/driver"
@@ -120,9 +121,16 @@ type EtcdRegistry struct {
 	format chunkFormat
 	cache  *chunkCache
 	recs   *recordCache
+	stats  *registryStats
 	// beforeCAS, when set (tests), runs between a write's chunk puts and
 	// its compare-and-swap.
 	beforeCAS func(rule string)
+}
+
+// registryStats is what an EtcdRegistry last wrote (the agent's
+// apportion_sync_registry_*_bytes gauges).
+type registryStats struct {
+	docBytes, chunkBytes atomic.Int64
 }
 
 // recordCache keeps, per registry document, the records of the revision
@@ -143,7 +151,7 @@ func NewEtcdRegistry(kv clientv3.KV, prefix string, base ledger.Config) *EtcdReg
 		prefix += "/"
 	}
 	return &EtcdRegistry{kv: kv, prefix: prefix, base: base, format: defaultChunkFormat,
-		cache: newChunkCache(defaultCacheBytes), recs: &recordCache{m: map[string]RuleRecords{}}}
+		cache: newChunkCache(defaultCacheBytes), recs: &recordCache{m: map[string]RuleRecords{}}, stats: &registryStats{}}
 }
 
 // forShard returns r checking sh's layout and reading sh's groups.
@@ -151,6 +159,7 @@ func (r *EtcdRegistry) forShard(sh Shard) *EtcdRegistry {
 	c := *r
 	c.shard = sh
 	c.recs = &recordCache{m: map[string]RuleRecords{}}
+	c.stats = &registryStats{}
 	return &c
 }
 
@@ -357,6 +366,12 @@ func (r *EtcdRegistry) update(ctx context.Context, rule string, spec *Spec, fn f
 			// even if the document no longer has chunks. Best effort: what
 			// is left is collected after a later write.
 			_, _ = r.gc(ctx, rule)
+			var cb int
+			for _, c := range chunks {
+				cb += len(c)
+			}
+			r.stats.docBytes.Store(int64(len(b)))
+			r.stats.chunkBytes.Store(int64(cb))
 			return nil
 		}
 		if err := ctx.Err(); err != nil {

@@ -165,6 +165,9 @@ func TestRegistryChunksLargeRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("chunked: document %d bytes, %d lists in %d chunks, %d bytes in chunks", len(doc.Kvs[0].Value), len(p.lists), len(refs), chunkBytes)
+	if got := reg.stats.docBytes.Load(); got != int64(len(doc.Kvs[0].Value)) || reg.stats.chunkBytes.Load() != chunkBytes {
+		t.Errorf("stats: document %d bytes, chunks %d (want %d, %d)", got, reg.stats.chunkBytes.Load(), len(doc.Kvs[0].Value), chunkBytes)
+	}
 	if len(doc.Kvs[0].Value) > 64<<10 {
 		t.Errorf("document %d bytes: not independent of the keys", len(doc.Kvs[0].Value))
 	}
