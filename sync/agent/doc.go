@@ -64,7 +64,9 @@
 //   - Registry: Registry (EtcdRegistry: one JSON document per rule under
 //     /ratelimit/registry/<rule>, holding the rule's Spec and its
 //     ledger.RegistryState, changed only by a Txn comparing ModRevision, so
-//     concurrent agents never lose an update). Start allocates incarnations;
+//     concurrent agents never lose an update; large per-key lists live in
+//     chunks under /ratelimit/registry.chunks/<rule>/, see "Registry
+//     chunks"). Start allocates incarnations;
 //     Contributions are submitted as the ledger emits them (it re-emits
 //     pending ones, so a failed submission is retried), and so is a new
 //     incarnation's Close once its marker is confirmed (it ends the earlier
@@ -184,6 +186,56 @@
 // the new agents start (without the epoch's incarnation mapping the new
 // markers are refused and the test fails).
 //
+// # Registry chunks
+//
+// A rule's registry holds per-key lists (a contribution's Q, a completed
+// record's Keys, an incarnation's Paid and Kept): with 100,000 active keys
+// the single JSON document was 15.9 MB, above what etcd accepts in one
+// request (--max-request-bytes, 1.5 MiB by default; the client sends at
+// most 2 MiB), so reclaims never completed. A document whose lists add up
+// to more than 256 KiB (chunks.go) keeps every list above 1 KiB in chunks:
+// the list's JSON encoding in pieces of at most 512 KiB, each under
+// <registry prefix without its final "/">.chunks/<rule>/<hex SHA-256 of the
+// piece>, referenced from the document by hash and length (200,000 keys in
+// six lists: a 7.8 KB document and 73 chunks instead of one 36 MB
+// document). Smaller documents keep the previous version's form, which
+// both versions read; a chunked one is refused by the previous version (its
+// "state" is a string), never read as empty.
+//
+//   - Outside the registry prefix, so Records' range read and the documents
+//     under it keep their shape and count; a rule's chunks under their own
+//     prefix, so collecting them lists only the rule's keys.
+//   - Content-addressed: an immutable list (a contribution, a completed
+//     record) is put once; a write puts only the chunks the document it
+//     replaces does not reference. Everything read is verified (length and
+//     SHA-256) before use: a mismatched or missing chunk is an ErrRegistry
+//     naming its key, the change fails and writes nothing (Records leaves
+//     the rule out, as any document that does not decode).
+//   - Every chunk the current document references exists: new chunks are
+//     put, one request each, before the compare-and-swap, which compares
+//     the document's and the layout's ModRevision as before, the ModRevision
+//     of <chunk prefix><rule>/gc as read before the puts (every collection
+//     changes it, so one that may have deleted a new chunk fails the swap,
+//     which retries and puts it again), and, for up to 120 new chunks, each
+//     one's CreateRevision > 0 (a chunk deleted by anyone else fails it too).
+//     etcd allows 128 comparisons per transaction (--max-txn-ops): a write
+//     with more new chunks (a reclaim of roughly 400,000 keys or more) relies
+//     on the gc key alone, so a chunk deleted by hand in that window is
+//     found at the next read, as a missing chunk.
+//   - Chunks nothing references (those of the replaced document, and those
+//     of writes that failed or crashed between their puts and their swap)
+//     are collected after every successful write of the rule, in
+//     transactions of at most 120 deletes, each comparing the document's
+//     ModRevision (unchanged since the listing) and the gc key's, and
+//     changing the gc key. Garbage is thus bounded by one write's new
+//     chunks per crashed or abandoned writer, until the rule's next write.
+//   - Reads: a document's chunks are read at the revision of the read that
+//     returned it (they exist then, whatever changed since; a compacted
+//     revision makes update read again and Records fail until the next
+//     poll), verified, and cached by hash (immutable; up to 256 MiB, least
+//     recently used out). Records decodes only documents whose ModRevision
+//     changed since its last call.
+//
 // # Decisions
 //
 //   - The reclaim registry is polled (one range read per RegistryPoll), not
@@ -214,6 +266,23 @@
 //
 // # Limits
 //
+//   - Registry size (see "Registry chunks"): each list costs about 30 bytes
+//     per key in etcd and 90 bytes per 512 KiB chunk in the document, which
+//     may not exceed 1 MiB. At 1,000,000 keys (BenchmarkRegistry1MKeys: a
+//     33 KB document, 351 chunks, 182 MB) the write that completes a
+//     reclaim puts ~150 MB of chunks (more than the 120 the swap checks one
+//     by one, above) and took 11-12 s on 2 loaded cores, and a Records with
+//     an empty cache 6.6-7.1 s: most of it the ledger.Registry's own work
+//     (Contribute, State's sorting, RestoreRegistry, Records: ~10 s of CPU
+//     in all) and JSON (~4 s). That is above EtcdTimeout (5 s): at that
+//     scale a reclaim needs a longer EtcdTimeout or a cheaper
+//     ledger.Registry, not smaller requests. At 10,000,000 keys the
+//     document still fits (~0.3 MB), but a rule's chunks (~1.8 GB in six
+//     lists) approach etcd's default backend quota (--quota-backend-bytes,
+//     2 GB; etcd advises at most 8 GB), every reclaim rewrites GBs, and old
+//     revisions keep deleted chunks until etcd compacts: beyond a few
+//     million keys per rule the registry needs per-key deltas or sharding
+//     (Shards), not chunks.
 //   - A store write that takes effect later than StoreTimeout after it was
 //     issued breaks the ledger's lease arithmetic; the agent bounds its own
 //     calls by StoreTimeout and disables client retries, but cannot stop a

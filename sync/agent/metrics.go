@@ -77,6 +77,15 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.reports, m.bytes, m.rejected, m.peersSeen, m.peerLag, m.coordinated, m.gifts, m.fenced,
 			m.reclaims, m.tickDuration, m.usageDropped, m.storeErrors, newShareCollector(a, region))
+		if er, ok := a.reg.(*EtcdRegistry); ok {
+			reg.MustRegister(
+				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apportion_sync_registry_document_bytes",
+					Help: "Size of the reclaim registry document this agent last wrote (per-key lists above 256 KiB in all go to chunks).", ConstLabels: cl},
+					func() float64 { return float64(er.stats.docBytes.Load()) }),
+				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apportion_sync_registry_chunk_bytes",
+					Help: "Bytes in the chunks the reclaim registry document this agent last wrote references (0: none).", ConstLabels: cl},
+					func() float64 { return float64(er.stats.chunkBytes.Load()) }))
+		}
 	}
 	return m
 }

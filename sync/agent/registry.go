@@ -2,17 +2,19 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/sync/driver"
 	"github.com/apportion/apportion/sync/ledger"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -108,12 +110,34 @@ type registryDoc struct {
 
 // EtcdRegistry keeps each rule's ledger.Registry as one JSON document under
 // a prefix and changes it with a compare-and-swap loop on the key's
-// ModRevision, so concurrent agents never lose an update.
+// ModRevision, so concurrent agents never lose an update. A document with
+// large per-key lists keeps them in content-addressed chunks under the
+// chunk prefix (chunks.go, and the package doc, "Registry chunks").
 type EtcdRegistry struct {
 	kv     clientv3.KV
 	prefix string
 	base   ledger.Config
 	shard  Shard // the layout every change checks (LayoutKey), and whose groups Records returns
+	format chunkFormat
+	cache  *chunkCache
+	recs   *recordCache
+	stats  *registryStats
+	// beforeCAS, when set (tests), runs between a write's chunk puts and
+	// its compare-and-swap.
+	beforeCAS func(rule string)
+}
+
+// registryStats is what an EtcdRegistry last wrote (the agent's
+// apportion_sync_registry_*_bytes gauges).
+type registryStats struct {
+	docBytes, chunkBytes atomic.Int64
+}
+
+// recordCache keeps, per registry document, the records of the revision
+// Records last decoded, so that a poll decodes only documents that changed.
+type recordCache struct {
+	mu sync.Mutex
+	m  map[string]RuleRecords
 }
 
 // NewEtcdRegistry returns a registry over kv under prefix (default
@@ -126,35 +150,100 @@ func NewEtcdRegistry(kv clientv3.KV, prefix string, base ledger.Config) *EtcdReg
 	if !strings.HasSuffix(prefix, "/") {
 		prefix += "/"
 	}
-	return &EtcdRegistry{kv: kv, prefix: prefix, base: base}
+	return &EtcdRegistry{kv: kv, prefix: prefix, base: base, format: defaultChunkFormat,
+		cache: newChunkCache(defaultCacheBytes), recs: &recordCache{m: map[string]RuleRecords{}}, stats: &registryStats{}}
 }
 
 // forShard returns r checking sh's layout and reading sh's groups.
 func (r *EtcdRegistry) forShard(sh Shard) *EtcdRegistry {
 	c := *r
 	c.shard = sh
+	c.recs = &recordCache{m: map[string]RuleRecords{}}
+	c.stats = &registryStats{}
 	return &c
 }
 
 // Key returns the etcd key of rule's registry document.
 func (r *EtcdRegistry) Key(rule string) string { return r.prefix + rule }
 
-func (r *EtcdRegistry) decode(b []byte) (*ledger.Registry, Spec, error) {
-	var doc registryDoc
-	if err := json.Unmarshal(b, &doc); err != nil {
-		return nil, Spec{}, fmt.Errorf("%w: document: %w", ErrRegistry, err)
+// ChunkPrefix returns the prefix under which r keeps chunks: the registry
+// prefix with ".chunks/" in place of its final "/", so outside it (the
+// default: /ratelimit/registry.chunks/). An agent writes there too.
+func (r *EtcdRegistry) ChunkPrefix() string { return strings.TrimSuffix(r.prefix, "/") + ".chunks/" }
+
+// chunkDir returns the prefix of rule's chunks; a chunk's key is chunkDir
+// and its hex SHA-256.
+func (r *EtcdRegistry) chunkDir(rule string) string { return r.ChunkPrefix() + rule + "/" }
+
+// gcKey returns the key every chunk collection of rule changes (see gc).
+func (r *EtcdRegistry) gcKey(rule string) string { return r.ChunkPrefix() + rule + "/gc" }
+
+// decodeState checks a parsed document's spec and state and restores its
+// registry.
+func (r *EtcdRegistry) decodeState(sp Spec, st ledger.RegistryState) (*ledger.Registry, error) {
+	if err := sp.validate(); err != nil {
+		return nil, fmt.Errorf("%w: document: %v", ErrRegistry, err)
 	}
-	if err := doc.Spec.validate(); err != nil {
-		return nil, Spec{}, fmt.Errorf("%w: document: %v", ErrRegistry, err)
+	if err := validLives(st); err != nil {
+		return nil, fmt.Errorf("%w: document: %v", ErrRegistry, err)
 	}
-	if err := validLives(doc.State); err != nil {
-		return nil, Spec{}, fmt.Errorf("%w: document: %v", ErrRegistry, err)
-	}
-	reg, err := ledger.RestoreRegistry(doc.Spec.ledgerConfig(r.base), doc.Spec.Regions, doc.State)
+	reg, err := ledger.RestoreRegistry(sp.ledgerConfig(r.base), sp.Regions, st)
 	if err != nil {
-		return nil, Spec{}, fmt.Errorf("%w: document: %w", ErrRegistry, err)
+		return nil, fmt.Errorf("%w: document: %w", ErrRegistry, err)
 	}
-	return reg, doc.Spec, nil
+	return reg, nil
+}
+
+// decode restores a document, reading its chunks with fetch (hash ->
+// content, each verified here: what comes from etcd is not trusted).
+func (r *EtcdRegistry) decode(b []byte, fetch func(chunkRef) ([]byte, error)) (*ledger.Registry, Spec, *parsedDoc, error) {
+	p, err := parseDoc(b)
+	if err != nil {
+		return nil, Spec{}, nil, err
+	}
+	chunks := map[string][]byte{}
+	for _, c := range p.refs() {
+		if fetch == nil {
+			return nil, Spec{}, nil, fmt.Errorf("%w: document: chunk %s: no chunk source", ErrRegistry, c.Hash)
+		}
+		if chunks[c.Hash], err = fetch(c); err != nil {
+			return nil, Spec{}, nil, err
+		}
+	}
+	st, err := p.assemble(chunks)
+	if err != nil {
+		return nil, Spec{}, nil, err
+	}
+	reg, err := r.decodeState(p.spec, st)
+	if err != nil {
+		return nil, Spec{}, nil, err
+	}
+	return reg, p.spec, p, nil
+}
+
+// fetcher returns the chunk source of rule's document as of etcd revision
+// rev: the cache, else a read at rev (the chunks the document referenced
+// then exist at rev, however it changed since), verified and cached.
+func (r *EtcdRegistry) fetcher(ctx context.Context, rule string, rev int64) func(chunkRef) ([]byte, error) {
+	return func(c chunkRef) ([]byte, error) {
+		if b, ok := r.cache.get(c.Hash); ok && len(b) == c.Len {
+			return b, nil
+		}
+		key := r.chunkDir(rule) + c.Hash
+		resp, err := r.kv.Get(ctx, key, clientv3.WithRev(rev))
+		if err != nil {
+			return nil, err
+		}
+		if len(resp.Kvs) == 0 {
+			return nil, fmt.Errorf("%w: chunk %s: %w (the document references it, etcd has no such key at revision %d)", ErrRegistry, key, errMissingChunk, rev)
+		}
+		b := resp.Kvs[0].Value
+		if err := verifyChunk(key, c, b); err != nil {
+			return nil, err
+		}
+		r.cache.put(c.Hash, b)
+		return b, nil
+	}
 }
 
 // layoutGuard checks the layout read in lay (a range read of LayoutKey)
@@ -169,16 +258,37 @@ func (r *EtcdRegistry) layoutGuard(lay *etcdserverpb.RangeResponse) (clientv3.Cm
 	return clientv3.Compare(clientv3.ModRevision(LayoutKey), "=", rev), r.shard.checkLayout(doc)
 }
 
+// maxTxnOps is etcd's default limit on the comparisons, and on the
+// operations, of one transaction (--max-txn-ops).
+const maxTxnOps = 128
+
+// guardedChunks is how many newly referenced chunks a compare-and-swap
+// checks one by one (CreateRevision > 0), within maxTxnOps with the
+// document's, the layout's and gcKey's comparisons; a write with more (a
+// rule of several hundred thousand keys) relies on gcKey alone.
+const guardedChunks = maxTxnOps - 8
+
 // update runs fn on rule's registry (created with spec when absent, if spec
 // is not nil) and writes it back if the document did not change meanwhile,
 // retrying otherwise.
+//
+// Chunks: every chunk the current document references exists. A write puts
+// the chunks its document references and the one it replaces does not,
+// each in its own request, before the compare-and-swap; the swap also
+// compares gcKey's ModRevision with the one read before those puts (every
+// chunk collection changes gcKey, so a collection that may have deleted one
+// of them fails the swap, which then retries and puts them again) and, for
+// up to guardedChunks new chunks, that each exists (a chunk deleted by hand
+// fails it too). After a successful swap, the chunks nothing references any
+// more (those of the replaced document, and any a failed or crashed writer
+// left) are collected (gc).
 func (r *EtcdRegistry) update(ctx context.Context, rule string, spec *Spec, fn func(*ledger.Registry, Spec) error) error {
-	key := r.Key(rule)
+	key, gk := r.Key(rule), r.gcKey(rule)
 	for {
-		// The document and the layout in one read; the write below
-		// compares both, so no incarnation starts in a layout that is not
-		// this agent's (see the package doc, "Shards").
-		tr, err := r.kv.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(LayoutKey)).Commit()
+		// The document, the layout and gcKey in one read; the write below
+		// compares all three, so no incarnation starts in a layout that is
+		// not this agent's (see the package doc, "Shards").
+		tr, err := r.kv.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(LayoutKey), clientv3.OpGet(gk)).Commit()
 		if err != nil {
 			return err
 		}
@@ -187,9 +297,14 @@ func (r *EtcdRegistry) update(ctx context.Context, rule string, spec *Spec, fn f
 		if err != nil {
 			return err
 		}
+		var gcRev int64
+		if g := tr.Responses[2].GetResponseRange(); len(g.Kvs) > 0 {
+			gcRev = g.Kvs[0].ModRevision
+		}
 		var reg *ledger.Registry
 		var cur Spec
 		var cmp clientv3.Cmp
+		had := map[string]bool{}
 		if len(resp.Kvs) == 0 {
 			if spec == nil {
 				return fmt.Errorf("%w: rule %q has no registry", ErrRegistry, rule)
@@ -200,29 +315,140 @@ func (r *EtcdRegistry) update(ctx context.Context, rule string, spec *Spec, fn f
 			}
 			cmp = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
 		} else {
-			if reg, cur, err = r.decode(resp.Kvs[0].Value); err != nil {
-				return err
+			var p *parsedDoc
+			reg, cur, p, err = r.decode(resp.Kvs[0].Value, r.fetcher(ctx, rule, tr.Header.Revision))
+			if errors.Is(err, rpctypes.ErrCompacted) {
+				continue // the document changed since, and its revision is gone
+			}
+			if err != nil {
+				return fmt.Errorf("rule %q: %w", rule, err)
+			}
+			for _, c := range p.refs() {
+				had[c.Hash] = true
 			}
 			cmp = clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)
 		}
 		if err := fn(reg, cur); err != nil {
 			return err
 		}
-		b, err := json.Marshal(registryDoc{Spec: cur, State: reg.State()})
+		b, chunks, err := r.format.encodeDoc(cur, reg.State())
 		if err != nil {
-			return err
+			return fmt.Errorf("rule %q: %w", rule, err)
 		}
-		tr, err = r.kv.Txn(ctx).If(cmp, layCmp).Then(clientv3.OpPut(key, string(b))).Commit()
+		cmps := []clientv3.Cmp{cmp, layCmp, clientv3.Compare(clientv3.ModRevision(gk), "=", gcRev)}
+		var fresh []string
+		for h := range chunks {
+			if !had[h] {
+				fresh = append(fresh, h)
+			}
+		}
+		slices.Sort(fresh)
+		for _, h := range fresh {
+			if _, err := r.kv.Put(ctx, r.chunkDir(rule)+h, string(chunks[h])); err != nil {
+				return err
+			}
+		}
+		if len(fresh) <= guardedChunks {
+			for _, h := range fresh {
+				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(r.chunkDir(rule)+h), ">", 0))
+			}
+		}
+		if r.beforeCAS != nil {
+			r.beforeCAS(rule)
+		}
+		tr, err = r.kv.Txn(ctx).If(cmps...).Then(clientv3.OpPut(key, string(b))).Commit()
 		if err != nil {
 			return err
 		}
 		if tr.Succeeded {
+			// After every write (one keys-only read when there is nothing
+			// to collect), so that what a crashed writer left is collected
+			// even if the document no longer has chunks. Best effort: what
+			// is left is collected after a later write.
+			_, _ = r.gc(ctx, rule)
+			var cb int
+			for _, c := range chunks {
+				cb += len(c)
+			}
+			r.stats.docBytes.Store(int64(len(b)))
+			r.stats.chunkBytes.Store(int64(cb))
 			return nil
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 	}
+}
+
+// gcBatch is how many chunks one collecting transaction deletes (etcd
+// counts the gcKey put too against maxTxnOps).
+const gcBatch = maxTxnOps - 8
+
+// gc deletes rule's chunks its current document does not reference: in
+// transactions of at most gcBatch deletes, each comparing the document's
+// ModRevision (a document that changed may reference them now) and gcKey's
+// (another collection ran) with those read, and changing gcKey, which fails
+// the swap of any writer that read gcKey before: one whose chunks this
+// deletes puts them again. It stops when the document changed (its writer
+// collects after it) and returns how many chunks it deleted.
+func (r *EtcdRegistry) gc(ctx context.Context, rule string) (int, error) {
+	key, gk, dir := r.Key(rule), r.gcKey(rule), r.chunkDir(rule)
+	deleted := 0
+	for attempt := 0; attempt < 8; attempt++ {
+		tr, err := r.kv.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(gk), clientv3.OpGet(dir, clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+		if err != nil {
+			return deleted, err
+		}
+		doc := tr.Responses[0].GetResponseRange()
+		if len(doc.Kvs) == 0 {
+			return deleted, nil
+		}
+		p, err := parseDoc(doc.Kvs[0].Value)
+		if err != nil {
+			return deleted, fmt.Errorf("rule %q: %w", rule, err) // collect nothing a document we cannot read might reference
+		}
+		ref := map[string]bool{}
+		for _, c := range p.refs() {
+			ref[c.Hash] = true
+		}
+		var garbage []string
+		for _, kv := range tr.Responses[2].GetResponseRange().Kvs {
+			if h := chunkName(strings.TrimPrefix(string(kv.Key), dir)); h != "" && !ref[h] {
+				garbage = append(garbage, string(kv.Key))
+			}
+		}
+		if len(garbage) == 0 {
+			return deleted, nil
+		}
+		docCmp := clientv3.Compare(clientv3.ModRevision(key), "=", doc.Kvs[0].ModRevision)
+		var gcRev int64
+		if g := tr.Responses[1].GetResponseRange(); len(g.Kvs) > 0 {
+			gcRev = g.Kvs[0].ModRevision
+		}
+		raced := false
+		for len(garbage) > 0 {
+			n := min(len(garbage), gcBatch)
+			ops := []clientv3.Op{clientv3.OpPut(gk, "")}
+			for _, k := range garbage[:n] {
+				ops = append(ops, clientv3.OpDelete(k))
+			}
+			dr, err := r.kv.Txn(ctx).If(docCmp, clientv3.Compare(clientv3.ModRevision(gk), "=", gcRev)).Then(ops...).Commit()
+			if err != nil {
+				return deleted, err
+			}
+			if !dr.Succeeded {
+				raced = true
+				break
+			}
+			deleted += n
+			gcRev = dr.Header.Revision
+			garbage = garbage[n:]
+		}
+		if !raced {
+			return deleted, nil
+		}
+	}
+	return deleted, nil
 }
 
 // Start implements Registry.
@@ -258,7 +484,10 @@ func (r *EtcdRegistry) Close(ctx context.Context, rule string, by ledger.Incarna
 
 // Records implements Registry with one range read of the prefix (and of
 // LayoutKey: another layout than the agent's is ErrLayout). Documents that
-// do not decode, and those of other shards' groups, are left out.
+// do not decode (a missing or corrupt chunk included), and those of other
+// shards' groups, are left out. A document whose ModRevision did not change
+// since the last call is not decoded again; one that did reads only the
+// chunks not in the cache, as of the range read's revision.
 func (r *EtcdRegistry) Records(ctx context.Context) (map[string]RuleRecords, error) {
 	tr, err := r.kv.Txn(ctx).Then(clientv3.OpGet(r.prefix, clientv3.WithPrefix()), clientv3.OpGet(LayoutKey)).Commit()
 	if err != nil {
@@ -268,17 +497,30 @@ func (r *EtcdRegistry) Records(ctx context.Context) (map[string]RuleRecords, err
 	if _, err := r.layoutGuard(tr.Responses[1].GetResponseRange()); err != nil {
 		return nil, err
 	}
+	r.recs.mu.Lock()
+	prev := r.recs.m
+	r.recs.mu.Unlock()
 	out := make(map[string]RuleRecords, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		id := strings.TrimPrefix(string(kv.Key), r.prefix)
 		if !r.shard.ownGroup(id) {
 			continue
 		}
-		reg, _, err := r.decode(kv.Value)
-		if err != nil {
+		if old, ok := prev[id]; ok && old.Revision == kv.ModRevision {
+			out[id] = old
 			continue
+		}
+		reg, _, _, err := r.decode(kv.Value, r.fetcher(ctx, id, tr.Header.Revision))
+		if err != nil {
+			if errors.Is(err, ErrRegistry) {
+				continue
+			}
+			return nil, err // etcd's (compacted: the next poll reads again)
 		}
 		out[id] = RuleRecords{Revision: kv.ModRevision, Records: reg.Records()}
 	}
+	r.recs.mu.Lock()
+	r.recs.m = out
+	r.recs.mu.Unlock()
 	return out, nil
 }
