@@ -64,7 +64,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.log.Register(fs)
 	o.nats.Register(fs, nats.DefaultURL, "NATS URL of the region's server (reports cross regions through the super-cluster)")
 	o.etcd.Register(fs, "comma-separated etcd endpoints (required): rules and the reclaim registry")
-	fs.StringVar(&o.registryPrefix, "registry-prefix", agent.DefaultRegistryPrefix, "etcd key prefix of the reclaim registry (one document per global rule)")
+	fs.StringVar(&o.registryPrefix, "registry-prefix", agent.DefaultRegistryPrefix, "etcd key prefix of the reclaim registry (one document per global rule; the per-key lists of a rule with many keys go to chunks under this prefix without its final /, then .chunks/)")
 	fs.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:9091", "HTTP listen address for /metrics, /healthz, /readyz and "+agent.SharesPath+"?rule=ID")
 	o.httpTimeouts.Register(fs)
 	fs.DurationVar(&o.interval, "interval", def.Interval, "sync interval")
