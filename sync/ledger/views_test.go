@@ -51,3 +51,54 @@ func TestWholeTokenViews(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldCapped: the hold on disagreeing views delays a whole-token gift by
+// at most Config.holdTicks Ticks and never stops it. Three regions, a burst
+// of 4; r1 holds the tokens, then most of the demand moves to r0. r1's views
+// are forced to disagree at every Tick (it forgets which reports its peers
+// acknowledged: as if a peer never heard another): r1 must hold (a Tick
+// with waited > 0) and still give to r0 within holdTicks + 1 Ticks of the
+// move (one exchange for r0's demand to reach r1), no later than with its
+// views as they are.
+func TestHoldCapped(t *testing.T) {
+	run := func(force bool) (gave, held, cap int) {
+		c := newCluster(t, 3)
+		for _, l := range c.l {
+			l.cfg.Quantum = l.cfg.Units / 4
+		}
+		c.use = []int64{0, 100, 0}
+		for range 30 {
+			c.exchange()
+		}
+		if p := c.l[1].Position("k").Units; p < c.l[1].cfg.Quantum {
+			t.Fatalf("r1 holds %d units before the move, want a token (%d)", p, c.l[1].cfg.Quantum)
+		}
+		c.use = []int64{400, 20, 0}
+		k := c.l[1].keys["k"]
+		before := c.l[1].pair(k, 0).give
+		for n := 1; n <= 40; n++ {
+			if force {
+				for i := range c.l[1].peers {
+					clear(c.l[1].peers[i].heardOf)
+				}
+			}
+			c.exchange()
+			held = max(held, int(k.waited))
+			if c.l[1].pair(k, 0).give > before {
+				return n, held, c.l[1].cfg.holdTicks()
+			}
+		}
+		return -1, held, c.l[1].cfg.holdTicks()
+	}
+	free, _, _ := run(false)
+	gave, held, cap := run(true)
+	switch {
+	case gave < 0:
+		t.Fatalf("with its views forced to disagree r1 never gave to r0 (held up to %d Ticks, holdTicks %d)", held, cap)
+	case held == 0:
+		t.Fatalf("with its views forced to disagree r1 never held its gift")
+	case gave > cap+1 || gave < free:
+		t.Fatalf("with its views forced to disagree r1 gave to r0 %d Ticks after the move, want %d (as without) to holdTicks+1 = %d", gave, free, cap+1)
+	}
+	t.Logf("r1 gave to r0 %d Ticks after the move with its views forced to disagree (held up to %d Ticks, holdTicks %d), %d without", gave, held, cap, free)
+}
