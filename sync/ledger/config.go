@@ -191,6 +191,14 @@ func (c Config) heartbeat() time.Duration {
 	return max(0, min(c.HeartbeatEvery, (lease-c.StoreTimeout-c.Interval)/4))
 }
 
+// holdTicks bounds how many Ticks in a row give holds a key's whole-token
+// gifts back while its views disagree (Ledger.consistent): a report period
+// and an interval, rounded up to Ticks, and one more (3 Ticks without a
+// heartbeat).
+func (c Config) holdTicks() int {
+	return int((c.reportEvery()+c.Interval+c.Interval-1)/c.Interval) + 1
+}
+
 // reportEvery is the longest time between two reports of a healthy
 // ledger: the heartbeat, or the interval if that is longer.
 func (c Config) reportEvery() time.Duration {

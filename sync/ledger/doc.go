@@ -174,7 +174,7 @@
 // without; before the resync of step 2: 1.39 s at three regions, 1.52 s
 // at five).
 //
-// Why the heartbeat and the band stay off by default: with whole tokens
+// Why the heartbeat and the band stayed off by default: with whole tokens
 // (Quantum) the targets depend on the pool each region computes from its
 // views, and a heartbeat changes when views are refreshed. In
 // TestRandomized's seed 108 (burst 4, five regions, heartbeat only,
@@ -183,11 +183,20 @@
 // which the token belongs back to the giver, and gives it back; the giver
 // then sees the whole pool again: the token went round every 200 ms for
 // good (give, Config.wholeTokens). With the band at 0.25 and the
-// heartbeat at 1 s, seed 106 (burst 4) still ends off its targets among
+// heartbeat at 1 s, seed 106 (burst 4) still ended off its targets among
 // the default 400 seeds; over 2,000 seeds 106 and 631 (burst 4), and at
 // 0.15, 617 (burst 4) and 1414 (a settlement of 1,115 units still moving
 // 7.7 s after the heal, bound 7.32 s). Without either setting, seeds 1 to
-// 2,000 fail one, 1929 (burst 4), and the default 400 none.
+// 2,000 failed one, 1929 (burst 4), and the default 400 none. The
+// whole-token cases were one mechanism, in the defaults too: gifts in
+// flight between two other regions, missing from a region's pool. give
+// now holds whole-token gifts while a key's views disagree (invariant 4,
+// step 4), and seeds 1 to 2,000 pass with the defaults and with the band
+// at 0.25 and the heartbeat at 1 s (TestWholeTokenViews replays 1929, 106
+// and 631). At 0.15 with the heartbeat, 617 now settles (1.5 s); 1414, a
+// settlement (no Quantum), still reaches its targets 7.7 s after the heal
+// against 7.32 s. The defaults are unchanged: whether to turn the band
+// and the heartbeat on is a decision of its own.
 //
 // With one or two regions there is no D (it never comes): the marker is
 // renewed with a store lease of Lease at every Tick and the incarnation
@@ -329,16 +338,71 @@
 //     are reached by gifts: each round (a giver's tick, its store write,
 //     the report) takes I + S + RTT and brings every position within the
 //     givers' projection error of its target; three rounds bring it within
-//     0.1% of the limit in the tests. With whole tokens (Quantum) targets
-//     jump with the estimates, and while the regions' views of each other
-//     differ gifts can swing back and forth before they settle: the bound is
-//     then not proven (TestRandomized's small-limit seeds: within 3.35 s
-//     of the heal for its 400 seeds, with and without EvenBand; an earlier
-//     build took 12.3 s on seed 106, where three regions each lend part of
-//     a token to a fourth and their views of one another differ, and of the
-//     small-limit seeds among seeds 1-1,200 one, 617, had not settled 15 s
-//     after the heal; with the rounding before KeepToken one had not
-//     either, 777).
+//     0.1% of the limit in the tests. With whole tokens (Quantum) see
+//     step 4.
+//  4. Whole tokens. The rounding (Config.wholeTokens) is discontinuous: a
+//     view of the pool a few units short can move a whole token. And a
+//     region's views miss the gifts in flight between two other regions:
+//     the giver's report shows its lowering, the receiver's does not show
+//     the raise yet, so the pool is short by the gift. In TestRandomized's
+//     seed 1929 (defaults, four regions, a burst of 4), 12.3 s after the
+//     heal, the four regions computed pools of 900,000, 858,049 (twice)
+//     and 735,760 units in the same interval: r3's gift of 41,951 to r1
+//     was in flight, so r0 and r2 targeted r1 at no token where r3
+//     targeted it at one; r1, having applied it, saw a pool shorter still
+//     and gave it on, and the givers, seeing the whole pool again, gave
+//     again, until the end of the calm phase (and seeds 106 and 631 with
+//     a band of 0.25 and a 1 s heartbeat, seed 108 with the heartbeat
+//     alone in an earlier build). So give holds a key's whole-token gifts
+//     back while its views disagree (Ledger.consistent): for every two
+//     other live regions j and m, m's last report must acknowledge the
+//     report of j our view of j on the key comes from (reports carry an
+//     acknowledgement of every peer; each ledger keeps the newest per
+//     sender and region, O(regions^2) per ledger, and per key only a
+//     one-byte count in the key's padding). m applied every gift j
+//     published to it there before it sent that report, so no unit moving
+//     between two other live regions is missing from our pool. The check
+//     is conservative: every report of j that carries the key counts (a
+//     demand change, a full report), not only those whose gifts grew, so
+//     while the regions report a key at every Tick the views seldom agree
+//     and the hold is in effect holdTicks Ticks before each whole-token
+//     gift: rounds that much slower (TestHoldCapped: 3 Ticks, with its
+//     views as they are or forced to disagree). Knowing which report of
+//     j last raised a counter to a third region would take 8 more bytes
+//     per pair (56 to 64, TestKeySize); not done. The hold
+//     lasts at most holdTicks Ticks in a row (ceil((P + I)/I) + 1: 3 at
+//     the defaults, 5 with the harness's heartbeat of 207 ms), then the
+//     gifts go out whatever the views: a view that cannot agree (a
+//     receiver that never hears a giver) slows a key's gifts to one Tick
+//     in holdTicks + 1, it never stops them. The hold chooses only whether
+//     a Tick gifts (no counter, position or write changes): invariants 1
+//     to 3 hold as proven.
+//     Bound. With a healthy network a receiver reports a raise at its next
+//     Tick (the key changed) and any peer acknowledges a report in its
+//     next one, within P, so after a round of gifts the views agree again
+//     within P + RTT (+ S for the giver's confirmation report), inside the
+//     hold's cap: each round of step 3 takes at most holdTicks I more, and
+//     on agreeing views every region computes the same pool, so the
+//     rounding no longer hands a token back for want of units it cannot
+//     see. What the check
+//     does not see, and why the bound for whole tokens stays measured, not
+//     proven: a report of the giver sent between its lowering and its
+//     store's confirmation (the published counter not yet raised: at most
+//     S), and a gift the receiver applied from a report of the giver we
+//     have not received yet (our pool is then larger, for up to RTT/2);
+//     and KeepToken still weighs each view's own positions. Measured: TestRandomized's
+//     small-limit seeds among seeds 1 to 2,000 reach the targets within
+//     4.55 s of the heal with the defaults (4.45 s without the hold,
+//     seed 1929 apart; bound of the proven case 7.1 s) and within 4.95 s
+//     with a band of 0.25 and a 1 s heartbeat (7.32 s); without the hold
+//     seed 1929 (and 106 and 631 with those settings) never settled
+//     (TestWholeTokenViews). rlsim's scenarios
+//     (seed 1): the ledger's utilization holds or rises (follow-the-sun
+//     94.93% to 97.16%, daily-quota 96.75% to 97.35%, limit-10-per-second
+//     94.02% to 94.07%; the other ten unchanged) and its sync bytes fall
+//     where it changed (44,649 to 32,309, 16,394 to 13,089 and 26,235 to
+//     24,973 B/key/s); limit-1-per-second-moving wrongly rejects 9.91%
+//     instead of 9.79% at the same utilization.
 //
 // The tests check this bound in virtual time (TestTwoRegionPartition,
 // where neither side fences; TestRegionAloneForHours; TestPartitionDuringShift;

@@ -85,6 +85,7 @@ type key struct {
 	force    bool  // rewrite even if unchanged (store reset)
 	gifted   bool  // give grew since the last write: a new version must cover it
 	seen     uint8 // cost seen since the average started, up to SilenceTokens
+	waited   uint8 // ticks give held whole-token gifts back on inconsistent views (consistent)
 
 	wUnits int64
 	// Versions of this incarnation (Version{inc, seq}: the ledger writes
@@ -190,7 +191,11 @@ type peer struct {
 	base      int64
 	pending   map[uint64]Contribution // contributions not yet seen in the registry
 	wanted    map[uint64]bool         // incarnations the registry needs our contribution for
+	heardOf   []heard                 // per region index: its newest report this peer acknowledged (Ledger.consistent)
 }
+
+// heard is a report (incarnation, sequence) a peer acknowledged.
+type heard struct{ inc, seq uint64 }
 
 // Ledger is the share ledger of one region. It is a pure state machine: all
 // methods take the agent's local monotonic time and return what to do. A Ledger
@@ -281,7 +286,7 @@ func New(cfg Config, self string, regions []RegionSpec, st Start, now time.Durat
 	l.peers = make([]peer, len(regions))
 	for i := range l.peers {
 		l.peers[i] = peer{name: l.names[i], inc: 1, heard: now, mayFreeze: true,
-			pending: map[uint64]Contribution{}, wanted: map[uint64]bool{}}
+			pending: map[uint64]Contribution{}, wanted: map[uint64]bool{}, heardOf: make([]heard, len(regions))}
 	}
 	for i := range l.names {
 		if i != l.self {

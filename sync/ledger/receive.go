@@ -37,6 +37,7 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 	p := &l.peers[i]
 	if r.Inc > p.inc {
 		out.Contributions = l.freeze(i, r.Inc-1, now)
+		clear(p.heardOf) // what its predecessor heard is not in its positions
 	}
 	newer := r.Seq > p.lastSeq
 	// A peer heard again after a silence of more than two report periods
@@ -54,6 +55,11 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 	}
 	me := l.names[l.self]
 	for _, a := range r.Acks {
+		if j := l.index(a.Region); j >= 0 && !a.Frozen {
+			if h := &p.heardOf[j]; a.Inc > h.inc || a.Inc == h.inc && a.Seq > h.seq {
+				*h = heard{a.Inc, a.Seq}
+			}
+		}
 		if a.Region != me || a.Inc != l.inc {
 			continue
 		}

@@ -149,12 +149,16 @@ func (l *Ledger) give(k *key, now time.Duration) {
 	if len(tg) != len(idx) {
 		return
 	}
+	hold := false
 	if l.cfg.Quantum > 1 && !rest { // whole tokens, by demand (nothing to round when nobody wants more than its floor)
 		fl, dem := make([]int64, len(idx)), make([]int64, len(idx))
 		for j, i := range idx {
 			fl[j], dem[j] = l.floor[i], wants[j].Demand
 		}
 		tg = l.cfg.wholeTokens(tg, fl, dem, proj)
+		// Views that disagree (a gift between two other regions in
+		// flight) hold the gifts back, for holdTicks Ticks at most.
+		hold = !l.consistent(k, idx) && int(k.waited) < l.cfg.holdTicks()
 	}
 	var excess, sumD int64
 	def := sc.def[:0]
@@ -171,6 +175,11 @@ func (l *Ledger) give(k *key, now time.Duration) {
 		}
 	}
 	excess -= l.settleGive(k, idx, rest, now) // settle.go: debts first
+	if hold {
+		k.waited++
+		return
+	}
+	k.waited = 0
 	if excess <= l.cfg.Hysteresis || sumD == 0 {
 		return
 	}
@@ -195,6 +204,33 @@ func (l *Ledger) give(k *key, now time.Duration) {
 		// would stay off their targets for good.
 		l.gift(k, idx[best], min(def[best], excess))
 	}
+}
+
+// consistent reports whether this region's views of k's live regions idx
+// agree: every live peer m has acknowledged, in the report we hold from it,
+// the report of every other live peer j that our view of j on k comes from.
+// Then m's reported position includes every gift j published to m there, and
+// no units move between two other regions unseen.
+func (l *Ledger) consistent(k *key, idx []int) bool {
+	for _, j := range idx {
+		if j == l.self {
+			continue
+		}
+		s := l.pair(k, j).peerSeq
+		if s == 0 {
+			continue
+		}
+		for _, m := range idx {
+			if m == l.self || m == j {
+				continue
+			}
+			h := l.peers[m].heardOf[j]
+			if h.inc != l.peers[j].inc || h.seq < s {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // gift adds g units to what this region gives peer i on k: the one way
