@@ -22,6 +22,20 @@ import (
 // the embedded test server keeps.
 const etcdDefaultMaxRequestBytes = 3 << 19 // 1.5 MiB
 
+// twoRegions is the spec of the two-region rules of these tests.
+var twoRegions = Spec{Units: 1_000_000, MinShare: 0.1, Regions: []ledger.RegionSpec{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}}
+
+// startLives starts the incarnations a/1, b/1 and a/2 of rule (a/1 then
+// ended by a/2), so that contributions to a/1's reclaim are taken.
+func startLives(tb testing.TB, ctx context.Context, r *EtcdRegistry, rule string, spec Spec) {
+	tb.Helper()
+	for _, x := range []string{"a", "b", "a"} {
+		if _, _, err := r.Start(ctx, rule, spec, x); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
 // manyKeys returns n keys with units from f.
 func manyKeys(n int, prefix string, f func(i int) int64) []ledger.KeyUnits {
 	q := make([]ledger.KeyUnits, n)
@@ -306,7 +320,7 @@ func TestRegistryChunkDeletedBeforeSwap(t *testing.T) {
 	}
 	ctx := context.Background()
 	ec := testutil.StartEtcd(t).Client(t)
-	spec := Spec{Units: 1_000_000, MinShare: 0.1, Regions: []ledger.RegionSpec{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}}
+	spec := twoRegions
 	for _, tc := range []struct {
 		name      string
 		chunk     int // chunk size
@@ -325,11 +339,7 @@ func TestRegistryChunkDeletedBeforeSwap(t *testing.T) {
 			w.format = format
 			other := NewEtcdRegistry(ec, "", ledger.DefaultConfig())
 			other.format = format
-			for _, x := range []string{"a", "b", "a"} {
-				if _, _, err := w.Start(ctx, rule, spec, x); err != nil {
-					t.Fatal(err)
-				}
-			}
+			startLives(t, ctx, w, rule, spec)
 			calls, deleted := 0, 0
 			w.beforeCAS = func(rule string) {
 				calls++
@@ -385,12 +395,8 @@ func TestRegistryChunkCorrupt(t *testing.T) {
 	ec := testutil.StartEtcd(t).Client(t)
 	reg := NewEtcdRegistry(ec, "", ledger.DefaultConfig())
 	reg.format = chunkFormat{chunkBytes: 16 << 10, inlineBytes: 1 << 10, listInline: 64}
-	spec := Spec{Units: 1_000_000, MinShare: 0.1, Regions: []ledger.RegionSpec{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}}
-	for _, x := range []string{"a", "b", "a"} {
-		if _, _, err := reg.Start(ctx, "r", spec, x); err != nil {
-			t.Fatal(err)
-		}
-	}
+	spec := twoRegions
+	startLives(t, ctx, reg, "r", spec)
 	q := manyKeys(3_000, "k", func(i int) int64 { return int64(i%7 + 1) })
 	if _, err := reg.Contribute(ctx, "r", ledger.Contribution{Of: ledger.Incarnation{Region: "a", Inc: 1}, From: ledger.Incarnation{Region: "b", Inc: 1}, Q: q}); err != nil {
 		t.Fatal(err)
@@ -465,7 +471,7 @@ func TestRegistryPreviousVersion(t *testing.T) {
 	ctx := context.Background()
 	ec := testutil.StartEtcd(t).Client(t)
 	reg := NewEtcdRegistry(ec, "", ledger.DefaultConfig())
-	spec := Spec{Units: 1_000_000, MinShare: 0.1, Regions: []ledger.RegionSpec{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}}
+	spec := twoRegions
 	mem, err := ledger.NewRegistry(spec.ledgerConfig(ledger.DefaultConfig()), spec.Regions)
 	if err != nil {
 		t.Fatal(err)
