@@ -97,6 +97,21 @@ func checkDecoded(t *testing.T, r *EtcdRegistry, store map[string][]byte, reg *l
 	reg.Records()
 }
 
+// decodeChecked decodes data with the chunks of store: an error must wrap
+// ErrRegistry, and a registry it restores must have checkDecoded's
+// properties.
+func decodeChecked(t *testing.T, r *EtcdRegistry, store map[string][]byte, data []byte) {
+	t.Helper()
+	reg, sp, p, err := r.decode(data, memChunks(store))
+	if err != nil {
+		if !errors.Is(err, ErrRegistry) {
+			t.Fatalf("error %q does not wrap ErrRegistry", err)
+		}
+		return
+	}
+	checkDecoded(t, r, store, reg, sp, p)
+}
+
 // FuzzRegistryDecode: a registry document read from etcd (no chunk
 // available) is refused with ErrRegistry, or restores a registry with the
 // properties of checkDecoded.
@@ -110,14 +125,7 @@ func FuzzRegistryDecode(f *testing.F) {
 	r := NewEtcdRegistry(nil, "", ledger.DefaultConfig())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		store := map[string][]byte{}
-		reg, sp, p, err := r.decode(data, memChunks(store))
-		if err != nil {
-			if !errors.Is(err, ErrRegistry) {
-				t.Fatalf("error %q does not wrap ErrRegistry", err)
-			}
-			return
-		}
-		checkDecoded(t, r, store, reg, sp, p)
+		decodeChecked(t, r, store, data)
 	})
 }
 
@@ -153,14 +161,7 @@ func FuzzRegistryChunkedDecode(f *testing.F) {
 		}
 		store[chunkHash(chunk)] = chunk
 		store[first] = chunk
-		reg, sp, p, err := r.decode(data, memChunks(store))
-		if err != nil {
-			if !errors.Is(err, ErrRegistry) {
-				t.Fatalf("error %q does not wrap ErrRegistry", err)
-			}
-			return
-		}
-		checkDecoded(t, r, store, reg, sp, p)
+		decodeChecked(t, r, store, data)
 	})
 }
 
