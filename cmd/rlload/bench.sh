@@ -16,8 +16,10 @@
 # and p99, and enforcer decisions/s / redis-benchmark script calls/s (the
 # Redis ceiling). Each run's line also gives the CPU time the server side
 # spent per call (the enforcer and Redis together, or the no-op: a figure
-# the other load of a shared machine moves less than throughput) and the
-# script calls per Redis read (checks sharing one round trip).
+# the other load of a shared machine moves less than throughput), the
+# checks per Redis read event (how many checks shared one round trip) and
+# the script calls per read (the calls of one pipeline share one script
+# call, so this stays near 1).
 set -euo pipefail
 
 BIN=${BIN:-bin}
@@ -104,8 +106,9 @@ csw() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^(non)?voluntary_ctxt_s
 # load NAME ADDR CALLERS BATCH PID...: one rlload run; sets calls, decisions,
 # p99, failopen, rejected (the bench rule never rejects: each rejection is
 # a shed answer, the enforcer's overload policy), cpucall (µs of CPU per call of the server processes PID...:
-# the enforcer and Redis, or the no-op; each one's part too) and perread (script calls per read
-# event of Redis: how many checks shared a round trip).
+# the enforcer and Redis, or the no-op; each one's part too), perread (checks
+# per read event of Redis: how many checks shared a round trip) and
+# scriptsread (script calls per read event).
 load() {
 	local out name=$1 addr=$2 callers=$3 batch=$4 c0 r0 e0 requests s0
 	shift 4
@@ -127,9 +130,12 @@ load() {
 		cpuparts=" ($cpuparts)"
 	fi
 	cswcall=$(awk -v s=$(($(csw "$1") - s0)) -v n="$requests" 'BEGIN { if (n > 0) printf "%.2f", s / n; else print "n/a" }')
-	perread=$(awk -v e=$(($(redis_stat evalsha) - e0)) -v r=$(($(redis_stat total_reads_processed) - r0)) 'BEGIN { if (r > 0 && e > 0) printf "%.1f", e / r; else print "-" }')
-	printf '%-9s callers=%-4s batch=%-3s calls/s=%-8s decisions/s=%-9s p99=%sus fail_open=%s shed=%s errors=%s cpu/call=%sus%s csw/call=%s scripts/read=%s\n' \
-		"$name" "$callers" "$batch" "$calls" "$decisions" "$p99" "$failopen" "$rejected" "$errors" "$cpucall" "$cpuparts" "$cswcall" "$perread"
+	local reads=$(($(redis_stat total_reads_processed) - r0)) scripts=$(($(redis_stat evalsha) - e0))
+	# checks: the calls times the batch (a CheckLimit is one check).
+	perread=$(awk -v n="$requests" -v b="$batch" -v r="$reads" -v e="$scripts" 'BEGIN { if (r > 0 && e > 0) printf "%.1f", n * (b > 0 ? b : 1) / r; else print "-" }')
+	scriptsread=$(awk -v e="$scripts" -v r="$reads" 'BEGIN { if (r > 0 && e > 0) printf "%.1f", e / r; else print "-" }')
+	printf '%-9s callers=%-4s batch=%-3s calls/s=%-8s decisions/s=%-9s p99=%sus fail_open=%s shed=%s errors=%s cpu/call=%sus%s csw/call=%s checks/read=%s scripts/read=%s\n' \
+		"$name" "$callers" "$batch" "$calls" "$decisions" "$p99" "$failopen" "$rejected" "$errors" "$cpucall" "$cpuparts" "$cswcall" "$perread" "$scriptsread"
 }
 
 # The Redis ceiling: the same script, pipelined (-P 16), 64 connections;
