@@ -154,8 +154,8 @@ func (s *Ledger) newStore(r *lregion) {
 	r.store.Restart(r.name + "-run" + strconv.Itoa(r.runs))
 }
 
-// startAgent starts a new agent life; it ticks every interval on the
-// region's agent clock from one interval on.
+// startAgent starts a new agent life; it ticks at once and then every
+// interval on the region's agent clock, as the agent's loop does.
 func (s *Ledger) startAgent(r *lregion) {
 	if r.ag != nil || r.store == nil {
 		return
@@ -164,7 +164,7 @@ func (s *Ledger) startAgent(r *lregion) {
 	a.drv = driver.New(r.name, a)
 	a.rule = a.drv.Add(ruleID)
 	r.ag = a
-	s.env.AgentAfter(r.idx, s.cfg.Interval, a.tick)
+	s.env.AgentAfter(r.idx, 0, a.tick)
 }
 
 func (a *lagent) alive() bool { return a.r.ag == a }

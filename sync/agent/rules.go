@@ -116,6 +116,9 @@ func (a *Agent) setRules(rs []rules.Rule) {
 			a.logs.Log(slog.LevelWarn, "spec/"+id, "rule's regions, weights or min_share changed; coordination keeps the spec it started with (use a new rule id to change it)", logKeyRule, id)
 		}
 		st.rule = r
+		// A new rule starts its incarnation now (the boot marker follows
+		// one registry round trip later: driver.Started), not at the next tick.
+		a.maybeStart(a.ctx, st)
 	}
 	a.everRules = true
 	a.ready.Store(a.everRules && a.runID != "")

@@ -12,6 +12,9 @@ func (a *Agent) loop(ctx context.Context) {
 	defer a.wg.Done()
 	tick := time.NewTicker(a.cfg.Interval)
 	defer tick.Stop()
+	// The store's run id at once, so that a rule that arrives starts its
+	// incarnation then (setRules), not an interval later.
+	a.checkRunID(ctx)
 	for {
 		select {
 		case <-ctx.Done():

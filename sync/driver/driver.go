@@ -162,13 +162,19 @@ func (d *Driver) IDs() []string { return slices.Sorted(maps.Keys(d.rules)) }
 // current reports whether r is still the driver's rule of its id.
 func (d *Driver) current(r *Rule) bool { return r != nil && d.rules[r.ID] == r }
 
-// Started installs led as r's ledger (the answer to Ports.Start). It
-// returns false if r is no longer the driver's.
+// Started installs led as r's ledger (the answer to Ports.Start) and runs
+// its first Tick at once, with a flush: the boot marker (and the first
+// report) go out one registry round trip after the start instead of at the
+// next interval, so that a region's store leaves its floor that much
+// sooner, at a first start and after a fence alike. It returns false if r
+// is no longer the driver's.
 func (d *Driver) Started(r *Rule, led *ledger.Ledger) bool {
 	if !d.current(r) {
 		return false
 	}
 	r.Led, r.fedRev = led, 0
+	d.collect(r, led.Tick(d.p.Now()))
+	d.Flush()
 	return true
 }
 

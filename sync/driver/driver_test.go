@@ -94,6 +94,9 @@ func setup(t *testing.T, sync bool) (*Driver, *fakePorts, *Rule, *ledger.Ledger)
 	if !d.Started(r, led) {
 		t.Fatal("Started refused the current rule")
 	}
+	if len(p.writes) != 1 || len(p.writes[0]["r1"]) == 0 {
+		t.Fatalf("Started wrote %v, want the boot marker in one batch at once", p.writes)
+	}
 	return d, p, r, led
 }
 
@@ -126,12 +129,14 @@ func TestConfirmedLater(t *testing.T) {
 	d, p, r, _ := setup(t, false)
 	p.now = 100 * time.Millisecond
 	d.Tick([]Usage{{Rule: "r1", Key: "k", Rate: 10, Admitted: 5}})
-	if len(p.writes) != 1 {
-		t.Fatalf("%d write batches, want 1 (no confirmation, no second round)", len(p.writes))
+	if len(p.writes) != 2 {
+		t.Fatalf("%d write batches after the boot marker's, want 1 (no confirmation, no second round)", len(p.writes)-1)
 	}
 	var cs Applied
-	for _, w := range p.writes[0]["r1"] {
-		cs.Confirmations = append(cs.Confirmations, ledger.Confirmation{Key: w.Key, Version: w.Version})
+	for _, b := range p.writes {
+		for _, w := range b["r1"] {
+			cs.Confirmations = append(cs.Confirmations, ledger.Confirmation{Key: w.Key, Version: w.Version})
+		}
 	}
 	p.now = 110 * time.Millisecond
 	d.Confirmed(r, cs)

@@ -421,7 +421,7 @@
 // (TestTwoRegionPartition: 10 ms at most after cuts of 2 s and 10 s, bound
 // 1.3 s; TestTwoRegionPartitionSmallLimit the same for whole tokens of a
 // burst of 1 and 4, one side keeping the token through a 10 s cut;
-// two-region-partition: 99.71% utilization, 74.41% when both sides fenced
+// two-region-partition: 99.96% utilization, 74.41% when both sides fenced
 // to their floors). A lone survivor of a lost region keeps its
 // position, not the other's: it cannot reclaim with no peer to acknowledge
 // it, and the lost region's units come back when it returns (its new
@@ -438,7 +438,7 @@
 // during a cut would need the survivors to leave that much unreclaimed for
 // good when it dies, which is what the floor already is: min_share is the
 // price paid in advance for serving during a cut, and min_share 1 is the
-// static split (partition: 99.74% against the static split's 99.99%, the
+// static split (partition: 99.79% against the static split's 99.99%, the
 // cut-off region at its floor for the cut).
 //
 // # Clocks
