@@ -126,9 +126,11 @@ type keyRare struct {
 	reassert  Version // after a store reset: the marker waits for this version
 	hold      int64   // the store cannot lower the key below this until holdUntil (Hold)
 	holdUntil time.Duration
-	settled   int64        // S - ceil(g/2) + 1 after this region paid g to settle at a sum S of the pairs' |net|; 0: none since the key was last idle (settle.go)
-	round     int64        // the sum of the pairs' |net| when this region last began settling the key from rest; 0: none since demand (settle.go)
-	ret       *retireState // non-nil while this region retires the key
+	settled   int64         // S - ceil(g/2) + 1 after this region paid g to settle at a sum S of the pairs' |net|; 0: none since the key was last idle (settle.go)
+	round     int64         // the sum of the pairs' |net| when this region last began settling the key from rest; 0: none since demand (settle.go)
+	retryAt   time.Duration // a beginning that did not halve round may be retried from then on (settleStart)
+	tries     uint8         // beginnings in a row that did not halve round (settleStart's backoff)
+	ret       *retireState  // non-nil while this region retires the key
 }
 
 // extra is what reclaims paid k beyond the base part (keyRare.extra).
@@ -164,7 +166,7 @@ func (k *key) rareState() *keyRare {
 
 // dropRare releases k.rare once it holds nothing.
 func (k *key) dropRare() {
-	if r := k.rare; r != nil && r.reassert == (Version{}) && r.hold == 0 && r.holdUntil == 0 && r.settled == 0 && r.round == 0 && r.ret == nil &&
+	if r := k.rare; r != nil && r.reassert == (Version{}) && r.hold == 0 && r.holdUntil == 0 && r.settled == 0 && r.round == 0 && r.tries == 0 && r.ret == nil &&
 		r.extra == 0 && r.frozen == 0 {
 		k.rare = nil
 	}

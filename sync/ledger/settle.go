@@ -67,7 +67,7 @@ func settleReset(k *key, demand bool) {
 	if r := k.rare; r != nil && (r.settled != 0 || demand && r.round != 0) {
 		r.settled = 0
 		if demand {
-			r.round = 0
+			r.round, r.tries, r.retryAt = 0, 0, 0
 		}
 		k.dropRare()
 	}
@@ -123,7 +123,13 @@ func (l *Ledger) netSum(k *key) int64 {
 // (a region owed on it holds reclaim terms) comes back to rest with its
 // nets about where they were, and beginning every time it came to rest
 // moved its units round for good, off the bases (TestSettleNoLivelock).
-// So a region begins at most log2 of its first sum times.
+// A beginning that did not halve it is retried after settleBackoff,
+// doubled with each such beginning in a row: with many regions beginning
+// at once, the deficit gifts of some payments can close new cycles and
+// leave a region's sum where it was though the key's nets fell, and
+// without a retry such a key was held for good (TestChurnLiveness, ten
+// regions). So a region begins at most log2 of its first sum times plus
+// log2 of the time over the backoff.
 func (l *Ledger) settleStart(k *key, now time.Duration) {
 	var idx []int
 	for i := range l.names {
@@ -136,11 +142,28 @@ func (l *Ledger) settleStart(k *key, now time.Duration) {
 		idx = append(idx, i)
 	}
 	sum := l.netSum(k)
-	if k.rare != nil && k.rare.round != 0 && 2*sum > k.rare.round {
-		return // the last beginning did not halve it
+	again := k.rare != nil && k.rare.round != 0 && 2*sum > k.rare.round
+	if again && now < k.rare.retryAt {
+		return // the last beginning did not halve it: not yet
 	}
 	if l.settleOwed(k, idx, l.settleRoom(k, l.position(k), now)) > 0 {
 		k.active, k.dirty = true, true
-		k.rareState().round = sum
+		r := k.rareState()
+		if again {
+			r.tries = min(r.tries+1, settleMaxTries)
+		}
+		r.round, r.retryAt = sum, now+l.settleBackoff()<<r.tries
 	}
+}
+
+// settleMaxTries caps settleStart's doubling: a retry at most
+// 2^settleMaxTries backoffs after the last.
+const settleMaxTries = 6
+
+// settleBackoff is the wait before a region begins again a settlement
+// whose last beginning did not halve its sum, doubled with every such
+// beginning: an idle period and its reports (retire.go), so that the
+// payments and deficit gifts of the last beginning are over everywhere.
+func (l *Ledger) settleBackoff() time.Duration {
+	return l.cfg.IdleAfter + l.idleReported()
 }
