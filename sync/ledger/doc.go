@@ -408,7 +408,9 @@
 // where neither side fences; TestRegionAloneForHours; TestPartitionDuringShift;
 // TestRandomized over 2..7 regions with loss, duplication, delays, restarts,
 // store resets and partitions: restart delays + RetryWrite + T_heal + ten
-// intervals of demand estimate) and live (cmd/internal/live,
+// intervals of demand estimate; TestRandomizedTenRegions the same draws at
+// ten regions, worst 4.45 s of 7.1 s over 40 seeds with LEDGER_REGIONS=10
+// LEDGER_SEEDS=40) and live (cmd/internal/live,
 // TestLiveTwoRegionPartition).
 //
 // # Partitions: what a cut-off region keeps
