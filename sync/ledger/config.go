@@ -108,7 +108,10 @@ type Config struct {
 	HalfLife time.Duration
 	// IdleAfter is how long without usage before a key may leave coordination (default 10s).
 	IdleAfter time.Duration
-	// Hysteresis is the smallest excess (units) worth a gift (default Units/10000).
+	// Hysteresis is the smallest excess (units) worth a gift (default
+	// Units/10000) while some region wants more than its floor. At rest
+	// (nobody does) every excess is given, so that the positions reach the
+	// bases exactly and the key can go idle and be forgotten.
 	Hysteresis int64
 	// DemandTokens makes the demand estimate of a key average over at least
 	// the time its limit takes to admit this many requests (DemandTokens/rate

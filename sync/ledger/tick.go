@@ -180,7 +180,10 @@ func (l *Ledger) give(k *key, now time.Duration) {
 		return
 	}
 	k.waited = 0
-	if excess <= l.cfg.Hysteresis || sumD == 0 {
+	// Hysteresis spares small gifts while there is demand; at rest the
+	// positions must reach the bases exactly, or the key never goes idle
+	// (maybeIdle) and is held for good.
+	if excess <= 0 || sumD == 0 || !rest && excess <= l.cfg.Hysteresis {
 		return
 	}
 	// Never below our floor: excess <= position - floor since targets are >= 0.
