@@ -35,8 +35,11 @@ type churnRun struct {
 	intervals int
 	// The wall time of the steps (checks excluded) in the first and the
 	// last quarter of the steady churn (active keys in use): equal if a
-	// tick's cost follows the keys in use, not the keys seen so far.
-	first, last time.Duration
+	// tick's cost follows the keys in use, not the keys seen so far; and
+	// the process's CPU time in the same steps (less moved by the
+	// machine's other load).
+	first, last       time.Duration
+	cpuFirst, cpuLast time.Duration
 }
 
 func newChurnRun(tb testing.TB, cfg Config, regions, active, total, life int) *churnRun {
@@ -235,14 +238,16 @@ func (c *churnRun) run() {
 	boot()
 	end := c.total*c.life/c.active + c.life
 	for c.intervals < end {
-		t0 := time.Now()
+		t0, cpu0 := time.Now(), cpuTime()
 		c.step(true)
 		q := c.quarter()
-		switch d := time.Since(t0); {
+		switch d, cpu := time.Since(t0), cpuTime()-cpu0; {
 		case c.intervals > c.life && c.intervals <= c.life+q:
 			c.first += d
+			c.cpuFirst += cpu
 		case c.intervals > end-c.life-q && c.intervals <= end-c.life:
 			c.last += d
+			c.cpuLast += cpu
 		}
 		c.check(true)
 	}
@@ -322,6 +327,8 @@ func BenchmarkChurn(b *testing.B) {
 		b.ReportMetric(float64(c.maxHeld), "max-held-keys")
 		b.ReportMetric(c.perKey(c.first), "first-quarter-ns/key-in-use/region/interval")
 		b.ReportMetric(c.perKey(c.last), "last-quarter-ns/key-in-use/region/interval")
+		b.ReportMetric(c.perKey(c.cpuFirst), "first-quarter-cpu-ns/key-in-use/region/interval")
+		b.ReportMetric(c.perKey(c.cpuLast), "last-quarter-cpu-ns/key-in-use/region/interval")
 		b.ReportMetric(time.Since(t0).Seconds(), "s/run")
 		b.Log(c.summary())
 	}
