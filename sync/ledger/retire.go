@@ -419,5 +419,6 @@ func (l *Ledger) idleReported() time.Duration {
 
 func (l *Ledger) forget(k *key) {
 	delete(l.keys, k.name)
+	k.pairs = nil // gone(k): Ledger.sorted drops it
 	l.stats.Forgotten++
 }
