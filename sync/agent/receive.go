@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/apportion/apportion/regional/usage"
@@ -33,7 +34,9 @@ func (a *Agent) onUsage(b usage.Batch) {
 					a.usage.rules = map[string]map[string]usageCounts{}
 				}
 				ks = map[string]usageCounts{}
-				a.usage.rules[g] = ks
+				// A copy: the set's next intervals keep the rule's entry
+				// (usageSet.next), which would keep this message alive.
+				a.usage.rules[strings.Clone(g)] = ks
 			}
 			a.usage.n++
 		}
@@ -119,6 +122,6 @@ func (a *Agent) groupOf(rule string) string {
 		a.groups = map[string]string{}
 	}
 	g := a.cfg.Shard.Group(rule)
-	a.groups[rule] = g
+	a.groups[strings.Clone(rule)] = g // rule is a string of a usage message: not kept
 	return g
 }
