@@ -22,8 +22,9 @@
 //     later calls Confirmed. Then every report of the batch leaves in one
 //     message (Ports.Publish).
 //
-// Tick feeds the enforcers' usage of the interval (every key with usage: a
-// key is coordinated from its first usage), ticks every ledger in rule order
+// Tick (TickFrom: the usage as a sequence) feeds the enforcers' usage of
+// the interval (every key with usage: a key is coordinated from its first
+// usage), ticks every ledger in rule order
 // and asks Ports.Start for an incarnation of every rule without a ledger.
 //
 // A Driver is not safe for concurrent use: it belongs to one goroutine (the
