@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/apportion/apportion/regional/usage"
@@ -33,7 +34,9 @@ func (a *Agent) onUsage(b usage.Batch) {
 					a.usage.rules = map[string]map[string]usageCounts{}
 				}
 				ks = map[string]usageCounts{}
-				a.usage.rules[g] = ks
+				// A copy: the set's next intervals keep the rule's entry
+				// (usageSet.next), which would keep this message alive.
+				a.usage.rules[strings.Clone(g)] = ks
 			}
 			a.usage.n++
 		}
@@ -79,7 +82,7 @@ var errOverflow = errors.New("report queue over its byte budget: the sender's ol
 // the ledgers; a message that does not decode, or names a rule of another
 // shard's group, is dropped whole.
 func (a *Agent) receive(q queuedReport) {
-	m, err := wire.DecodeFrom(q.from, q.data)
+	m, err := wire.DecodeFromOwned(q.from, q.data) // q.data is the NATS message's own: nothing else reads it
 	if err != nil {
 		a.reject(openReason(err), q.from, "", err)
 		return
@@ -119,6 +122,6 @@ func (a *Agent) groupOf(rule string) string {
 		a.groups = map[string]string{}
 	}
 	g := a.cfg.Shard.Group(rule)
-	a.groups[rule] = g
+	a.groups[strings.Clone(rule)] = g // rule is a string of a usage message: not kept
 	return g
 }

@@ -42,18 +42,21 @@ func (a *Agent) tick(ctx context.Context) {
 	pending := a.usage
 	a.usage = pending.next()
 	a.usageMu.Unlock()
-	us := make([]driver.Usage, 0, pending.n)
-	for rule, ks := range pending.rules {
-		st := a.rules[rule]
-		if st == nil {
-			continue
+	// Straight from the interval's maps: no slice of every key.
+	a.drv.TickFrom(func(yield func(driver.Usage) bool) {
+		for rule, ks := range pending.rules {
+			st := a.rules[rule]
+			if st == nil {
+				continue
+			}
+			rate := usageRate(st.rule)
+			for k, c := range ks {
+				if !yield(driver.Usage{Rule: rule, Key: k, Rate: rate, Admitted: c.admitted, Rejected: c.rejected}) {
+					return
+				}
+			}
 		}
-		rate := usageRate(st.rule)
-		for k, c := range ks {
-			us = append(us, driver.Usage{Rule: rule, Key: k, Rate: rate, Admitted: c.admitted, Rejected: c.rejected})
-		}
-	}
-	a.drv.Tick(us)
+	})
 	// The inbox's budget: the largest report published lately, decaying by
 	// 1/64 a tick (a full report every FullEvery ticks keeps it up).
 	peak := a.peakPublished.Load()

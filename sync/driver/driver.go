@@ -22,8 +22,9 @@
 //     later calls Confirmed. Then every report of the batch leaves in one
 //     message (Ports.Publish).
 //
-// Tick feeds the enforcers' usage of the interval (every key with usage: a
-// key is coordinated from its first usage), ticks every ledger in rule order
+// Tick (TickFrom: the usage as a sequence) feeds the enforcers' usage of
+// the interval (every key with usage: a key is coordinated from its first
+// usage), ticks every ledger in rule order
 // and asks Ports.Start for an incarnation of every rule without a ledger.
 //
 // A Driver is not safe for concurrent use: it belongs to one goroutine (the
@@ -33,6 +34,7 @@ package driver
 
 import (
 	"errors"
+	"iter"
 	"maps"
 	"slices"
 	"strings"
@@ -180,10 +182,21 @@ func (d *Driver) Started(r *Rule, led *ledger.Ledger) bool {
 
 // Tick runs one interval at now: usage, every ledger's Tick, a flush.
 // Usage of a rule without a ledger is dropped.
-func (d *Driver) Tick(usage []Usage) {
+func (d *Driver) Tick(usage []Usage) { d.TickFrom(slices.Values(usage)) }
+
+// TickFrom is Tick with the usage as a sequence, fed to the ledgers in its
+// order: a caller holding the interval's usage in maps of its own (the
+// agent) passes them without building a slice of every key.
+func (d *Driver) TickFrom(usage iter.Seq[Usage]) {
 	now := d.p.Now()
-	for _, u := range usage {
-		if r := d.rules[u.Rule]; r != nil && r.Led != nil {
+	var last *Rule
+	for u := range usage {
+		r := last
+		if r == nil || r.ID != u.Rule {
+			r = d.rules[u.Rule]
+			last = r
+		}
+		if r != nil && r.Led != nil {
 			r.Led.Usage(now, u.Key, u.Rate, u.Admitted, u.Rejected)
 		}
 	}
@@ -318,7 +331,11 @@ func (d *Driver) collect(r *Rule, out ledger.Output) {
 		if d.writes == nil {
 			d.writes = map[*Rule][]ledger.Write{}
 		}
-		d.writes[r] = append(d.writes[r], out.Writes...)
+		if w := d.writes[r]; len(w) > 0 {
+			d.writes[r] = append(w, out.Writes...)
+		} else {
+			d.writes[r] = out.Writes // the ledger's own (a new slice per call): no copy
+		}
 	}
 	if out.Report != nil {
 		d.reports = append(d.reports, wire.RuleReport{Rule: r.ID, Report: *out.Report})

@@ -3,6 +3,7 @@ package driver
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/apportion/apportion/sync/ledger"
 )
@@ -46,7 +47,10 @@ func (f freshness) check(r ledger.Report) error {
 func (f freshness) accepted(r ledger.Report) freshness {
 	last := ""
 	if n := len(r.Keys); n > 0 {
-		last = r.Keys[n-1].Key
+		// A copy: the key is a string of the decoded message, which it
+		// would keep alive (a whole message, up to a part's megabyte, per
+		// peer and rule) until the peer's next report.
+		last = strings.Clone(r.Keys[n-1].Key)
 	}
 	return freshness{inc: r.Inc, seq: r.Seq, lastKey: last, any: true}
 }

@@ -3,6 +3,7 @@ package ledger
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -213,6 +214,13 @@ type Ledger struct {
 	base    int64
 	peers   []peer
 	keys    map[string]*key
+	// The keys in name order, so that Tick and a report go through them
+	// in one pass instead of sorting every key every tick: sorted is in
+	// name order as of the last mergeKeys, added holds the keys created
+	// since (unsorted). A forgotten key stays in them, with no pairs
+	// (forget), until the next mergeKeys or Tick drops it.
+	sorted []*key
+	added  []*key
 
 	started  time.Duration
 	lastTick time.Duration
@@ -417,6 +425,49 @@ func (l *Ledger) pair(k *key, i int) *pair {
 	return &l.pairsOf(k)[i]
 }
 
+// gone reports whether k was forgotten (forget): it is still in
+// Ledger.sorted or Ledger.added until they drop it.
+func gone(k *key) bool { return k.pairs == nil }
+
+// mergeKeys sorts the keys created since the last call into l.sorted, and
+// drops the forgotten keys when it moves them anyway: O(n + m log m) for m
+// new keys, nothing when there are none.
+func (l *Ledger) mergeKeys() {
+	a := l.added
+	if len(a) == 0 {
+		return
+	}
+	slices.SortFunc(a, func(x, y *key) int { return strings.Compare(x.name, y.name) })
+	s := l.sorted
+	n := len(s)
+	s = slices.Grow(s, len(a))[:n+len(a)]
+	// From the back: each slot written is free (moved, or past the old end).
+	i, j, w := n-1, len(a)-1, n+len(a)-1
+	for j >= 0 {
+		if i >= 0 && s[i].name > a[j].name {
+			s[w] = s[i]
+			i--
+		} else {
+			s[w] = a[j]
+			j--
+		}
+		w--
+	}
+	live := s[:0]
+	for _, k := range s {
+		if !gone(k) {
+			live = append(live, k)
+		}
+	}
+	clear(s[len(live):])
+	l.sorted = live
+	clear(a)
+	if cap(a) > 1024 {
+		a = nil // a burst of new keys: its array would stay for good
+	}
+	l.added = a[:0]
+}
+
 func (l *Ledger) position(k *key) int64 {
 	u := l.base + k.extra() + k.frozen()
 	for _, pr := range l.pairsOf(k) {
@@ -432,6 +483,7 @@ func (l *Ledger) key(name string) *key {
 		name = strings.Clone(name)
 		k = &key{name: name, pairs: l.newPairs()}
 		l.keys[name] = k
+		l.added = append(l.added, k)
 	}
 	return k
 }

@@ -23,7 +23,8 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 	if l.fenced {
 		return Output{Fenced: true}, ErrFenced
 	}
-	if err := l.check(r); err != nil {
+	ks, err := l.check(r)
+	if err != nil {
 		l.stats.Rejected++
 		if errors.Is(err, ErrFrozenIncarnation) && l.frozenBy(r) {
 			// We ignore the sender, but it tells us it froze us: both
@@ -75,9 +76,15 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 	if l.told {
 		return l.fence(), nil
 	}
-	l.retireAcks(now, i, &r) // may forget keys: look them up after it
-	for _, kr := range r.Keys {
-		k := l.keys[kr.Key] // one lookup per key report (the loop is that of the agent's busiest input)
+	l.retireAcks(now, i, &r) // may forget keys: gone(k) below
+	for j, kr := range r.Keys {
+		// check's lookup (none here: the loop is that of the agent's
+		// busiest input); a key forgotten since is none (a key report
+		// creates or forgets its own key only, so check's hold for the rest).
+		k := ks[j]
+		if k != nil && gone(k) {
+			k = nil
+		}
 		if l.retireKey(now, i, &r, &kr, k, &out) {
 			continue
 		}
@@ -119,44 +126,47 @@ func (l *Ledger) frozenBy(r Report) bool {
 	return false
 }
 
-func (l *Ledger) check(r Report) error {
+// check checks r and returns the keys its key reports name (nil for a key
+// not held), looked up once for the checks and Receive's merge.
+func (l *Ledger) check(r Report) ([]*key, error) {
 	i := l.index(r.From)
 	if i < 0 || i == l.self {
-		return fmt.Errorf("%w: from %q", ErrUnknownRegion, r.From)
+		return nil, fmt.Errorf("%w: from %q", ErrUnknownRegion, r.From)
 	}
 	if r.Inc == 0 || r.Seq == 0 || r.Base < 0 {
-		return fmt.Errorf("%w: zero incarnation or sequence, or negative base", ErrMalformed)
+		return nil, fmt.Errorf("%w: zero incarnation or sequence, or negative base", ErrMalformed)
 	}
 	p := &l.peers[i]
 	if r.Inc <= p.frozenInc {
-		return fmt.Errorf("%w: %s/%d", ErrFrozenIncarnation, r.From, r.Inc)
+		return nil, fmt.Errorf("%w: %s/%d", ErrFrozenIncarnation, r.From, r.Inc)
 	}
 	if r.Inc < p.inc {
-		return fmt.Errorf("%w: %s/%d < %d", ErrStaleIncarnation, r.From, r.Inc, p.inc)
+		return nil, fmt.Errorf("%w: %s/%d < %d", ErrStaleIncarnation, r.From, r.Inc, p.inc)
 	}
 	known := func(n string) bool { return l.index(n) >= 0 }
 	for j, a := range r.Acks {
 		if !known(a.Region) {
-			return fmt.Errorf("%w: ack for %q", ErrUnknownRegion, a.Region)
+			return nil, fmt.Errorf("%w: ack for %q", ErrUnknownRegion, a.Region)
 		}
 		if j > 0 && (r.Acks[j-1].Region > a.Region || r.Acks[j-1].Region == a.Region && r.Acks[j-1].Inc >= a.Inc) {
-			return fmt.Errorf("%w: acks not sorted", ErrMalformed)
+			return nil, fmt.Errorf("%w: acks not sorted", ErrMalformed)
 		}
 	}
 	same := r.Inc == p.inc && p.seen
 	me := l.names[l.self]
-	// Each key report's key, looked up once for check and plausible (a
-	// slice per call: kept in the ledger it would cost 8 B per key).
+	// Each key report's key, looked up once for check, plausible and
+	// Receive (a slice per call: kept in the ledger it would cost 8 B per
+	// key).
 	ks := make([]*key, 0, len(r.Keys))
 	for j, kr := range r.Keys {
 		if j > 0 && r.Keys[j-1].Key >= kr.Key {
-			return fmt.Errorf("%w: keys not sorted", ErrMalformed)
+			return nil, fmt.Errorf("%w: keys not sorted", ErrMalformed)
 		}
 		if kr.Demand < 0 || kr.Position < 0 {
-			return fmt.Errorf("%w: negative demand or position", ErrMalformed)
+			return nil, fmt.Errorf("%w: negative demand or position", ErrMalformed)
 		}
 		if !validCounters(kr.Gave, known) || !validCounters(kr.Applied, known) {
-			return fmt.Errorf("%w: counters", ErrMalformed)
+			return nil, fmt.Errorf("%w: counters", ErrMalformed)
 		}
 		k := l.keys[kr.Key]
 		ks = append(ks, k)
@@ -166,17 +176,20 @@ func (l *Ledger) check(r Report) error {
 		pr := l.pair(k, i)
 		for _, c := range kr.Gave {
 			if c.Region == me && c.Inc == l.inc && c.Units < pr.recv {
-				return fmt.Errorf("%w: gave %d < %d", ErrBackwards, c.Units, pr.recv)
+				return nil, fmt.Errorf("%w: gave %d < %d", ErrBackwards, c.Units, pr.recv)
 			}
 		}
 		for _, c := range kr.Applied {
 			if c.Region == me && c.Inc == l.inc && c.Units < pr.peerApplied {
-				return fmt.Errorf("%w: applied %d < %d", ErrBackwards, c.Units, pr.peerApplied)
+				return nil, fmt.Errorf("%w: applied %d < %d", ErrBackwards, c.Units, pr.peerApplied)
 			}
 		}
 	}
 	if err := l.checkRetire(i, &r); err != nil {
-		return err
+		return nil, err
 	}
-	return l.plausible(r, ks) // plausible.go
+	if err := l.plausible(r, ks); err != nil { // plausible.go
+		return nil, err
+	}
+	return ks, nil
 }

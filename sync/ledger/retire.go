@@ -3,6 +3,7 @@ package ledger
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -260,6 +261,7 @@ func (l *Ledger) retireKey(now time.Duration, i int, r *Report, kr *KeyReport, k
 	if l.closing == nil {
 		l.closing = map[closeID]closing{}
 	}
+	id.key = strings.Clone(id.key) // kept: not a string of the report's message
 	l.closing[id] = closing{inc: r.Inc, retire: kr.Retire, since: l.rseq + 1}
 	l.raiseMark(i, r)
 	if raised {
@@ -419,5 +421,6 @@ func (l *Ledger) idleReported() time.Duration {
 
 func (l *Ledger) forget(k *key) {
 	delete(l.keys, k.name)
+	k.pairs = nil // gone(k): Ledger.sorted drops it
 	l.stats.Forgotten++
 }

@@ -565,6 +565,13 @@ func (s *sim) fail(format string, args ...any) {
 
 // check asserts invariant 1 at this instant, in the modelled stores.
 func (s *sim) check() {
+	for _, r := range s.regions {
+		if r.led != nil && s.steps%16 == 0 { // (a pass over every key: not at every step)
+			if err := keyOrderErr(r.led); err != nil {
+				s.fail("%s: %v", r.name, err)
+			}
+		}
+	}
 	for _, k := range s.keys {
 		var units int64
 		var rate, capc float64
@@ -998,4 +1005,36 @@ func smallLimit(rng *rand.Rand) func(*Config) {
 		c.Quantum = c.Units / burst
 		c.DemandTokens = DefaultConfig().DemandTokens
 	}
+}
+
+// keyOrderErr checks Ledger.sorted and Ledger.added against the keys held:
+// every key held once among their keys not forgotten, sorted in name order.
+func keyOrderErr(l *Ledger) error {
+	seen := map[string]bool{}
+	prev := ""
+	for i, k := range append(append([]*key(nil), l.sorted...), l.added...) {
+		if gone(k) {
+			if l.keys[k.name] == k {
+				return fmt.Errorf("key %q held but forgotten", k.name)
+			}
+			continue
+		}
+		if l.keys[k.name] != k {
+			return fmt.Errorf("key %q listed but not held", k.name)
+		}
+		if seen[k.name] {
+			return fmt.Errorf("key %q listed twice", k.name)
+		}
+		seen[k.name] = true
+		if i < len(l.sorted) {
+			if k.name <= prev && i > 0 {
+				return fmt.Errorf("sorted keys out of order: %q after %q", k.name, prev)
+			}
+			prev = k.name
+		}
+	}
+	if len(seen) != len(l.keys) {
+		return fmt.Errorf("%d keys listed, %d held", len(seen), len(l.keys))
+	}
+	return nil
 }

@@ -1,9 +1,7 @@
 package ledger
 
 import (
-	"slices"
 	"sort"
-	"strings"
 	"time"
 )
 
@@ -65,16 +63,24 @@ func (l *Ledger) Tick(now time.Duration) Output {
 	}
 	l.lastTick = now
 	l.ticks++
-	for _, k := range l.keys {
+	l.mergeKeys()
+	for _, k := range l.sorted {
+		if gone(k) {
+			continue
+		}
 		if k.rate > 0 {
 			l.observe(k, dt, now) // demand.go
 		}
 		k.used = 0
 	}
-	// Every key held, in map order (no sort of every key per tick: the
-	// writes are sorted below); retireStep may forget k.
+	// Every key held, in name order (Ledger.sorted: the writes come out
+	// sorted); retireStep may forget k, and the pass drops the forgotten.
 	changed := false
-	for _, k := range l.keys {
+	keep := l.sorted[:0]
+	for _, k := range l.sorted {
+		if gone(k) {
+			continue // forgotten since the last Tick (Receive)
+		}
 		if k.active && !k.retiring() {
 			l.give(k, now)
 			l.maybeIdle(k, now)
@@ -84,8 +90,12 @@ func (l *Ledger) Tick(now time.Duration) Output {
 		}
 		changed = changed || k.dirty
 		l.retireStep(k, now) // retire.go: may forget k
+		if !gone(k) {
+			keep = append(keep, k)
+		}
 	}
-	slices.SortFunc(out.Writes, func(a, b Write) int { return strings.Compare(a.Key, b.Key) })
+	clear(l.sorted[len(keep):])
+	l.sorted = keep
 	if w, ok := l.marker(now); ok {
 		out.Writes = append(out.Writes, w)
 	}
@@ -307,31 +317,32 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 		x, y := r.Acks[a], r.Acks[b]
 		return x.Region < y.Region || x.Region == y.Region && x.Inc < y.Inc
 	})
-	// The keys to report: one map scan (no lookup per key), then a sort by
-	// name.
-	// name and key side by side: the sort compares without a key's load.
-	type named struct {
-		name string
-		k    *key
+	// The keys to report, in name order (Ledger.sorted): counted, then
+	// reported, two passes and no sort.
+	l.mergeKeys()
+	idle := l.idleReported()
+	due := func(k *key) bool {
+		return !gone(k) && (k.dirty || full && (k.active || now-k.idleAt < idle))
 	}
-	var ks []named
-	for n, k := range l.keys {
-		if k.dirty || full && (k.active || now-k.idleAt < l.idleReported()) {
-			ks = append(ks, named{n, k})
+	n := 0
+	for _, k := range l.sorted {
+		if due(k) {
+			n++
 		}
 	}
-	slices.SortFunc(ks, func(a, b named) int { return strings.Compare(a.name, b.name) })
 	// The keys' counters share one array, cut as it fills (a report of n
 	// keys is a few allocations, not 2n); peers in name order
 	// (Ledger.order), so each key's counters come out sorted by region.
 	var arena []Counter
-	r.Keys = make([]KeyReport, 0, len(ks))
-	for _, x := range ks {
-		k := x.k
+	r.Keys = make([]KeyReport, 0, n)
+	for _, k := range l.sorted {
+		if !due(k) {
+			continue
+		}
 		k.dirty = false
 		kr := KeyReport{Key: k.name, Demand: k.reported(), Position: l.position(k), Retire: k.retireSeq()}
 		if cap(arena)-len(arena) < 2*len(l.order) {
-			arena = make([]Counter, 0, 2*len(l.order)*min(len(ks), 512))
+			arena = make([]Counter, 0, 2*len(l.order)*min(n, 512))
 		}
 		kr.Gave, arena = l.counters(k, arena, true)
 		kr.Applied, arena = l.counters(k, arena, false)

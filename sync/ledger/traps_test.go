@@ -512,6 +512,7 @@ func snapshot(l *Ledger) ledgerSnap {
 	s := ledgerSnap{Ledger: *l, pairs: map[string][]pair{}}
 	s.cfg.Allocate = nil
 	s.keys = map[string]*key{}
+	s.sorted, s.added = nil, nil // the keys in name order: derived from keys
 	for n, k := range l.keys {
 		kk := *k
 		kk.pairs = nil

@@ -118,11 +118,18 @@ func (s *Signer) PublicKey() string { return s.pub }
 func (s *Signer) Public() ed25519.PublicKey { return s.priv.Public().(ed25519.PublicKey) }
 
 // Seal returns the signed envelope of an encoded message (Encode's output).
+// It copies msg once: the signed bytes (sigContext, msg) and the envelope
+// (magicSigned, msg, signature) share one array, the envelope starting at
+// the context's last byte.
 func (s *Signer) Seal(msg []byte) []byte {
-	out := make([]byte, 0, len(msg)+Overhead)
-	out = append(out, magicSigned)
-	out = append(out, msg...)
-	return append(out, ed25519.Sign(s.priv, signedBytes(msg))...)
+	c := len(sigContext)
+	buf := make([]byte, c+len(msg)+SignatureSize)
+	copy(buf, sigContext)
+	copy(buf[c:], msg)
+	sig := ed25519.Sign(s.priv, buf[:c+len(msg)])
+	copy(buf[c+len(msg):], sig)
+	buf[c-1] = magicSigned
+	return buf[c-1:]
 }
 
 func signedBytes(msg []byte) []byte {
@@ -248,8 +255,29 @@ func DecodeFrom(from string, msg []byte) (Message, error) {
 	if err != nil {
 		return Message{}, err
 	}
+	return checkFrom(from, m)
+}
+
+// DecodeFromOwned is DecodeFrom with DecodeOwned: msg must not be modified
+// afterwards (the message's strings point into it).
+func DecodeFromOwned(from string, msg []byte) (Message, error) {
+	m, err := DecodeOwned(msg)
+	if err != nil {
+		return Message{}, err
+	}
+	return checkFrom(from, m)
+}
+
+// checkFrom fails a message from another sender than from.
+func checkFrom(from string, m Message) (Message, error) {
 	if m.From != from {
 		return Message{}, fmt.Errorf("%w: message from %q on %q's subject", ErrMalformed, m.From, from)
+	}
+	// The caller's string, equal: a sender's name kept (a map's key) does
+	// not keep the message's buffer alive.
+	m.From = from
+	for i := range m.Rules {
+		m.Rules[i].Report.From = from
 	}
 	return m, nil
 }

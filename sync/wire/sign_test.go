@@ -74,6 +74,13 @@ func TestSealOpen(t *testing.T) {
 		if !reflect.DeepEqual(got, msgs[i]) {
 			t.Fatalf("case %d: got %+v want %+v", i, got, msgs[i])
 		}
+		msg, err := v.Verify(froms[i], datas[i])
+		if err != nil {
+			t.Fatalf("case %d: verify: %v", i, err)
+		}
+		if got, err := DecodeFromOwned(froms[i], msg); err != nil || !reflect.DeepEqual(got, msgs[i]) {
+			t.Fatalf("case %d: DecodeFromOwned: %v: got %+v want %+v", i, err, got, msgs[i])
+		}
 	}
 }
 

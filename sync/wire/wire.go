@@ -62,6 +62,7 @@ import (
 	"github.com/apportion/apportion/internal/bincode"
 	"iter"
 	"slices"
+	"unsafe"
 
 	"github.com/apportion/apportion/sync/ledger"
 )
@@ -231,9 +232,17 @@ func EncodeParts(m Message, maxSize int) (iter.Seq[[]byte], error) {
 type sizer struct {
 	from string
 	tab  []string
+	head int // header's size but for its count of rule reports (computed once)
 }
 
-func newSizer(m Message) sizer { return sizer{m.From, regionTable(m)} }
+func newSizer(m Message) sizer {
+	z := sizer{from: m.From, tab: regionTable(m)}
+	z.head = 1 + bincode.StringLen(z.from) + bincode.UvarintLen(uint64(len(z.tab)))
+	for _, r := range z.tab {
+		z.head += bincode.StringLen(r)
+	}
+	return z
+}
 
 func (z sizer) idx(name string) int {
 	i, _ := slices.BinarySearch(z.tab, name)
@@ -241,13 +250,7 @@ func (z sizer) idx(name string) int {
 }
 
 // header is the size of a message's header with nrules rule reports.
-func (z sizer) header(nrules int) int {
-	n := 1 + bincode.StringLen(z.from) + bincode.UvarintLen(uint64(len(z.tab))) + bincode.UvarintLen(uint64(nrules))
-	for _, r := range z.tab {
-		n += bincode.StringLen(r)
-	}
-	return n
-}
+func (z sizer) header(nrules int) int { return z.head + bincode.UvarintLen(uint64(nrules)) }
 
 // ruleHeader is the size of a rule report's header with nkeys keys (the
 // keys not included).
@@ -417,18 +420,44 @@ func appendMessage(buf []byte, from string, tab []string, rs []RuleReport) []byt
 	return buf
 }
 
-// Decode parses a version-2 message. Every error wraps ErrMalformed.
+// Decode parses a version-2 message. Every error wraps ErrMalformed. The
+// message's strings are in a copy of data, which the caller may reuse.
 func Decode(data []byte) (Message, error) {
+	if err := precheck(data); err != nil {
+		return Message{}, err
+	}
+	return decode(string(data))
+}
+
+// DecodeOwned is Decode without the copy: the message's strings (keys,
+// rules, regions) point into data itself, so the caller must not modify
+// data afterwards, and a string of the message kept keeps all of data
+// alive. For a buffer read once and then dropped (a message as it arrived:
+// the agent's receive); one copy of every message less.
+func DecodeOwned(data []byte) (Message, error) {
+	if err := precheck(data); err != nil {
+		return Message{}, err
+	}
+	return decode(unsafe.String(unsafe.SliceData(data), len(data)))
+}
+
+// precheck is Decode's checks before parsing.
+func precheck(data []byte) error {
 	if len(data) > MaxMessageSize {
-		return Message{}, fmt.Errorf("%w: %d bytes, limit %d", ErrMalformed, len(data), MaxMessageSize)
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrMalformed, len(data), MaxMessageSize)
 	}
 	if len(data) == 0 {
-		return Message{}, fmt.Errorf("%w: empty", ErrMalformed)
+		return fmt.Errorf("%w: empty", ErrMalformed)
 	}
 	if data[0] != magicV2 {
-		return Message{}, fmt.Errorf("%w: unknown format byte 0x%02x", ErrMalformed, data[0])
+		return fmt.Errorf("%w: unknown format byte 0x%02x", ErrMalformed, data[0])
 	}
-	d := bincode.New(string(data), 1, ErrMalformed, MaxStringLen)
+	return nil
+}
+
+// decode parses data, a message that passed precheck.
+func decode(data string) (Message, error) {
+	d := bincode.New(data, 1, ErrMalformed, MaxStringLen)
 	var m Message
 	m.From = d.Str()
 	n := d.Count(minRegion)

@@ -75,6 +75,9 @@ func TestRoundTripProperty(t *testing.T) {
 		if !reflect.DeepEqual(got, m) {
 			t.Fatalf("case %d: round trip\n got %+v\nwant %+v", i, got, m)
 		}
+		if got, err := DecodeOwned(b); err != nil || !reflect.DeepEqual(got, m) {
+			t.Fatalf("case %d: DecodeOwned round trip: %v\n got %+v\nwant %+v", i, err, got, m)
+		}
 	}
 }
 
@@ -214,6 +217,12 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{magicV2})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := Decode(data)
+		// DecodeOwned (no copy) decodes and refuses alike.
+		owned := append([]byte(nil), data...)
+		mo, erro := DecodeOwned(owned)
+		if (err == nil) != (erro == nil) || err != nil && err.Error() != erro.Error() || !reflect.DeepEqual(m, mo) {
+			t.Fatalf("Decode and DecodeOwned differ: %v, %v", err, erro)
+		}
 		if err != nil {
 			if !errors.Is(err, ErrMalformed) {
 				t.Fatalf("error %v does not wrap ErrMalformed", err)
