@@ -109,16 +109,19 @@ func (a *Agent) setRules(rs []rules.Rule) {
 	}
 	for id, r := range want {
 		st := a.rules[id]
-		if st == nil {
+		added := st == nil
+		if added {
 			st = &ruleState{Rule: a.drv.Add(id)}
 			a.rules[id] = st
 		} else if st.Led != nil && !a.specOf(r).equal(st.spec) {
 			a.logs.Log(slog.LevelWarn, "spec/"+id, "rule's regions, weights or min_share changed; coordination keeps the spec it started with (use a new rule id to change it)", logKeyRule, id)
 		}
 		st.rule = r
-		// A new rule starts its incarnation now (the boot marker follows
-		// one registry round trip later: driver.Started), not at the next tick.
-		a.maybeStart(a.ctx, st)
+		if added {
+			// A new rule starts its incarnation now (the boot marker follows
+			// one registry round trip later: driver.Started), not at the next tick.
+			a.maybeStart(a.ctx, st)
+		}
 	}
 	a.everRules = true
 	a.ready.Store(a.everRules && a.runID != "")

@@ -132,7 +132,8 @@ func (c *churnRun) inUse(t int) (lo, hi int) {
 }
 
 // step runs one interval: usage of the keys in use (c.user) at 4 times the
-// limit, every ledger's tick, every report delivered to every peer, every
+// limit, at least one request an interval (10 times a limit of 1/s at 100
+// ms), every ledger's tick, every report delivered to every peer, every
 // write confirmed at once.
 func (c *churnRun) step(use bool) {
 	t := c.intervals
@@ -316,8 +317,8 @@ func BenchmarkChurn(b *testing.B) {
 		return def
 	}
 	active, total, life := env("APPORTION_CHURN_ACTIVE", 100_000), env("APPORTION_CHURN_TOTAL", 1_000_000), env("APPORTION_CHURN_LIFE", 1440)
+	regions := env("APPORTION_CHURN_REGIONS", 3)
 	for i := 0; i < b.N; i++ {
-		regions := env("APPORTION_CHURN_REGIONS", 3)
 		c := newChurnRun(b, DefaultConfig(), regions, active, total, life)
 		if regions > 3 {
 			c.retries = 3 // as TestChurnLiveness at ten regions
@@ -357,9 +358,10 @@ func BenchmarkChurn(b *testing.B) {
 // retries: with ten regions the settling of a key's cycles can end with
 // every region's sum of nets where its last beginning left it (all
 // beginning at once, the deficit gifts of some payments close new
-// cycles); settleStart begins again after its backoff. Before that retry
-// such a key was held for good (ten regions at 100/s: one of 300 keys
-// still held 200 s after the churn).
+// cycles); settleStart begins again after its backoff. Without that retry
+// such a key is held for good (ten regions, both limits: a key held after
+// the drain; one of 300 was still held in a debug run with the drain
+// 200 s longer).
 func TestChurnLiveness(t *testing.T) {
 	for _, tc := range []struct {
 		regions, active, total, life, liveAfter, retries int

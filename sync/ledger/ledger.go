@@ -130,7 +130,7 @@ type keyRare struct {
 	settled   int64         // S - ceil(g/2) + 1 after this region paid g to settle at a sum S of the pairs' |net|; 0: none since the key was last idle (settle.go)
 	round     int64         // the sum of the pairs' |net| when this region last began settling the key from rest; 0: none since demand (settle.go)
 	retryAt   time.Duration // a beginning that did not halve round may be retried from then on (settleStart)
-	tries     uint8         // beginnings in a row that did not halve round (settleStart's backoff)
+	tries     uint8         // beginnings in a row that did not halve round (settleStart's backoff); 0 whenever round is
 	ret       *retireState  // non-nil while this region retires the key
 }
 
@@ -167,7 +167,7 @@ func (k *key) rareState() *keyRare {
 
 // dropRare releases k.rare once it holds nothing.
 func (k *key) dropRare() {
-	if r := k.rare; r != nil && r.reassert == (Version{}) && r.hold == 0 && r.holdUntil == 0 && r.settled == 0 && r.round == 0 && r.tries == 0 && r.ret == nil &&
+	if r := k.rare; r != nil && r.reassert == (Version{}) && r.hold == 0 && r.holdUntil == 0 && r.settled == 0 && r.round == 0 && r.ret == nil &&
 		r.extra == 0 && r.frozen == 0 {
 		k.rare = nil
 	}
