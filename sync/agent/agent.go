@@ -136,10 +136,11 @@ type ruleState struct {
 
 // newLedger resets what st keeps of its ledger when another takes its
 // place (a new incarnation, or none after a layout change): the new ledger
-// counts its lowered writes from 0, and no record of the old one is held.
+// counts its lowered writes from 0, and its records are looked at for
+// refresh at the next tick.
 func (st *ruleState) newLedger() {
 	st.lowered = 0
-	st.holds.clear()
+	st.holds.next = 0
 }
 
 // New returns an agent. It does nothing until Start. store is the region's

@@ -6,9 +6,9 @@
 //
 // Key invariant: the agent adds no path around the ledger. Every store write
 // is one the ledger emitted, applied in emission order per key (versions make
-// replays and reorderings harmless), or a refresh: a record the store
-// confirmed, written again unchanged (same version) so that its key keeps
-// its TTL (refresh.go); a confirmation (ShareApplied) is
+// replays and reorderings harmless), or a refresh: a key's last write the
+// store confirmed (Ledger.Held), written again at the same version and
+// units so that its key keeps its TTL (refresh.go); a confirmation (ShareApplied) is
 // reported only with the version the store says it holds afterwards; every
 // report published is one the ledger returned; and every input the ledger
 // rejects (a malformed message, an unknown region, a stale or frozen

@@ -59,48 +59,92 @@ func TestRefreshWrite(t *testing.T) {
 	}
 }
 
-// TestHeldRecords: a held record gives back the record written (its
-// template shared by the records of a write), a Release record is no
-// longer held, and the templates stay bounded when the rule's parameters
-// change write after write (compacted to the ones in use).
-func TestHeldRecords(t *testing.T) {
-	a := &Agent{start: time.Now()}
-	st := &ruleState{}
-	want := map[string]redisstore.ShareRecord{}
-	at := a.start.Add(90 * time.Minute)
-	for w := 0; w < 5*maxTemplates; w++ {
-		var recs []redisstore.ShareRecord
-		var vs []redisstore.WindowApplied
-		for k := 0; k < 3; k++ {
-			r := redisstore.ShareRecord{Key: fmt.Sprintf("k%d", (w+k)%7), Inc: 2, Seq: uint64(w*3 + k + 1), Units: int64(w + k),
-				Capacity: int64(1000 * (w + 1)), Rate: 500, Total: 100, Floor: 10, Hold: time.Hour}
-			recs = append(recs, r)
-			vs = append(vs, redisstore.WindowApplied{Version: redisstore.Version{Inc: r.Inc, Seq: r.Seq}})
-			want[r.Key] = r
+// TestRefreshHeld: the records the ledger holds confirmed are written
+// again once half the Hold has passed since they were sent, refreshBatch
+// per call (the rest due at the next tick), same version, with the Hold;
+// a write not confirmed is not (the ledger resends it), and a refresh the
+// store fails is looked at again at the next tick. The ledger then
+// reports the refresh's time (Refreshed), so nothing is due until half a
+// Hold later.
+func TestRefreshHeld(t *testing.T) {
+	fs := &failingStore{memStore: newMemStore(&world{}, "a")}
+	cfg := DefaultConfig()
+	a := &Agent{cfg: cfg, store: fs, start: time.Now(), rules: map[string]*ruleState{},
+		results: make(chan func(context.Context), 1),
+		logs:    logsample.New(slog.New(slog.DiscardHandler), time.Minute)}
+	a.m = newMetrics("a", nil, a)
+	lcfg := ledger.DefaultConfig()
+	regions := []ledger.RegionSpec{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}
+	l, err := ledger.New(lcfg, "a", regions, ledger.Start{Inc: 1, RunID: "run"}, a.now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &ruleState{Rule: &driver.Rule{ID: "r", Led: l}, rule: globalRule(), spec: Spec{Units: lcfg.Units}}
+	a.rules["r"] = st
+	n := refreshBatch + 10
+	for i := range n {
+		l.Usage(a.now(), fmt.Sprintf("k%05d", i), 100, 5, 0)
+	}
+	var cs []ledger.Confirmation
+	written := 0
+	for _, w := range l.Tick(a.now()).Writes {
+		if w.Key == ledger.MarkerKey || w.Key == "k00003" { // k00003's write stays unconfirmed
+			continue
 		}
-		if w%10 == 9 { // a Release record of a held key
-			r := want["k0"]
-			r.Seq, r.Release = uint64(1_000_000+w), true
-			recs = append(recs, r)
-			vs = append(vs, redisstore.WindowApplied{Version: redisstore.Version{Inc: r.Inc, Seq: r.Seq}})
-			delete(want, "k0")
-		}
-		a.noteHeld(st, recs, vs, at)
-		if len(st.holds.tmpls) > maxTemplates {
-			t.Fatalf("write %d: %d templates, more than %d", w, len(st.holds.tmpls), maxTemplates)
+		written++
+		cs = append(cs, ledger.Confirmation{Key: w.Key, Version: w.Version})
+	}
+	l.SharesApplied(a.now(), cs)
+	if written != n-1 {
+		t.Fatalf("%d keys written and confirmed, want %d", written, n-1)
+	}
+	refresh := func() {
+		t.Helper()
+		a.refreshHeld(context.Background())
+		if st.holds.refreshing {
+			(<-a.results)(context.Background())
 		}
 	}
-	if len(st.holds.held) != len(want) {
-		t.Fatalf("%d records held, want %d", len(st.holds.held), len(want))
+	half := recordHold(cfg) / 2
+	refresh()
+	if len(fs.calls) != 0 {
+		t.Fatalf("store calls %v before half the Hold", fs.calls)
 	}
-	for k, h := range st.holds.held {
-		if got := st.holds.record(k, h); got != want[k] {
-			t.Fatalf("held %+v, want %+v", got, want[k])
-		}
-		if h.since() != 90*time.Minute {
-			t.Fatalf("held at %v, want 90m", h.since())
-		}
+	a.start = a.start.Add(-half - time.Second) // half the Hold later
+	fs.failFrom = 1
+	refresh()
+	if fmt.Sprint(fs.calls) != fmt.Sprint([]int{refreshBatch}) || st.holds.next != 0 {
+		t.Fatalf("a failing refresh: calls %v, next %v; want one of %d and a look at the next tick", fs.calls, st.holds.next, refreshBatch)
 	}
+	fs.failFrom, fs.calls = 0, nil
+	refresh()
+	refresh()
+	if fmt.Sprint(fs.calls) != fmt.Sprint([]int{refreshBatch, n - 1 - refreshBatch}) {
+		t.Fatalf("store calls %v, want %d then %d records", fs.calls, refreshBatch, n-1-refreshBatch)
+	}
+	if h := recordHold(cfg); fmt.Sprint(fs.holds) != fmt.Sprint([]time.Duration{h, h, h}) {
+		t.Fatalf("records written with the Holds %v, want %v", fs.holds, h)
+	}
+	refresh()
+	if len(fs.calls) != 2 {
+		t.Fatalf("store calls %v: a record written again before half a Hold since its refresh", fs.calls)
+	}
+	recs := fs.recs["r"]
+	if len(recs) != n-1 {
+		t.Fatalf("the store holds %d records, want %d", len(recs), n-1)
+	}
+	if _, ok := recs["k00003"]; ok {
+		t.Fatal("the unconfirmed write was refreshed")
+	}
+	l.Held(func(name string, v ledger.Version, units int64, at time.Duration) bool {
+		if r := recs[name]; r.v != (redisstore.Version{Inc: v.Inc, Seq: v.Seq}) || r.units != units || r.release {
+			t.Fatalf("%s: the store holds %+v, the ledger wrote %v units at %v", name, r, units, v)
+		}
+		if at < half {
+			t.Fatalf("%s: last sent at %v, want the refresh's time (after %v)", name, at, half)
+		}
+		return true
+	})
 }
 
 // failingStore is a memStore whose WriteShares calls fail from call
@@ -108,11 +152,15 @@ func TestHeldRecords(t *testing.T) {
 type failingStore struct {
 	*memStore
 	calls    []int
+	holds    []time.Duration // each call's records' Hold (the first's)
 	failFrom int
 }
 
 func (s *failingStore) WriteShares(ctx context.Context, rule string, recs []redisstore.ShareRecord) ([]redisstore.Version, error) {
 	s.calls = append(s.calls, len(recs))
+	if len(recs) > 0 {
+		s.holds = append(s.holds, recs[0].Hold)
+	}
 	if s.failFrom > 0 && len(s.calls) >= s.failFrom {
 		return nil, errors.New("memstore: down")
 	}
@@ -120,8 +168,7 @@ func (s *failingStore) WriteShares(ctx context.Context, rule string, recs []redi
 }
 
 // TestApplyWritesChunks: a rule's records go to the store writeChunk at a
-// time, in the ledger's order, each chunk confirmed and held as it is
-// answered; a failed call ends the rule's record writes for the flush
+// time, in the ledger's order, each chunk confirmed as it is answered; a failed call ends the rule's record writes for the flush
 // (what follows is not confirmed: the ledger retries it), and the marker
 // is written and confirmed either way.
 func TestApplyWritesChunks(t *testing.T) {
@@ -157,9 +204,6 @@ func TestApplyWritesChunks(t *testing.T) {
 			if c.Key != ws[i].Key || c.Version != ws[i].Version {
 				t.Fatalf("failFrom %d: confirmation %d is %+v, want %s at %v", failFrom, i, c, ws[i].Key, ws[i].Version)
 			}
-		}
-		if held := len(a.rules["r"].holds.held); held != confirmed {
-			t.Fatalf("failFrom %d: %d records held, want %d", failFrom, held, confirmed)
 		}
 	}
 }

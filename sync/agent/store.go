@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/sync/driver"
@@ -79,9 +78,6 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 				c := driver.Confirmations(recs, vs, nil)
 				res.Confirmations = append(res.Confirmations, c.Confirmations...)
 				res.Refused = append(res.Refused, c.Refused...)
-				mu.Lock()
-				a.noteHeld(j.st, recs, vs, time.Now())
-				mu.Unlock()
 			}
 			var mvs []redisstore.Version
 			for _, m := range markers {

@@ -109,3 +109,38 @@ func (l *Ledger) marker(now time.Duration) (Write, bool) {
 	boot := l.inc == 1 && !l.everOK && !l.wasReset
 	return Write{Key: MarkerKey, Version: l.creating, Units: l.markerDefault(), Create: true, Boot: boot, RunID: l.runID, Lease: lease}, true
 }
+
+// Held calls fn, in name order, for every key whose last write is
+// confirmed and is not a Release record (its store record must not expire
+// while this incarnation's marker may be in force: the agent writes it
+// again within its TTL), with that write's version and units and when it
+// was last sent to the store (by Tick, or by the agent's refresh:
+// Refreshed); fn returning false stops. The store applied the record at or
+// after that time, or, when a resend overtook the answer that confirmed
+// it, at most one RetryWrite and StoreTimeout before. A fenced ledger
+// holds nothing (a new incarnation's marker floors its records).
+func (l *Ledger) Held(fn func(name string, v Version, units int64, at time.Duration) bool) {
+	if l.fenced {
+		return
+	}
+	l.mergeKeys()
+	for _, k := range l.sorted {
+		if gone(k) || !k.written || k.wRelease || k.confSeq != k.wSeq {
+			continue
+		}
+		if !fn(k.name, l.version(k.wSeq), k.wUnits, k.wAt) {
+			return
+		}
+	}
+}
+
+// Refreshed records that the store applied key name's record at version v
+// again (the agent's refresh), sent at time at: Held reports at for it from
+// now on, if v is still its last write and confirmed.
+func (l *Ledger) Refreshed(name string, v Version, at time.Duration) {
+	k := l.keys[name]
+	if k == nil || gone(k) || v != l.version(k.wSeq) || k.confSeq != k.wSeq || k.wRelease {
+		return
+	}
+	k.wAt = max(k.wAt, at)
+}
