@@ -57,6 +57,12 @@ type testRegion struct {
 // benchmark uses a longer one: 3 agents with 100,000 keys share 2 cores).
 var testInterval time.Duration
 
+// testUsageKeys, when set, raises the agents' MaxUsageKeys to it (the
+// default, 100,000 keys buffered per interval, would drop the usage of the
+// 1,000,000-key benchmark's other keys, and its ledgers would never hold
+// them all).
+var testUsageKeys int
+
 func testConfig(region string, t testing.TB) Config {
 	cfg := DefaultConfig()
 	cfg.Region, cfg.Interval, cfg.Lease, cfg.Margin = region, 100*time.Millisecond, time.Second, 300*time.Millisecond
@@ -77,6 +83,7 @@ func (r *testRegion) start(t testing.TB, ec *clientv3.Client, tweak ...func(*Con
 		// 10-20 s.
 		cfg.Interval, cfg.Lease = testInterval, 30*testInterval
 	}
+	cfg.MaxUsageKeys = max(cfg.MaxUsageKeys, testUsageKeys)
 	for _, f := range tweak {
 		f(&cfg)
 	}

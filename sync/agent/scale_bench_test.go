@@ -59,8 +59,8 @@ func benchAgent(b *testing.B, keys int, iv time.Duration) {
 	// Every 64 KiB allocated, a sample for agentHeap (the default is 512 KiB).
 	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
 	runtime.MemProfileRate = 64 << 10
-	testInterval = iv
-	defer func() { testInterval = 0 }()
+	testInterval, testUsageKeys = iv, keys
+	defer func() { testInterval, testUsageKeys = 0, 0 }()
 	w := &world{}
 	s := newStack(b, func(n string) (Store, *memStore) {
 		m := newMemStore(w, n)
