@@ -163,13 +163,13 @@ func (a *Agent) refreshHeld(ctx context.Context) {
 				}
 				// only what the ledger still holds at that version is
 				// renewed (Refreshed: a newer write replaced the rest);
-				// refused ones stay due, and come back at the next look
+				// refused ones stay due and come back at the next look,
+				// at most half a Hold from the scan (st.holds.next)
 				for i, r := range recs {
 					if i < len(vs) && holdsAt(r, vs[i]) {
 						l.Refreshed(r.Key, ledger.Version{Inc: r.Inc, Seq: r.Seq}, now)
 					}
 				}
-				st.holds.next = min(st.holds.next, now+half) // refused ones are due then too, if still held
 			})
 		})
 	}

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"fmt"
+	"hash/crc32"
 	"os"
 	"strconv"
 	"testing"
@@ -214,7 +215,7 @@ func (c *churnRun) check(use bool) {
 	for i, l := range c.l {
 	keys:
 		for n := range l.keys {
-			if c.sample > 1 && int(fnv32(n)%uint32(c.sample)) != c.intervals%c.sample {
+			if c.sample > 1 && int(crc32.ChecksumIEEE([]byte(n))%uint32(c.sample)) != c.intervals%c.sample {
 				continue
 			}
 			for _, m := range c.l[:i] {
@@ -275,15 +276,6 @@ func (c *churnRun) run() {
 			c.tb.Logf("r%d: forgot %d, retired %d, settled %d", i, l.stats.Forgotten, l.retires, l.stats.Settled)
 		}
 	}
-}
-
-// fnv32 is the FNV-1a hash of s.
-func fnv32(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h = (h ^ uint32(s[i])) * 16777619
-	}
-	return h
 }
 
 // quarter is a quarter of the steady churn's intervals: after the first
@@ -378,7 +370,9 @@ func BenchmarkChurn(b *testing.B) {
 // At 10,000/s the runs are the 100/s runs event for event (the same
 // forgets, retirements and settling payments): above the small limits'
 // estimate the ledger sees demand in units of the limit, so the rate
-// itself does not enter; the cases pin that.
+// itself does not enter (the same assertions as at 100/s run here; that
+// the runs are identical was seen in their logged summaries, not
+// asserted).
 //
 // Hysteresis is the production one (100 units): with it applied at rest
 // too, the last few units of a key stayed off the bases at ten regions and

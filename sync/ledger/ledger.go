@@ -130,7 +130,7 @@ type keyRare struct {
 	settled   int64         // S - ceil(g/2) + 1 after this region paid g to settle at a sum S of the pairs' |net|; 0: none since the key was last idle (settle.go)
 	round     int64         // the sum of the pairs' |net| when this region last began settling the key from rest; 0: none since demand (settle.go)
 	retryAt   time.Duration // a beginning that did not halve round may be retried from then on (settleStart)
-	tries     uint8         // beginnings in a row that did not halve round (settleStart's backoff); 0 whenever round is
+	tries     uint8         // beginnings since the key's last demand that did not halve round (settleStart's backoff); 0 whenever round is
 	ret       *retireState  // non-nil while this region retires the key
 }
 

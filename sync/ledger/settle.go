@@ -124,7 +124,7 @@ func (l *Ledger) netSum(k *key) int64 {
 // nets about where they were, and beginning every time it came to rest
 // moved its units round for good, off the bases (TestSettleNoLivelock).
 // A beginning that did not halve it is retried after settleBackoff,
-// doubled with each such beginning in a row: with many regions beginning
+// doubled with each such beginning since the key's last demand: with many regions beginning
 // at once, the deficit gifts of some payments can close new cycles and
 // leave a region's sum where it was though the key's nets fell, and
 // without a retry such a key was held for good (TestChurnLiveness, ten
@@ -162,8 +162,9 @@ const settleMaxTries = 6
 
 // settleBackoff is the wait before a region begins again a settlement
 // whose last beginning did not halve its sum, doubled with every such
-// beginning: an idle period and its reports (retire.go), so that the
-// payments and deficit gifts of the last beginning are over everywhere.
+// beginning since the key's last demand: an idle period and its reports
+// (retire.go), so that the payments and deficit gifts of the last
+// beginning are over everywhere.
 func (l *Ledger) settleBackoff() time.Duration {
 	return l.cfg.IdleAfter + l.idleReported()
 }
