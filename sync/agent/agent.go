@@ -176,6 +176,13 @@ func New(cfg Config, store Store, nc *nats.Conn, reg Registry, src rules.Source)
 		peers:     map[string]time.Time{},
 		reclaimed: map[string]bool{},
 	}
+	if mp := nc.MaxPayload(); mp > 0 {
+		// A split report repeats its closures in every part: keep them to
+		// a quarter of a part (the ledger's default is a quarter of NATS's
+		// default payload), so a server with a smaller max_payload still
+		// leaves room for keys.
+		a.lcfg.MaxClosureBytes = min(a.lcfg.MaxClosureBytes, max(1, int(mp)/4))
+	}
 	a.drv = driver.New(cfg.Region, ports{a})
 	a.m = newMetrics(cfg.Region, cfg.Metrics, a)
 	return a, nil

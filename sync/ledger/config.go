@@ -148,6 +148,14 @@ type Config struct {
 	// it is (follow-the-sun, 100/s: 94.80% with the band, 94.93% without).
 	// Default 0.35; 0 disables.
 	EvenBand float64
+	// MaxClosureBytes bounds the closures one report carries (Report.Closes,
+	// counted as the key's length plus 24 bytes each, at least the wire's
+	// size of a closure), default 256 KiB: a quarter of NATS's default
+	// payload of 1 MiB, so that a split report, which repeats its closures
+	// in every part, still has room for keys. Closures beyond it wait for
+	// acknowledgements of those carried (retire.go); at least one is
+	// carried whatever its size.
+	MaxClosureBytes int
 	// Allocate computes targets (default WaterFill).
 	Allocate Allocator
 }
@@ -217,24 +225,25 @@ func (c Config) reportEvery() time.Duration {
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{
-		Units:          allocation.DefaultUnits,
-		MinShare:       0.1,
-		Interval:       250 * time.Millisecond,
-		Lease:          3 * time.Second,
-		Rho:            0.01,
-		Margin:         500 * time.Millisecond,
-		StoreTimeout:   100 * time.Millisecond,
-		RetryWrite:     time.Second,
-		FullEvery:      8,
-		HeartbeatEvery: 0,
-		DemandBand:     0,
-		HalfLife:       250 * time.Millisecond,
-		IdleAfter:      10 * time.Second,
-		Hysteresis:     100,
-		DemandTokens:   40,
-		KeepToken:      3,
-		EvenBand:       0.35,
-		Allocate:       WaterFill,
+		Units:           allocation.DefaultUnits,
+		MinShare:        0.1,
+		Interval:        250 * time.Millisecond,
+		Lease:           3 * time.Second,
+		Rho:             0.01,
+		Margin:          500 * time.Millisecond,
+		StoreTimeout:    100 * time.Millisecond,
+		RetryWrite:      time.Second,
+		FullEvery:       8,
+		HeartbeatEvery:  0,
+		DemandBand:      0,
+		HalfLife:        250 * time.Millisecond,
+		IdleAfter:       10 * time.Second,
+		Hysteresis:      100,
+		DemandTokens:    40,
+		KeepToken:       3,
+		EvenBand:        0.35,
+		MaxClosureBytes: 256 << 10,
+		Allocate:        WaterFill,
 	}
 }
 
@@ -275,6 +284,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: EvenBand must be in [0, 1]", ErrConfig)
 	case c.Quantum < 0 || c.Quantum > c.Units:
 		return fmt.Errorf("%w: Quantum must be in [0, Units]", ErrConfig)
+	case c.MaxClosureBytes <= 0:
+		return fmt.Errorf("%w: MaxClosureBytes must be positive", ErrConfig)
 	case c.Allocate == nil:
 		return fmt.Errorf("%w: Allocate is nil", ErrConfig)
 	}

@@ -491,7 +491,13 @@
 // counters (rebase: give, conf and applied lose R, j's applied counter, recv
 // loses C; the position is unchanged, R = C, and gifts x made beyond R stay in
 // flight in the new counters), and carries the closure (key, j, j's
-// incarnation, number) in every report until j acknowledges one of them.
+// incarnation, number) in every report, from the first that carries it,
+// until j acknowledges one of them. A report carries at most
+// MaxClosureBytes of closures; the others wait for room. Waiting only
+// delays: x's reports between its restart and the first carrying the
+// closure count afresh already, and j, retiring k, applies none of x's
+// counters on k until it reads the closure (and raises its watermark to
+// that report).
 // When j reads the closure it restarts its pair with x the same way; once
 // every pair is closed or zero, j forgets k (or keeps it, restarted, if it
 // was paid or used meanwhile). Two rules make the restart point agreed:
@@ -545,7 +551,11 @@
 //
 // Liveness. Retirement adds no wait to the bound of invariant 4: after the
 // heal a mark reaches the peers within I + RTT/2, the closure comes back
-// within another I + RTT (within step 2's 2 (I + RTT)); a retiring key that
+// within another I + RTT (within step 2's 2 (I + RTT)), or, when more
+// closures wait than one report has room for, after the ones before it:
+// each acknowledgement round trip clears MaxClosureBytes of them
+// (TestClosuresWaitForRoom; TestRandomized gives half its churning seeds
+// room for one closure per report); a retiring key that
 // gets demand meanwhile stays at its base until its retirement ends and
 // becomes active then. Tested by TestRandomized (a third of its seeds churn
 // eight keys through every fault and check that, after the calm phase, every

@@ -2,7 +2,7 @@ package ledger
 
 import (
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 )
@@ -24,13 +24,18 @@ type closeID struct {
 	peer int
 }
 
-// closing is a closure we repeat in every report until the peer
-// acknowledges one of those reports.
+// closing is a closure we repeat in every report, from the first that
+// carries it, until the peer acknowledges one of those reports.
 type closing struct {
 	inc    uint64 // the peer incarnation that retires
 	retire uint64 // its retirement number
-	since  uint64 // our first report carrying the closure
+	since  uint64 // our first report carrying the closure; 0 until one does
 }
+
+// closureBytes is what Config.MaxClosureBytes counts for a closure of key:
+// at least its encoded size (the key with its length, the region's index,
+// the incarnation and the retirement number: sync/wire).
+func closureBytes(key string) int { return len(key) + 24 }
 
 // mark is a per-peer watermark: the keys of a report of incarnation inc with
 // a sequence below seq are ignored (counters from before a pair's restart).
@@ -188,9 +193,10 @@ func (l *Ledger) retireAcks(now time.Duration, i int, r *Report) {
 			}
 		}
 		for id, c := range l.closing {
-			if id.peer == i && (c.inc != r.Inc || c.since <= acked) {
+			if id.peer == i && (c.inc != r.Inc || c.since != 0 && c.since <= acked) {
 				// The peer processed a report carrying the closure before
-				// sending this one: its reports from this one on count the
+				// sending this one (every report since the first carrying
+				// it carries it): its reports from this one on count the
 				// pair afresh (or come from a newer incarnation).
 				delete(l.closing, id)
 				l.raiseMark(i, r)
@@ -262,7 +268,7 @@ func (l *Ledger) retireKey(now time.Duration, i int, r *Report, kr *KeyReport, k
 		l.closing = map[closeID]closing{}
 	}
 	id.key = strings.Clone(id.key) // kept: not a string of the report's message
-	l.closing[id] = closing{inc: r.Inc, retire: kr.Retire, since: l.rseq + 1}
+	l.closing[id] = closing{inc: r.Inc, retire: kr.Retire}
 	l.raiseMark(i, r)
 	if raised {
 		k.active, k.lastUse = true, now
@@ -274,23 +280,57 @@ func (l *Ledger) retireKey(now time.Duration, i int, r *Report, kr *KeyReport, k
 	return true
 }
 
-// closures returns the closures to carry in a report, sorted.
-func (l *Ledger) closures() []Closure {
+// closures returns the closures to carry in report seq, sorted: every
+// closure already carried (a closure, once carried, is in every report
+// until acknowledged: retireAcks relies on it), then the others in order
+// while the report's closures stay within MaxClosureBytes (at least one).
+// Those left wait for acknowledgements of the carried ones: the pair is
+// restarted already, and the retiring peer ignores our counters on the key
+// until it reads the closure, so a closure that waits delays the
+// retirement and nothing else (the package doc, Idle keys).
+func (l *Ledger) closures(seq uint64) []Closure {
 	if len(l.closing) == 0 {
 		return nil
 	}
-	out := make([]Closure, 0, len(l.closing))
+	var carried, waiting []closeID
+	size := 0
 	for id, c := range l.closing {
 		if c.inc != l.peers[id.peer].inc {
 			delete(l.closing, id) // that incarnation is frozen: its pairs are gone
 			continue
 		}
-		out = append(out, Closure{Key: id.key, Region: l.names[id.peer], Inc: c.inc, Retire: c.retire})
+		if c.since != 0 {
+			carried = append(carried, id)
+			size += closureBytes(id.key)
+		} else {
+			waiting = append(waiting, id)
+		}
 	}
-	sort.Slice(out, func(a, b int) bool {
-		x, y := out[a], out[b]
-		return x.Key < y.Key || x.Key == y.Key && (x.Region < y.Region || x.Region == y.Region && x.Inc < y.Inc)
-	})
+	less := func(x, y closeID) int {
+		if c := strings.Compare(x.key, y.key); c != 0 {
+			return c
+		}
+		return strings.Compare(l.names[x.peer], l.names[y.peer])
+	}
+	slices.SortFunc(waiting, less) // deterministic: the same closures wait in every run
+	for _, id := range waiting {
+		if n := size + closureBytes(id.key); n > l.cfg.MaxClosureBytes && len(carried) > 0 {
+			break
+		}
+		c := l.closing[id]
+		c.since = seq
+		l.closing[id] = c
+		carried = append(carried, id)
+		size += closureBytes(id.key)
+	}
+	// One closing per key and peer, so (Key, Region) orders them as the
+	// report needs (Key, Region, Inc).
+	slices.SortFunc(carried, less)
+	out := make([]Closure, len(carried))
+	for j, id := range carried {
+		c := l.closing[id]
+		out[j] = Closure{Key: id.key, Region: l.names[id.peer], Inc: c.inc, Retire: c.retire}
+	}
 	return out
 }
 

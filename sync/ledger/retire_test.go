@@ -359,3 +359,71 @@ func TestChurnHeldKeysBounded(t *testing.T) {
 		t.Fatal("no retirement: the keys' pairs never moved units")
 	}
 }
+
+// TestClosuresWaitForRoom: 500 keys go idle at once, so both regions
+// retire them together and each closes 500 of the other's retirements,
+// with room for 10 closures per report (Config.MaxClosureBytes). Every
+// report stays within it, the closures beyond it wait, and every key is
+// still forgotten by both, never above the limit and back at the bases.
+func TestClosuresWaitForRoom(t *testing.T) {
+	c := &twoRegions{cluster: newCluster(t, 2)}
+	const keys, room = 500, 10
+	name := func(i int) string { return fmt.Sprintf("k%05d", i) }
+	budget := room * closureBytes(name(0))
+	for _, l := range c.l {
+		l.cfg.MaxClosureBytes = budget
+	}
+	for r := 0; r < 20; r++ { // demand in r1 only: r0 gives every key
+		c.roundWith(func(i int, l *Ledger) {
+			if i == 1 {
+				for k := 0; k < keys; k++ {
+					l.Usage(c.now, name(k), 100, 40, 0)
+				}
+			}
+		})
+	}
+	moved := c.l[0].Position(name(0)).Units < c.l[0].base
+	if !moved {
+		t.Fatalf("setup: r0 gave nothing: %d at base %d", c.l[0].Position(name(0)).Units, c.l[0].base)
+	}
+	mostWaiting, rounds := 0, 0
+	busy := func() bool {
+		return len(c.l[0].keys)+len(c.l[1].keys)+len(c.l[0].closing)+len(c.l[1].closing) > 0
+	}
+	for ; rounds < 2000 && busy(); rounds++ {
+		c.sent = c.sent[:0]
+		c.round("none", []int64{0, 0})
+		for _, r := range c.sent {
+			size := 0
+			for _, cl := range r.Closes {
+				size += closureBytes(cl.Key)
+			}
+			if size > budget {
+				t.Fatalf("round %d: a report of %s carries %d closures, %d bytes, room %d", rounds, r.From, len(r.Closes), size, budget)
+			}
+		}
+		for _, l := range c.l {
+			mostWaiting = max(mostWaiting, len(l.closing)-room)
+		}
+		for _, k := range []int{0, keys / 2, keys - 1} {
+			if s := c.sum(name(k)); s > c.cfg.Units {
+				t.Fatalf("round %d: %s sums to %d of %d units", rounds, name(k), s, c.cfg.Units)
+			}
+		}
+	}
+	for k := 0; k < keys; k++ {
+		if s := c.sum(name(k)); s != c.cfg.Units {
+			t.Fatalf("forgotten, %s sums to %d of %d units", name(k), s, c.cfg.Units)
+		}
+	}
+	for i, l := range c.l {
+		if len(l.keys) != 0 || len(l.closing) != 0 {
+			t.Fatalf("after %d rounds r%d still holds %d keys, %d closures", rounds, i, len(l.keys), len(l.closing))
+		}
+	}
+	if mostWaiting <= 0 {
+		t.Fatalf("no closure ever waited for room: the test tests nothing")
+	}
+	t.Logf("%d keys retired with room for %d closures per report: forgotten in %d rounds, at most %d closures waiting; r0 retired %d, r1 %d",
+		keys, room, rounds, mostWaiting, c.l[0].retires, c.l[1].retires)
+}

@@ -965,6 +965,17 @@ func randomOpts(seed int64) simOpts {
 		// (Not with whole tokens: their swings are a liveness matter of
 		// their own, see smallLimit.)
 		o.churn, o.keys = true, 8
+		if rng.Intn(2) == 0 {
+			// Room for one closure per report (Config.MaxClosureBytes):
+			// the others wait for acknowledgements, through every fault.
+			adjust := o.config
+			o.config = func(c *Config) {
+				if adjust != nil {
+					adjust(c)
+				}
+				c.MaxClosureBytes = 1
+			}
+		}
 	}
 	return o
 }

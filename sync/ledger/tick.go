@@ -348,7 +348,7 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 		kr.Applied, arena = l.counters(k, arena, false)
 		r.Keys = append(r.Keys, kr)
 	}
-	r.Closes = l.closures()
+	r.Closes = l.closures(r.Seq)
 	return r
 }
 
