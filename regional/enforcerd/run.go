@@ -63,6 +63,7 @@ type options struct {
 	warmup        time.Duration
 	maxCost       int64
 	localFraction float64
+	maxUsageKeys  int
 	tls           serve.TLS
 	httpTimeouts  serve.Timeouts
 	metricsAddr   string
@@ -132,6 +133,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.warmup, "warmup-timeout", 2*time.Second, "how long to wait at start for Redis (connections and scripts) before serving anyway from the failure policy")
 	fs.Int64Var(&o.maxCost, "max-cost", def.MaxCost, "largest cost one request may ask for")
 	fs.Float64Var(&o.localFraction, "local-fraction", def.LocalFraction, "share of a rule's limit that failure_mode local admits per process while Redis is down")
+	fs.IntVar(&o.maxUsageKeys, "max-usage-keys", usage.DefaultMaxKeys, "distinct keys of global rules whose usage one flush to the sync agent carries; the usage of further keys is dropped (apportion_usage_dropped_keys_total)")
 	o.tls.Register(fs, "gRPC, HTTP and the admin API")
 	o.httpTimeouts.Register(fs)
 	fs.BoolVar(&o.envoy, "envoy", true, "also serve Envoy's rate-limit protocol (envoy.service.ratelimit.v3.RateLimitService) on the gRPC port")
@@ -161,6 +163,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("--admin-store-timeout must be positive")
 	case o.pipelines < 1:
 		return nil, errors.New("--redis-pipelines must be at least 1")
+	case o.maxUsageKeys < 1:
+		return nil, errors.New("--max-usage-keys must be at least 1")
 	case o.streamWorkers < 0 || o.gcPercent < 0:
 		return nil, errors.New("--grpc-stream-workers and --gc-percent must not be negative")
 	}
@@ -259,7 +263,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer nc.Close()
 		host, _ := os.Hostname()
-		rec = usage.NewRecorder(usage.DefaultMaxKeys)
+		rec = usage.NewRecorder(o.maxUsageKeys)
 		pub, err := usage.NewPublisher(nc, rec, o.region, fmt.Sprintf("%s-%d-%d", host, os.Getpid(), time.Now().UnixNano()),
 			usage.WithLogger(log), usage.WithMetrics(reg))
 		if err != nil {
