@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/testutil"
+	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/sync/ledger"
 	"github.com/apportion/apportion/sync/wire"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
@@ -279,3 +281,31 @@ func TestForgedReportsChangeNothing(t *testing.T) {
 		t.Fatalf("sum of enforced units exceeded %d in %d of %d samples (worst %d)", U, v, sm.samples.Load(), sm.worst.Load())
 	}
 }
+
+// TestClosureRoomFollowsMaxPayload: the room a report gives its closures
+// (ledger.Config.MaxClosureBytes, which every part of a split report
+// repeats) is at most a quarter of the NATS server's max_payload, so a
+// server configured below NATS's default 1 MiB still leaves a part room
+// for keys.
+func TestClosureRoomFollowsMaxPayload(t *testing.T) {
+	for _, tc := range []struct{ payload, want int }{
+		{64 << 10, 16 << 10},
+		{8 << 20, ledger.DefaultConfig().MaxClosureBytes},
+	} {
+		ns := testutil.StartNATS(t, func(o *server.Options) { o.MaxPayload = int32(tc.payload) })
+		nc := ns.Connect(t)
+		a, err := New(testConfig("a", t), newMemStore(&world{}, "a"), nc, NewEtcdRegistry(nil, "", DefaultConfig().LedgerConfig()), idleSource{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.lcfg.MaxClosureBytes != tc.want {
+			t.Errorf("max_payload %d: MaxClosureBytes %d, want %d", tc.payload, a.lcfg.MaxClosureBytes, tc.want)
+		}
+	}
+}
+
+// idleSource is a rule source with no rules (an agent that is built and
+// never started needs one).
+type idleSource struct{}
+
+func (idleSource) Run(ctx context.Context, _ func([]rules.Rule)) error { <-ctx.Done(); return nil }
