@@ -223,3 +223,34 @@ func TestRegistryChunkedDocRefused(t *testing.T) {
 		})
 	}
 }
+
+// FuzzDecodeLayout: the layout document is read from etcd, so anyone who
+// can write there writes it. decodeLayout never panics; it refuses with
+// ErrLayout naming the key, in an error of bounded size whatever the
+// document's, or returns a layout agents can run that encodes back to a
+// document decoding to the same layout.
+func FuzzDecodeLayout(f *testing.F) {
+	for _, s := range []string{`{"shards":2,"epoch":1}`, `{"shards":1}`, `{"shards":0}`, `{"shards":300}`, `{"shards":2,"epoch":-1}`,
+		`null`, `[]`, `{"shards":1e3}`, `{"shards":"2"}`, `{"shards":2,"shards":0}`, `{"shards":2,"x":"` + strings.Repeat("a", 4000) + `"}`, `{"shards":0,"x":"` + strings.Repeat("a", 4000) + `"}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		l, err := decodeLayout(doc)
+		if err != nil {
+			if !errors.Is(err, ErrLayout) || !strings.Contains(err.Error(), LayoutKey) {
+				t.Fatalf("error %v: not ErrLayout naming %s", err, LayoutKey)
+			}
+			if n := len(err.Error()); n > 2048 {
+				t.Fatalf("an error of %d bytes for a document of %d", n, len(doc))
+			}
+			return
+		}
+		if err := l.validate(); err != nil {
+			t.Fatalf("accepted %+v: %v", l, err)
+		}
+		b, _ := json.Marshal(l)
+		if back, err := decodeLayout(b); err != nil || back != l {
+			t.Fatalf("%+v encodes to %s, which decodes to %+v, %v", l, b, back, err)
+		}
+	})
+}

@@ -302,7 +302,9 @@ func decodeLayout(b []byte) (Layout, error) {
 		return Layout{}, fmt.Errorf("%w: %s: %w", ErrLayout, LayoutKey, err)
 	}
 	if err := l.validate(); err != nil {
-		return Layout{}, fmt.Errorf("%w: %s holds an invalid layout %s: %w", ErrLayout, LayoutKey, b, err)
+		// (At most 256 bytes of the document: it is etcd's, and could be
+		// a megabyte logged at every poll.)
+		return Layout{}, fmt.Errorf("%w: %s holds an invalid layout %.256q: %w", ErrLayout, LayoutKey, b, err)
 	}
 	return l, nil
 }
