@@ -653,7 +653,10 @@
 // TestChurnLiveness (the same at 2 and 10 regions and at 1/s, every key
 // forgotten within its stated window),
 // TestSettleNoLivelock and TestRandomized (every fault, the calm phase's
-// convergence bound unchanged, and every sample past it at the targets).
+// convergence bound unchanged, every sample past it within 1% of the
+// targets, and at its end every key with demand at its targets, a key at
+// rest at them but for a retry's payment in flight, every unit held or in
+// flight).
 //
 // # Limits
 //

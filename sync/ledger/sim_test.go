@@ -730,7 +730,43 @@ func (s *sim) restTargets(key string, rate float64, wants []Want, pool int64) ([
 
 // converged reports whether every region is up and every key's positions
 // sit at the targets the allocator computes from the current state.
-func (s *sim) converged(tol int64) (bool, string) {
+func (s *sim) converged(tol int64) (bool, string) { return s.convergedWith(tol, false) }
+
+// inflight is what the live incarnations gave each other on key and the
+// receivers have not applied yet (their pairs with each other).
+func (s *sim) inflight(key string) int64 {
+	var n int64
+	for _, ri := range s.regions {
+		li := ri.led
+		k := li.keys[key]
+		if k == nil {
+			continue
+		}
+		for _, rj := range s.regions {
+			lj := rj.led
+			if rj == ri || li.peers[lj.self].inc != lj.inc {
+				continue
+			}
+			var recv int64
+			if kj := lj.keys[key]; kj != nil && lj.peers[li.self].inc == li.inc {
+				recv = lj.pair(kj, li.self).recv
+			}
+			n += li.pair(k, lj.self).give - recv
+		}
+	}
+	return n
+}
+
+// convergedWith is converged; with settling, a key at rest (nobody wants
+// more than its floor) may be off its targets by what is in flight on it,
+// and the units it holds are counted with those in flight: a settlement
+// payment (settle.go) on its way. A key whose cycle cannot settle (reclaim
+// terms on it) is retried with a backoff that doubles up to
+// settleMaxTries, for good, and a sample can fall on a retry's payment
+// (seed 467 of LEDGER_SEEDS=2000: 25 units of 1,000,000 in flight at the
+// end of the calm phase, all of them held or in flight, no key with demand
+// off its targets). Keys with demand get no such slack.
+func (s *sim) convergedWith(tol int64, settling bool) (bool, string) {
 	for _, r := range s.regions {
 		if r.led == nil || !r.led.everOK {
 			return false, r.name + " down"
@@ -744,12 +780,15 @@ func (s *sim) converged(tol int64) (bool, string) {
 		}
 		// Nothing is lost: every unit is held by a live region (up to the
 		// tolerance, for gifts in flight at this instant).
-		var held int64
+		var held, fl int64
 		for _, r := range s.regions {
 			held += r.led.Position(k.name).Units
 		}
-		if d := s.cfg.Units - held; d > tol || d < 0 {
-			return false, fmt.Sprintf("key %s: the regions hold %d of %d units", k.name, held, s.cfg.Units)
+		if settling {
+			fl = s.inflight(k.name)
+		}
+		if d := s.cfg.Units - held - fl; d > tol || d < 0 {
+			return false, fmt.Sprintf("key %s: the regions hold %d of %d units, %d in flight", k.name, held, s.cfg.Units, fl)
 		}
 		if !active { // idle everywhere: static shares, each at its base
 			for _, r := range s.regions {
@@ -776,8 +815,12 @@ func (s *sim) converged(tol int64) (bool, string) {
 			}
 			tg = s.cfg.wholeTokens(tg, s.floor, dem, pos)
 		}
+		slack := tol
+		if rest {
+			slack += fl // 0 unless settling
+		}
 		for i := range s.regions {
-			if d := pos[i] - s.floor[i] - tg[i]; d > tol || d < -tol {
+			if d := pos[i] - s.floor[i] - tg[i]; d > slack || d < -slack {
 				return false, fmt.Sprintf("key %s region %d: position %d, target %d (pool %d, wants %v, pos %v)", k.name, i, pos[i]-s.floor[i], tg[i], pool, wants, pos)
 			}
 		}
@@ -822,7 +865,7 @@ func runSim(tb testing.TB, seed int64, o simOpts) simResult {
 	}
 	res := simResult{steps: s.steps, fences: s.fences, reclaims: s.reclaims, rejected: s.rejected, raises: s.raises, violation: s.violation, healedIn: healedIn, strayed: strayed}
 	if s.violation == "" {
-		if ok, why := s.converged(int64(o.regions)); !ok {
+		if ok, why := s.convergedWith(int64(o.regions), true); !ok {
 			res.liveness = why
 		}
 	}
