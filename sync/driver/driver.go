@@ -19,8 +19,12 @@
 //     the confirmations (ledger.SharesApplied, one call per rule), so a
 //     confirmation never publishes a gift the store refused; their outputs
 //     are collected again, until no write is left. A store that answers
-//     later calls Confirmed. Then every report of the batch leaves in one
-//     message (Ports.Publish).
+//     later calls Confirmed, and the batch's reports wait for its answers
+//     (at most until the next Tick), so that with either store a tick's
+//     report and its writes' confirmations leave together. Then every
+//     report of the batch leaves in one message (Ports.Publish), less what
+//     a later report of the same rule carries again (supersede: a key
+//     reported at the tick and again with its confirmation goes once).
 //
 // Tick (TickFrom: the usage as a sequence) feeds the enforcers' usage of
 // the interval (every key with usage: a key is coordinated from its first
@@ -135,6 +139,12 @@ type Driver struct {
 
 	writes  map[*Rule][]ledger.Write
 	reports []wire.RuleReport
+	// waiting counts the rules whose writes a store answering later
+	// (Ports.Write returned nil) has not answered yet: the batch's reports
+	// wait for those answers, or for the next Tick, so that a report and
+	// the report of its writes' confirmations leave in one message, as they
+	// do with a store that answers in Write.
+	waiting int
 }
 
 // New returns a driver for region with no rules.
@@ -188,6 +198,11 @@ func (d *Driver) Tick(usage []Usage) { d.TickFrom(slices.Values(usage)) }
 // order: a caller holding the interval's usage in maps of its own (the
 // agent) passes them without building a slice of every key.
 func (d *Driver) TickFrom(usage iter.Seq[Usage]) {
+	// Reports still waiting for a store's answer wait no longer than an
+	// interval: they leave now, and an answer still to come counts for
+	// nothing (the store may never answer).
+	d.waiting = 0
+	d.publish()
 	now := d.p.Now()
 	var last *Rule
 	for u := range usage {
@@ -258,7 +273,13 @@ func (d *Driver) Receive(m wire.Message) bool {
 // and flushes. Confirmations of an earlier incarnation are ignored by the
 // ledger.
 func (d *Driver) Confirmed(r *Rule, ap Applied) {
+	if d.waiting > 0 {
+		d.waiting--
+	}
 	if !d.current(r) || r.Led == nil {
+		if d.waiting == 0 {
+			d.publish()
+		}
 		return
 	}
 	d.applied(r, d.p.Now(), ap)
@@ -356,7 +377,9 @@ func (d *Driver) collect(r *Rule, out ledger.Output) {
 }
 
 // Flush applies the pending writes, feeds back the store's answers
-// (refusals, then confirmations), and publishes the pending reports in one message.
+// (refusals, then confirmations), and publishes the pending reports in one
+// message, unless a store that answers later still owes answers (then the
+// last answer, Confirmed, or the next Tick publishes them).
 func (d *Driver) Flush() {
 	for len(d.writes) > 0 {
 		writes := d.writes
@@ -370,6 +393,9 @@ func (d *Driver) Flush() {
 			break
 		}
 		res := d.p.Write(writes)
+		if res == nil {
+			d.waiting += len(writes) // Confirmed, once per rule written
+		}
 		now := d.p.Now()
 		for _, r := range slices.SortedFunc(maps.Keys(res), func(x, y *Rule) int { return strings.Compare(x.ID, y.ID) }) {
 			if r.Led == nil {
@@ -378,8 +404,16 @@ func (d *Driver) Flush() {
 			d.applied(r, now, res[r])
 		}
 	}
+	if d.waiting == 0 {
+		d.publish()
+	}
+}
+
+// publish sends the pending reports in one message, less what a later
+// report of the same rule carries again (supersede).
+func (d *Driver) publish() {
 	if len(d.reports) > 0 {
-		rs := d.reports
+		rs := supersede(d.reports)
 		d.reports = nil
 		d.p.Publish(wire.Message{From: d.region, Rules: rs})
 	}

@@ -211,34 +211,11 @@ func TestRejectReason(t *testing.T) {
 // the hold.
 func TestHoldBeforeConfirmations(t *testing.T) {
 	d, p, r, led := setup(t, true)
-	cfg := ledger.DefaultConfig()
-	specs := []ledger.RegionSpec{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}
-	reg, err := ledger.NewRegistry(cfg, specs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := reg.Start("a"); err != nil {
-		t.Fatal(err)
-	}
-	peer := newLedger(t, "b", reg, cfg, specs, 0)
+	cfg, peer := peerB(t)
 	need := led.Base()
 	p.refuse, p.holdFor = map[string]int64{"k": need}, time.Minute
 	var toA []wire.RuleReport
-	out := func(now time.Duration, o ledger.Output) {
-		for o.Report != nil || len(o.Writes) > 0 {
-			if o.Report != nil {
-				toA = append(toA, wire.RuleReport{Rule: "r1", Report: *o.Report})
-			}
-			var cs []ledger.Confirmation
-			for _, w := range o.Writes {
-				cs = append(cs, ledger.Confirmation{Key: w.Key, Version: w.Version})
-			}
-			if len(cs) == 0 {
-				break
-			}
-			o = peer.SharesApplied(now, cs)
-		}
-	}
+	out := peerOutput(peer, &toA)
 	refusals := 0
 	for i := 1; i <= 300; i++ {
 		now := time.Duration(i) * cfg.Interval
@@ -272,4 +249,41 @@ func TestHoldBeforeConfirmations(t *testing.T) {
 	if refusals == 0 {
 		t.Fatal("a never tried to lower k: the refusal went untested")
 	}
+}
+
+// peerOutput returns what a peer ledger does with its outputs: its
+// reports are queued in to (rule r1), its writes confirmed at once.
+func peerOutput(peer *ledger.Ledger, to *[]wire.RuleReport) func(now time.Duration, o ledger.Output) {
+	return func(now time.Duration, o ledger.Output) {
+		for o.Report != nil || len(o.Writes) > 0 {
+			if o.Report != nil {
+				*to = append(*to, wire.RuleReport{Rule: "r1", Report: *o.Report})
+			}
+			var cs []ledger.Confirmation
+			for _, w := range o.Writes {
+				cs = append(cs, ledger.Confirmation{Key: w.Key, Version: w.Version})
+			}
+			if len(cs) == 0 {
+				break
+			}
+			o = peer.SharesApplied(now, cs)
+		}
+	}
+}
+
+// peerB returns the default config and a ledger of region b of rule r1
+// (regions a and b), a's incarnation started in the same registry.
+func peerB(t *testing.T) (ledger.Config, *ledger.Ledger) {
+	t.Helper()
+	cfg := ledger.DefaultConfig()
+	specs := []ledger.RegionSpec{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}
+	reg, err := ledger.NewRegistry(cfg, specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Start("a"); err != nil {
+		t.Fatal(err)
+	}
+	peer := newLedger(t, "b", reg, cfg, specs, 0)
+	return cfg, peer
 }
