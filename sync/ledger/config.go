@@ -216,6 +216,17 @@ func (c Config) holdTicks() int {
 	return int((c.reportEvery()+c.Interval+c.Interval-1)/c.Interval) + 1
 }
 
+// silence is how long a peer is not heard (or does not acknowledge our
+// reports) before the next report is a full one (Ledger.resync): two
+// report periods, and half an interval more for the jitter when a report
+// goes at every Tick.
+func (c Config) silence() time.Duration {
+	if c.heartbeat() <= c.Interval {
+		return 2*c.Interval + c.Interval/2
+	}
+	return 2 * c.reportEvery()
+}
+
 // reportEvery is the longest time between two reports of a healthy
 // ledger: the heartbeat, or the interval if that is longer.
 func (c Config) reportEvery() time.Duration {

@@ -90,8 +90,10 @@
 //     changed; every FullEvery-th report of Tick carries every active key,
 //     so a lost report is repaired within FullEvery reports, and so does
 //     the next Tick's report after a peer is heard again after a silence
-//     of more than two report periods, or acknowledges one of our reports
-//     after such a silence (a cut: Ledger.resync). ShareApplied
+//     of more than two report periods (two intervals and a half without
+//     a heartbeat: one lost report is not a silence), or acknowledges one
+//     of our reports after such a silence (a cut: Ledger.resync).
+//     ShareApplied
 //     returns an immediate report when it makes gifts durable, and Receive
 //     returns the raise write at once, so a gift takes about one RTT plus
 //     the store write.
@@ -326,8 +328,8 @@
 //     peer's next report), so every incarnation has a lease (joined: it
 //     applies its Paid) and accepts gifts. What a peer missed during the
 //     cut is repaired by a full report at the next Tick after it is heard
-//     again after a silence of more than 2P, or acknowledges a report of
-//     ours after such a silence (Ledger.resync; before, the repair waited
+//     again after a silence of more than 2P (2.5P without a heartbeat),
+//     or acknowledges a report of ours after such a silence (Ledger.resync; before, the repair waited
 //     for the next of every FullEvery-th report, FullEvery heartbeats with
 //     nothing changed: TestPartitionDuringShift's two-region cuts took 910
 //     ms with a heartbeat against 410 ms without).
