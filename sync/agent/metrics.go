@@ -30,6 +30,7 @@ type metrics struct {
 	peersSeen    prometheus.Gauge
 	peerLag      *prometheus.GaugeVec
 	coordinated  prometheus.Gauge
+	closures     *prometheus.GaugeVec
 	gifts        prometheus.Counter
 	fenced       prometheus.Gauge
 	reclaims     prometheus.Counter
@@ -53,6 +54,8 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 			Help: "Seconds since the last accepted report of each peer region.", ConstLabels: cl}, []string{"peer"}),
 		coordinated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_sync_keys_coordinated",
 			Help: "Keys of global rules under coordination (not on static shares).", ConstLabels: cl}),
+		closures: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "apportion_sync_closures",
+			Help: "Closures of peers' key retirements held until acknowledged: carried in the reports, or waiting for room in them (a quarter of the NATS max payload at most).", ConstLabels: cl}, []string{"state"}),
 		gifts: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_gifts_total",
 			Help: "Share writes that lowered a coordinated key's units (gifts to other regions).", ConstLabels: cl}),
 		fenced: prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_sync_fenced",
@@ -70,12 +73,15 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 	for _, r := range reasons {
 		m.rejected.WithLabelValues(r)
 	}
+	for _, st := range []string{"carried", "waiting"} {
+		m.closures.WithLabelValues(st)
+	}
 	for _, d := range []string{"sent", "received"} {
 		m.reports.WithLabelValues(d)
 		m.bytes.WithLabelValues(d)
 	}
 	if reg != nil {
-		reg.MustRegister(m.reports, m.bytes, m.rejected, m.peersSeen, m.peerLag, m.coordinated, m.gifts, m.fenced,
+		reg.MustRegister(m.reports, m.bytes, m.rejected, m.peersSeen, m.peerLag, m.coordinated, m.closures, m.gifts, m.fenced,
 			m.reclaims, m.tickDuration, m.usageDropped, m.storeErrors, newShareCollector(a, region))
 		if er, ok := a.reg.(*EtcdRegistry); ok {
 			reg.MustRegister(

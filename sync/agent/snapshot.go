@@ -166,6 +166,15 @@ func (a *Agent) publishSnapshot() {
 			}
 		})
 		a.m.coordinated.Set(float64(active))
+		carried, waiting := 0, 0
+		for _, st := range a.rules {
+			if st.Led != nil {
+				c, w := st.Led.Closures()
+				carried, waiting = carried+c, waiting+w
+			}
+		}
+		a.m.closures.WithLabelValues("carried").Set(float64(carried))
+		a.m.closures.WithLabelValues("waiting").Set(float64(waiting))
 	}
 	a.snapshots++
 	if fenced > 0 && a.fencedSeen {

@@ -280,6 +280,24 @@ func (l *Ledger) retireKey(now time.Duration, i int, r *Report, kr *KeyReport, k
 	return true
 }
 
+// Closures returns how many closures of peers' retirements this ledger
+// holds until their acknowledgement: carried in its reports, and waiting
+// for room in them (Config.MaxClosureBytes; a closure new since the last
+// report waits for the next one too). Closures waiting report after report
+// say that retirements queue for the room: the agent exports both
+// (apportion_sync_closures). It visits every closure held: call it at
+// most once a tick or so.
+func (l *Ledger) Closures() (carried, waiting int) {
+	for _, c := range l.closing {
+		if c.since != 0 {
+			carried++
+		} else {
+			waiting++
+		}
+	}
+	return carried, waiting
+}
+
 // closures returns the closures to carry in report seq, sorted: every
 // closure already carried (a closure, once carried, is in every report
 // until acknowledged: retireAcks relies on it), then the others in order

@@ -403,7 +403,11 @@ func TestClosuresWaitForRoom(t *testing.T) {
 			}
 		}
 		for _, l := range c.l {
-			mostWaiting = max(mostWaiting, len(l.closing)-room)
+			carried, waiting := l.Closures()
+			if carried+waiting != len(l.closing) || carried > room {
+				t.Fatalf("round %d: Closures() = %d carried, %d waiting, of %d held (room %d)", rounds, carried, waiting, len(l.closing), room)
+			}
+			mostWaiting = max(mostWaiting, waiting)
 		}
 		for _, k := range []int{0, keys / 2, keys - 1} {
 			if s := c.sum(name(k)); s > c.cfg.Units {
