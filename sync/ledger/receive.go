@@ -54,9 +54,10 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 	// hot-key, a third more full reports once the agent sent one message
 	// per interval). It delays the repair of cuts that short: of
 	// TestRandomized's seeds 1 to 2,000, seed 292 healed in 5.35 s instead
-	// of 4.1 s (bound 7.1 s). With a heartbeat, two of its periods stay the
-	// threshold (at two and a half, TestPartitionDuringShift's five-region
-	// cuts healed in 1.75 s instead of 1.41 s, above their bound).
+	// of at most 4.1 s (bound 7.1 s). With a heartbeat, two of its periods
+	// stay the threshold (at two and a half, TestPartitionDuringShift's
+	// five-region cuts healed in 1.75 s instead of 1.41 s, above their
+	// bound).
 	gap := l.cfg.silence()
 	if p.seen && r.Inc == p.inc && now-p.heard > gap || r.Inc > p.inc {
 		l.resync = true
