@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"cmp"
 	"slices"
 	"strings"
 
@@ -34,48 +35,40 @@ func supersede(rs []wire.RuleReport) []wire.RuleReport {
 	if len(rs) < 2 {
 		return rs
 	}
-	// The common batch holds one report per rule: nothing to do.
-	dup := false
-	for i := 1; i < len(rs) && !dup; i++ {
-		for j := range i {
-			if rs[j].Rule == rs[i].Rule {
-				dup = true
-				break
-			}
-		}
+	// From the last report back: per rule and incarnation, the keys of
+	// the reports after this one (each report's cut already to those no
+	// later report has, so the keys after it are their union) and the
+	// closures of the nearest one that stays.
+	type ruleInc struct {
+		rule string
+		inc  uint64
 	}
-	if !dup {
-		return rs
+	type after struct {
+		keys   [][]ledger.KeyReport
+		closes []ledger.Closure
 	}
+	later := make(map[ruleInc]*after, len(rs))
 	drop := make([]bool, len(rs))
-	for i := len(rs) - 2; i >= 0; i-- {
+	for i := len(rs) - 1; i >= 0; i-- {
 		e := &rs[i].Report
-		// The later reports of the rule and incarnation; first: the first
-		// of them that stays, for its closures. Their keys have been cut
-		// already to those no report after them has, so the keys of the
-		// later reports are their union, each report's sorted by name.
-		var later [][]ledger.KeyReport
-		first := -1
-		for j := i + 1; j < len(rs); j++ {
-			if rs[j].Rule != rs[i].Rule || rs[j].Report.Inc != e.Inc {
+		id := ruleInc{rs[i].Rule, e.Inc}
+		a := later[id]
+		if a == nil {
+			a = &after{}
+			later[id] = a
+		} else {
+			for _, ks := range a.keys {
+				e.Keys = without(e.Keys, ks)
+			}
+			if len(e.Keys) == 0 && closuresWithin(e.Closes, a.closes) {
+				drop[i] = true
 				continue
 			}
-			if len(rs[j].Report.Keys) > 0 {
-				later = append(later, rs[j].Report.Keys)
-			}
-			if first < 0 && !drop[j] {
-				first = j
-			}
 		}
-		if first < 0 {
-			continue
+		if len(e.Keys) > 0 {
+			a.keys = append(a.keys, e.Keys)
 		}
-		for _, ks := range later {
-			e.Keys = without(e.Keys, ks)
-		}
-		if len(e.Keys) == 0 && closuresWithin(e.Closes, rs[first].Report.Closes) {
-			drop[i] = true
-		}
+		a.closes = e.Closes
 	}
 	out := rs[:0]
 	for i, r := range rs {
@@ -115,22 +108,6 @@ func closuresWithin(cs, of []ledger.Closure) bool {
 }
 
 func compareClosure(a, b ledger.Closure) int {
-	if c := strings.Compare(a.Key, b.Key); c != 0 {
-		return c
-	}
-	if c := strings.Compare(a.Region, b.Region); c != 0 {
-		return c
-	}
-	switch {
-	case a.Inc < b.Inc:
-		return -1
-	case a.Inc > b.Inc:
-		return 1
-	}
-	if a.Retire < b.Retire {
-		return -1
-	} else if a.Retire > b.Retire {
-		return 1
-	}
-	return 0
+	return cmp.Or(strings.Compare(a.Key, b.Key), strings.Compare(a.Region, b.Region),
+		cmp.Compare(a.Inc, b.Inc), cmp.Compare(a.Retire, b.Retire))
 }
