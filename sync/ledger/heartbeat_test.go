@@ -117,41 +117,90 @@ func resyncRun(t *testing.T, cut int) int {
 // Tick, so one lost report is a silence of two intervals give or take the
 // jitter; it does not make the next report a full one (Ledger.resync: a
 // full report of every key per lost message, at 1% loss, was a third of
-// rlsim hot-key's full reports). Two lost reports in a row do.
+// rlsim hot-key's full reports). Two lost reports in a row do. Either way
+// the next reports that arrive bring r0 r1's state again (liveness), at
+// two regions and five, for a limit of 1/s and of 10,000/s.
 func TestOneLostReportIsNoSilence(t *testing.T) {
-	for _, tc := range []struct {
-		lost   int
-		jitter time.Duration
-		want   bool
-	}{{1, 0, false}, {1, 5 * time.Millisecond, false}, {1, 40 * time.Millisecond, false}, {2, 0, true}, {2, 5 * time.Millisecond, true}} {
-		c := newCluster(t, 2)
-		c.use[0], c.use[1] = 60, 30
-		for range 10 {
-			c.exchange()
+	for _, regions := range []int{2, 5} {
+		for _, rate := range []float64{1, 10_000} {
+			for _, tc := range []struct {
+				lost   int
+				jitter time.Duration
+				want   bool
+			}{{1, 0, false}, {1, 5 * time.Millisecond, false}, {1, 40 * time.Millisecond, false}, {2, 0, true}, {2, 5 * time.Millisecond, true}} {
+				lostReportRun(t, regions, rate, tc.lost, tc.jitter, tc.want)
+			}
 		}
-		l0 := c.l[0]
-		// r1's reports to r0 are lost for tc.lost ticks; r0's reach r1.
-		for n := 0; n <= tc.lost; n++ {
-			c.now += c.cfg.Interval
-			var reps [2][]*Report
-			for i, l := range c.l {
-				l.Usage(c.now, "k", 100, c.use[i], 0)
-				out := l.Tick(c.now)
-				reps[i] = append(reps[i], out.Report, c.confirm(i, out).Report)
+	}
+}
+
+// lostReportRun: regions ledgers exchange every report, but r1's reports to
+// r0 are lost for lost ticks and the next reaches r0 jitter late; r0's
+// resync must be want, and within three more ticks r0 must see the demand
+// r1 reports since (it tripled when the loss began), the shares never
+// summing above the limit.
+func lostReportRun(t *testing.T, regions int, rate float64, lost int, jitter time.Duration, want bool) {
+	t.Helper()
+	c := newCluster(t, regions)
+	shift := int64(1) // r1's demand triples when its reports start to be lost
+	use := func(i int) int64 {
+		u := int64(max(1, rate/10)) * int64(1+i%3)
+		if i == 1 {
+			u *= shift
+		}
+		return u
+	}
+	step := func(drop bool, late time.Duration) {
+		c.now += c.cfg.Interval
+		reps := make([][]*Report, regions)
+		for i, l := range c.l {
+			l.Usage(c.now, "k", rate, use(i), 0)
+			out := l.Tick(c.now)
+			reps[i] = append(reps[i], out.Report, c.confirm(i, out).Report)
+		}
+		for from := range c.l {
+			for to := range c.l {
+				if to == from || from == 1 && to == 0 {
+					continue
+				}
+				for _, r := range reps[from] {
+					c.confirm(to, c.deliver(to, r))
+				}
 			}
-			for _, r := range reps[0] {
-				c.confirm(1, c.deliver(1, r))
-			}
-			if n < tc.lost {
-				continue
-			}
-			c.now += tc.jitter
+		}
+		if !drop {
+			c.now += late
 			for _, r := range reps[1] {
 				c.confirm(0, c.deliver(0, r))
 			}
 		}
-		if l0.resync != tc.want {
-			t.Errorf("%d report(s) lost, delivered %v late: resync %v, want %v", tc.lost, tc.jitter, l0.resync, tc.want)
+		if s := c.sum("k"); s > c.cfg.Units {
+			t.Fatalf("%d regions, %v/s: k sums to %d of %d", regions, rate, s, c.cfg.Units)
 		}
+	}
+	for range 10 {
+		step(false, 0)
+	}
+	seen := func() bool {
+		k0, k1 := c.l[0].keys["k"], c.l[1].keys["k"]
+		return k0 != nil && k1 != nil && c.l[0].pair(k0, 1).peerDemand == k1.reported()
+	}
+	shift = 3
+	for range lost {
+		step(true, 0)
+	}
+	if seen() {
+		t.Fatalf("%d regions, %v/s: r0 saw r1's new demand %d through the loss", regions, rate, c.l[1].keys["k"].reported())
+	}
+	step(false, jitter)
+	if c.l[0].resync != want {
+		t.Errorf("%d regions, %v/s: %d report(s) lost, delivered %v late: resync %v, want %v", regions, rate, lost, jitter, c.l[0].resync, want)
+	}
+	for n := 0; !seen(); n++ {
+		if n == 3 {
+			t.Fatalf("%d regions, %v/s, %d lost: 3 ticks after the loss r0 sees r1's demand %d, r1 reports %d", regions, rate, lost,
+				c.l[0].pair(c.l[0].keys["k"], 1).peerDemand, c.l[1].keys["k"].reported())
+		}
+		step(false, 0)
 	}
 }
