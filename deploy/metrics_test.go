@@ -233,7 +233,7 @@ func TestMetricsTable(t *testing.T) {
 		"apportion_store_errors_total": {"kind": {"timeout", "breaker_open", "error", "invalid"}},
 		"apportion_shed_total":         {"reason": {"queue_depth", "latency", "queue_timeout"}},
 		"apportion_breaker_state":      {"state": {"closed", "half-open", "open"}},
-		"apportion_sync_reports_rejected_total": {"reason": {"malformed", "unknown_rule", "unknown_region", "stale_incarnation", "frozen_incarnation",
+		"apportion_sync_reports_rejected_total": {"reason": {"malformed", "unknown_rule", "unknown_region", "region_list", "stale_incarnation", "frozen_incarnation",
 			"backwards", "overflow", "other", "bad_signature", "implausible", "replayed", "unknown_key", "unsigned", "layout"}},
 		"apportion_sync_reports_total": {"direction": {"sent", "received"}},
 	}

@@ -267,7 +267,7 @@ func (a *lagent) Publish(m wire.Message) {
 				if ag == nil {
 					return
 				}
-				msg, err := wire.Decode(p)
+				msg, err := wire.Decode(p, ag.drv.Lists())
 				if err != nil {
 					return
 				}

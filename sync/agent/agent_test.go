@@ -401,7 +401,7 @@ func (s *stack) badInput(t *testing.T) {
 	var mu sync.Mutex
 	var captured *wire.Message
 	sub, err := nc.Subscribe(ReportSubject("a"), func(m *nats.Msg) {
-		d, err := testVerifier(t).Open("a", m.Data)
+		d, err := testVerifier(t).Open("a", m.Data, listsOf(t, s.names...))
 		if err != nil {
 			return
 		}
@@ -442,9 +442,26 @@ func (s *stack) badInput(t *testing.T) {
 	})
 
 	// The reports below are signed with a's key, as if a's agent sent them
-	// (a leaked key or a bug): the ledger's own checks refuse them.
+	// (a leaked key or a bug): the ledger's own checks refuse them. A
+	// region outside the rule can only be named in format 2 (format 3
+	// names the rule's regions by index); in format 3, a report read
+	// against another list of the rule's regions is refused whole.
+	r0 := counter(ReasonRegions)
+	wider := wire.Message{From: "a"}
+	zz, err := wire.NewRegions(append([]string{"zz"}, s.names...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rr := range captured.Rules {
+		rr.Report.Seq += 400_000
+		rr.Regions = zz
+		wider.Rules = append(wider.Rules, rr)
+	}
+	nc.Publish(ReportSubject("a"), testSeal(t, wider))
+	testutil.WaitFor(t, 10*time.Second, "report with another region list counted", func() bool { return counter(ReasonRegions) >= r0+1 })
+
 	u0 := counter(ReasonUnknownReg)
-	forged := wire.Message{From: "a"}
+	forged := wire.Message{From: "a", Version: 2}
 	for _, rr := range captured.Rules {
 		rr.Report.Seq += 500_000
 		rr.Report.Acks = append(slices.Clone(rr.Report.Acks), ledger.Ack{Region: "zz", Inc: 1, Seq: 1})
@@ -483,7 +500,7 @@ func (s *stack) badInput(t *testing.T) {
 	if after := b.agent.Shares(testRule)[testKey]; after < before {
 		t.Errorf("b's share dropped from %d to %d after a rejected report", before, after)
 	}
-	t.Logf("bad input rejected: malformed=%v unknown_region=%v backwards=%v", counter(ReasonMalformed), counter(ReasonUnknownReg), counter(ReasonBackwards))
+	t.Logf("bad input rejected: malformed=%v region_list=%v unknown_region=%v backwards=%v", counter(ReasonMalformed), counter(ReasonRegions), counter(ReasonUnknownReg), counter(ReasonBackwards))
 }
 
 func TestEtcdRegistryConcurrentStarts(t *testing.T) {

@@ -86,6 +86,12 @@ type Config struct {
 	// Anyone able to publish on NATS can then move shares and fence
 	// regions: for tests and for migrating a deployment to signed reports.
 	InsecureUnsigned bool
+	// WireVersion is the format of the reports this agent publishes: 3
+	// (the default; 0 means 3) or 2. An agent reads both, but an agent
+	// before version 3 reads only 2: upgrade a deployment with
+	// WireVersion 2 on every region, then set 3 once every agent reads it
+	// (sync/wire package doc).
+	WireVersion int
 	// Shard is this agent's part of the region's keys and its layout's
 	// epoch (default: the unsharded agent, every key). Every region must
 	// run the same layout, the one in etcd at LayoutKey (see the package
@@ -130,6 +136,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Signer is region %q's, not %q's", ErrConfig, c.Signer.Region(), c.Region)
 	case c.Signer != nil && c.PeerKeys[c.Region] != nil && !c.PeerKeys[c.Region].Equal(c.Signer.Public()):
 		return fmt.Errorf("%w: PeerKeys gives region %q another public key than its Signer's (%s)", ErrConfig, c.Region, c.Signer.PublicKey())
+	}
+	if c.WireVersion != 0 && c.WireVersion != 2 && c.WireVersion != 3 {
+		return fmt.Errorf("%w: WireVersion %d: 2 or 3", ErrConfig, c.WireVersion)
 	}
 	if err := c.Shard.validate(); err != nil {
 		return fmt.Errorf("%w: Shard: %w", ErrConfig, err)

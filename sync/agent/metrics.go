@@ -16,6 +16,7 @@ const (
 	ReasonMalformed   = driver.ReasonMalformed
 	ReasonUnknownRule = driver.ReasonUnknownRule
 	ReasonUnknownReg  = driver.ReasonUnknownReg
+	ReasonRegions     = driver.ReasonRegions
 	ReasonStale       = driver.ReasonStale
 	ReasonFrozen      = driver.ReasonFrozen
 	ReasonBackwards   = driver.ReasonBackwards

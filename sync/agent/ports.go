@@ -37,6 +37,7 @@ func (p ports) Publish(m wire.Message) {
 	a := p.a
 	// One part encoded, sealed and handed to NATS at a time: a report of
 	// every key is several parts of up to the max payload each.
+	m.Version = a.cfg.WireVersion
 	parts, err := wire.EncodeParts(m, int(a.nc.MaxPayload())-wire.Overhead)
 	if err != nil {
 		a.logs.Log(slog.LevelError, "encode", "cannot encode reports", logKeyErr, err)

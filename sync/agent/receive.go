@@ -82,7 +82,7 @@ var errOverflow = errors.New("report queue over its byte budget: the sender's ol
 // the ledgers; a message that does not decode, or names a rule of another
 // shard's group, is dropped whole.
 func (a *Agent) receive(q queuedReport) {
-	m, err := wire.DecodeFromOwned(q.from, q.data) // q.data is the NATS message's own: nothing else reads it
+	m, err := wire.DecodeFromOwned(q.from, q.data, a.drv.Lists()) // q.data is the NATS message's own: nothing else reads it
 	if err != nil {
 		a.reject(openReason(err), q.from, "", err)
 		return

@@ -19,7 +19,7 @@ const (
 
 // reasons lists every reason, so that each series exists from the start.
 var reasons = []string{ReasonMalformed, ReasonUnsigned, ReasonUnknownKey, ReasonBadSignature, ReasonReplayed,
-	ReasonUnknownRule, ReasonUnknownReg, ReasonStale, ReasonFrozen, ReasonBackwards, ReasonImplausible, ReasonOverflow, ReasonLayout, ReasonOther}
+	ReasonUnknownRule, ReasonUnknownReg, ReasonRegions, ReasonStale, ReasonFrozen, ReasonBackwards, ReasonImplausible, ReasonOverflow, ReasonLayout, ReasonOther}
 
 // openReason maps a wire.Verifier.Open error to its reason.
 func openReason(err error) string {

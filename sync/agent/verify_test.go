@@ -58,6 +58,15 @@ func testVerifier(t testing.TB) *wire.Verifier {
 	return wire.NewVerifier(testPeerKeys(t, "a", "b", "c"), false)
 }
 
+// listsOf reads every rule's reports with the region list names.
+func listsOf(t testing.TB, names ...string) wire.Lists {
+	g, err := wire.NewRegions(names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(string) *wire.Regions { return g }
+}
+
 // testSeal encodes m and signs it with the test key of its region.
 func testSeal(t testing.TB, m wire.Message) []byte {
 	t.Helper()
@@ -164,7 +173,7 @@ func TestForgedReportsChangeNothing(t *testing.T) {
 	}
 	replays := slices.Clone(captured[:10])
 	mu.Unlock()
-	msg, err := testVerifier(t).Open("a", real)
+	msg, err := testVerifier(t).Open("a", real, listsOf(t, "a", "b"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,6 +49,7 @@ type options struct {
 	halfLife       time.Duration
 	recordHold     time.Duration
 	maxUsageKeys   int
+	wireVersion    int
 	seedFile       string
 	peerKeys       string
 	insecure       bool
@@ -74,6 +75,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.halfLife, "demand-half-life", def.HalfLife, "half-life of the demand estimate: shorter follows shifts faster, longer is steadier under noisy traffic")
 	fs.DurationVar(&o.recordHold, "record-hold", def.RecordHold, "TTL of a held share record in Redis, written again every half of it (never below 4 x (lease + interval + 100ms)): the records of an agent gone for good expire after it")
 	fs.IntVar(&o.maxUsageKeys, "max-usage-keys", def.MaxUsageKeys, "distinct keys of usage buffered between two sync intervals; the usage of further keys is dropped (apportion_sync_usage_dropped_total) and their demand goes unseen: raise it above the keys of global rules in use per interval (about 80 B of heap each while buffered)")
+	fs.IntVar(&o.wireVersion, "wire-version", 3, "format of the reports this agent publishes, 3 or 2: agents read both, agents before format 3 read only 2; to upgrade such a deployment run every region with 2, then switch to 3")
 	fs.BoolVar(&o.standby, "standby", false, "campaign for the region's agent role in etcd and act only while leader")
 	fs.StringVar(&o.seedFile, "report-seed-file", "", "file holding this region's NKey user seed (SU..., or a NATS .creds file): every report is signed with it (required unless --insecure-unsigned-reports; syncagent keygen FILE makes one)")
 	fs.StringVar(&o.peerKeys, "report-peer-keys", "", "the regions' NKey public keys, region=U...,region=U... (may include this region), or @FILE to read that list from FILE: reports are accepted only when signed by their region's key")
@@ -200,7 +202,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	log = log.With("component", "syncagent", "region", o.region)
 	cfg := agent.DefaultConfig()
 	cfg.Region, cfg.Interval, cfg.Lease, cfg.Rho, cfg.Logger = o.region, o.interval, o.lease, o.rho, log
-	cfg.HalfLife, cfg.RecordHold, cfg.MaxUsageKeys = o.halfLife, o.recordHold, o.maxUsageKeys
+	cfg.HalfLife, cfg.RecordHold, cfg.MaxUsageKeys, cfg.WireVersion = o.halfLife, o.recordHold, o.maxUsageKeys, o.wireVersion
 	cfg.InsecureUnsigned = true // the keys are checked next, once the rest is valid
 	if err := cfg.Validate(); err != nil {
 		return err

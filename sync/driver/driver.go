@@ -67,6 +67,7 @@ const (
 	ReasonBackwards   = "backwards"          // a cumulative counter went down
 	ReasonReplayed    = "replayed"           // older than (or a repeat of) a report already accepted
 	ReasonImplausible = "implausible"        // counters its sender could not hold (ledger.ErrImplausible)
+	ReasonRegions     = "region_list"        // the sender lists the rule's regions otherwise (wire.ErrRegions)
 	ReasonOther       = "other"
 )
 
@@ -111,6 +112,9 @@ type Rule struct {
 	// Led is the rule's ledger; nil while an incarnation is being started
 	// (or after fencing).
 	Led *ledger.Ledger
+
+	// regions is Led's region list as the wire names it (nil without Led).
+	regions *wire.Regions
 
 	contributing bool
 	closing      bool
@@ -185,9 +189,28 @@ func (d *Driver) Started(r *Rule, led *ledger.Ledger) bool {
 		return false
 	}
 	r.Led, r.fedRev = led, 0
+	if names := led.RegionNames(); r.regions == nil || !slices.Equal(r.regions.Names(), sorted(names)) {
+		// An error leaves nil: the rule's reports then fail to encode
+		// (wire.ErrInvalid, Ports.Publish's to report) and its peers'
+		// are not read.
+		r.regions, _ = wire.NewRegions(names)
+	}
 	d.collect(r, led.Tick(d.p.Now()))
 	d.Flush()
 	return true
+}
+
+func sorted(s []string) []string { slices.Sort(s); return s }
+
+// Lists gives the region list of each rule with a ledger, to read the
+// peers' reports with (wire.Decode).
+func (d *Driver) Lists() wire.Lists {
+	return func(rule string) *wire.Regions {
+		if r := d.rules[rule]; r != nil && r.Led != nil {
+			return r.regions
+		}
+		return nil
+	}
 }
 
 // Tick runs one interval at now: usage, every ledger's Tick, a flush.
@@ -250,6 +273,14 @@ func (d *Driver) Receive(m wire.Message) bool {
 		}
 		if r.Led == nil {
 			continue // starting: the peer repeats itself
+		}
+		if rr.Err != nil {
+			reason := ReasonRegions
+			if errors.Is(rr.Err, wire.ErrUnknownRule) {
+				reason = ReasonUnknownRule
+			}
+			d.p.Rejected(reason, m.From, rr.Rule, rr.Err)
+			continue
 		}
 		if err := r.fresh[m.From].check(rr.Report); err != nil {
 			d.p.Rejected(ReasonReplayed, m.From, rr.Rule, err)
@@ -359,7 +390,7 @@ func (d *Driver) collect(r *Rule, out ledger.Output) {
 		}
 	}
 	if out.Report != nil {
-		d.reports = append(d.reports, wire.RuleReport{Rule: r.ID, Report: *out.Report})
+		d.reports = append(d.reports, wire.RuleReport{Rule: r.ID, Regions: r.regions, Report: *out.Report})
 	}
 	if len(out.Contributions) > 0 && !r.contributing {
 		r.contributing = true

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -117,6 +118,14 @@ func TestFlushSynchronous(t *testing.T) {
 	if len(p.msgs) != 1 || p.msgs[0].From != "a" || len(p.msgs[0].Rules) == 0 || p.msgs[0].Rules[0].Rule != "r1" {
 		t.Fatalf("published %+v, want one message from a with r1's report", p.msgs)
 	}
+	// The report names the rule's regions as the ledger lists them, and
+	// encodes (wire format 3 needs the list).
+	if g := p.msgs[0].Rules[0].Regions; g == nil || !slices.Equal(g.Names(), []string{"a", "b"}) {
+		t.Errorf("report's region list %v, want [a b]", g)
+	}
+	if _, err := wire.Encode(p.msgs[0]); err != nil {
+		t.Errorf("published message does not encode: %v", err)
+	}
 	if !r.Led.Position("k").Active {
 		t.Error("a key with usage is not coordinated")
 	}
@@ -153,8 +162,10 @@ func TestConfirmedLater(t *testing.T) {
 	}
 }
 
-// TestReceiveRejects: unknown rules and replayed reports are rejected with
-// their reasons before the ledger sees them; an accepted report says so.
+// TestReceiveRejects: unknown rules, replayed reports and reports of
+// another region list of the rule are rejected with their reasons before
+// the ledger sees them; an accepted report says so. The messages travel
+// encoded and are read with the driver's Lists, as the agent reads them.
 func TestReceiveRejects(t *testing.T) {
 	d, p, _, _ := setup(t, true)
 	cfg := ledger.DefaultConfig()
@@ -174,14 +185,33 @@ func TestReceiveRejects(t *testing.T) {
 	if out.Report == nil {
 		t.Fatal("peer made no report")
 	}
-	m := wire.Message{From: "b", Rules: []wire.RuleReport{{Rule: "r1", Report: *out.Report}, {Rule: "other", Report: *out.Report}}}
-	if !d.Receive(m) {
+	ab, _ := wire.NewRegions([]string{"a", "b"})
+	abc, _ := wire.NewRegions([]string{"a", "b", "c"})
+	travel := func(m wire.Message) wire.Message {
+		t.Helper()
+		b, err := wire.Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := wire.Decode(b, d.Lists())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	m := wire.Message{From: "b", Rules: []wire.RuleReport{{Rule: "r1", Regions: ab, Report: *out.Report}, {Rule: "other", Regions: ab, Report: *out.Report}}}
+	if !d.Receive(travel(m)) {
 		t.Errorf("a peer's first report was not accepted (rejected %v)", p.rejected)
 	}
-	if d.Receive(m) {
+	if d.Receive(travel(m)) {
 		t.Error("a replayed report was accepted")
 	}
-	want := []string{ReasonUnknownRule, ReasonReplayed, ReasonUnknownRule}
+	next := *out.Report
+	next.Seq++
+	if d.Receive(travel(wire.Message{From: "b", Rules: []wire.RuleReport{{Rule: "r1", Regions: abc, Report: next}}})) {
+		t.Error("a report of another region list was accepted")
+	}
+	want := []string{ReasonUnknownRule, ReasonReplayed, ReasonUnknownRule, ReasonRegions}
 	if len(p.rejected) != len(want) {
 		t.Fatalf("rejected %v, want %v", p.rejected, want)
 	}

@@ -349,6 +349,10 @@ func (l *Ledger) index(name string) int {
 // Incarnation returns this ledger's incarnation.
 func (l *Ledger) Incarnation() Incarnation { return Incarnation{l.names[l.self], l.inc} }
 
+// RegionNames returns the names of the ledger's regions, in the order New
+// was given them (a copy).
+func (l *Ledger) RegionNames() []string { return slices.Clone(l.names) }
+
 // Fenced reports whether this incarnation has fenced itself.
 func (l *Ledger) Fenced() bool { return l.fenced }
 

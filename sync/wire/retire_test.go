@@ -39,6 +39,10 @@ func TestMassRetirementFitsParts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	names, err := NewRegions([]string{"eu", "us"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	name := func(i int) string { return fmt.Sprintf("rl:{user:%06d}:orders", i) }
 	var parts, mostCloses int
 	// send encodes a report as the agent does, decodes every part and
@@ -57,13 +61,13 @@ func TestMassRetirementFitsParts(t *testing.T) {
 			return
 		}
 		mostCloses = max(mostCloses, len(r.Closes))
-		enc, err := EncodeSplit(Message{From: r.From, Rules: []RuleReport{{Rule: "orders", Report: *r}}}, part)
+		enc, err := EncodeSplit(Message{From: r.From, Rules: []RuleReport{{Rule: "orders", Regions: names, Report: *r}}}, part)
 		if err != nil {
 			t.Fatalf("%s's report of %d keys, %d closures: %v", r.From, len(r.Keys), len(r.Closes), err)
 		}
 		for _, b := range enc {
 			parts++
-			m, err := Decode(b)
+			m, err := Decode(b, func(string) *Regions { return names })
 			if err != nil {
 				t.Fatal(err)
 			}

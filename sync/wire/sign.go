@@ -15,7 +15,7 @@ import (
 // # Signed envelope (format version 1)
 //
 //	magic    byte 0xB5
-//	message  a report message (Encode's output, starting 0xB2)
+//	message  a report message (Encode's output, starting 0xB3, or 0xB2 in format 2)
 //	sig      64 bytes: Ed25519 signature of sigContext || message
 //
 // The key that verifies a message is the public key configured for the
@@ -205,12 +205,12 @@ func NewVerifier(keys Keys, acceptUnsigned bool) *Verifier {
 // decodes it: Verify, then DecodeFrom. It fails with ErrUnsigned,
 // ErrUnknownKey, ErrBadSignature or ErrMalformed (also when the message
 // names another sender than from); a message that fails changes nothing.
-func (v *Verifier) Open(from string, data []byte) (Message, error) {
+func (v *Verifier) Open(from string, data []byte, lists Lists) (Message, error) {
 	msg, err := v.Verify(from, data)
 	if err != nil {
 		return Message{}, err
 	}
-	return DecodeFrom(from, msg)
+	return DecodeFrom(from, msg, lists)
 }
 
 // Verify checks the message data that arrived on region from's subject
@@ -224,7 +224,7 @@ func (v *Verifier) Verify(from string, data []byte) ([]byte, error) {
 	}
 	key, haveKey := v.keys[from]
 	switch data[0] {
-	case magicV2:
+	case magicV2, magicV3:
 		if haveKey || !v.unsigned {
 			return nil, fmt.Errorf("%w from %q", ErrUnsigned, from)
 		}
@@ -250,8 +250,8 @@ func (v *Verifier) Verify(from string, data []byte) ([]byte, error) {
 // DecodeFrom decodes a message that arrived on region from's subject
 // (Verify's result): Decode, failing with ErrMalformed also when the
 // message names another sender than from.
-func DecodeFrom(from string, msg []byte) (Message, error) {
-	m, err := Decode(msg)
+func DecodeFrom(from string, msg []byte, lists Lists) (Message, error) {
+	m, err := Decode(msg, lists)
 	if err != nil {
 		return Message{}, err
 	}
@@ -260,8 +260,8 @@ func DecodeFrom(from string, msg []byte) (Message, error) {
 
 // DecodeFromOwned is DecodeFrom with DecodeOwned: msg must not be modified
 // afterwards (the message's strings point into it).
-func DecodeFromOwned(from string, msg []byte) (Message, error) {
-	m, err := DecodeOwned(msg)
+func DecodeFromOwned(from string, msg []byte, lists Lists) (Message, error) {
+	m, err := DecodeOwned(msg, lists)
 	if err != nil {
 		return Message{}, err
 	}

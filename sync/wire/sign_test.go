@@ -67,7 +67,7 @@ func TestSealOpen(t *testing.T) {
 	v := NewVerifier(testKeys(t, regionNames...), false)
 	froms, datas, msgs := signedMessages(t, 200)
 	for i := range datas {
-		got, err := v.Open(froms[i], datas[i])
+		got, err := v.Open(froms[i], datas[i], testLists)
 		if err != nil {
 			t.Fatalf("case %d: %v", i, err)
 		}
@@ -78,7 +78,7 @@ func TestSealOpen(t *testing.T) {
 		if err != nil {
 			t.Fatalf("case %d: verify: %v", i, err)
 		}
-		if got, err := DecodeFromOwned(froms[i], msg); err != nil || !reflect.DeepEqual(got, msgs[i]) {
+		if got, err := DecodeFromOwned(froms[i], msg, testLists); err != nil || !reflect.DeepEqual(got, msgs[i]) {
 			t.Fatalf("case %d: DecodeFromOwned: %v: got %+v want %+v", i, err, got, msgs[i])
 		}
 	}
@@ -123,7 +123,7 @@ func TestOpenRefuses(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := tc.v.Open(tc.from, tc.data)
+			_, err := tc.v.Open(tc.from, tc.data, testLists)
 			if tc.want == nil && err != nil {
 				t.Fatalf("refused: %v", err)
 			}
@@ -151,14 +151,14 @@ func TestOpenEveryBitFlipAndTruncation(t *testing.T) {
 	bits := 0
 	for i, data := range datas {
 		for n := 0; n < len(data); n++ {
-			if _, err := v.Open(froms[i], data[:n]); err == nil {
+			if _, err := v.Open(froms[i], data[:n], testLists); err == nil {
 				t.Fatalf("message %d truncated to %d of %d bytes opened", i, n, len(data))
 			}
 		}
 		for bit := 0; bit < 8*len(data); bit++ {
 			c := bytes.Clone(data)
 			c[bit/8] ^= 1 << (bit % 8)
-			if _, err := v.Open(froms[i], c); err == nil {
+			if _, err := v.Open(froms[i], c, testLists); err == nil {
 				t.Fatalf("message %d with bit %d flipped opened", i, bit)
 			}
 			bits++
@@ -227,7 +227,7 @@ func FuzzOpen(f *testing.F) {
 	v := NewVerifier(testKeys(f, regionNames...), false)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, r := range regionNames {
-			m, err := v.Open(r, data)
+			m, err := v.Open(r, data, testLists)
 			if err != nil {
 				continue
 			}
@@ -255,14 +255,14 @@ func BenchmarkOpen(b *testing.B) {
 		sealed := s.Seal(msg)
 		b.Run(fmt.Sprintf("keys=%d/decode", n), func(b *testing.B) {
 			for b.Loop() {
-				if _, err := Decode(msg); err != nil {
+				if _, err := Decode(msg, testLists); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
 		b.Run(fmt.Sprintf("keys=%d/open", n), func(b *testing.B) {
 			for b.Loop() {
-				if _, err := v.Open("us-east", sealed); err != nil {
+				if _, err := v.Open("us-east", sealed, typicalLists); err != nil {
 					b.Fatal(err)
 				}
 			}

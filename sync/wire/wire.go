@@ -6,34 +6,41 @@
 // Invariants:
 //   - Deterministic and canonical. Encode of a Message always yields the same
 //     bytes, and Decode accepts only canonical encodings (minimal uvarints,
-//     a sorted region table whose every entry is used, flags 0 or 1, nothing
-//     after the last rule), so Decode(data) succeeding implies
-//     Encode(decoded) == data (FuzzDecode checks it).
+//     region indices within the rule's region list, flags 0 or 1, nothing
+//     after the last rule; in version 2 a sorted region table whose every
+//     entry is used), so Decode(data) succeeding with every rule report
+//     resolved implies Encode(decoded) == data (FuzzDecode checks it).
 //   - Malformed input never panics and never yields a partial Message:
 //     Decode returns a complete Message or an error wrapping ErrMalformed.
 //     Decode allocates at most a constant factor of its input, which is
 //     itself bounded by MaxMessageSize; every count is checked against the
 //     bytes left before anything is allocated.
+//   - A region index is read against the receiver's own region list of the
+//     rule, and only if that list's digest equals the one the sender wrote:
+//     a rule report whose sender lists the rule's regions otherwise (a rule
+//     being changed, a rule the receiver does not coordinate) decodes with
+//     RuleReport.Err set and an empty report, and never names a region the
+//     sender did not mean. The other rule reports of the message are not
+//     affected.
 //   - The wire carries the ledger's fields faithfully; it does not judge
 //     them (a zero incarnation or an unsorted key list decodes fine and is
 //     rejected by ledger.Receive, which changes nothing on rejection).
 //
-// # Format (version 2)
+// # Format (version 3)
 //
-//	magic    byte 0xB2 (format version 2; other values are rejected)
+//	magic    byte 0xB3 (format version 3)
 //	from     string                the sending region
-//	nregions uvarint               region table: sorted, unique, each used
-//	nregions x region string       acks and counters name regions by index
 //	nrules   uvarint
 //	nrules x rule report:
-//	  rule   string
+//	  rule    string
+//	  regions 8 bytes              digest of the rule's region list (Regions)
 //	  inc    uvarint
 //	  seq    uvarint
 //	  base   varint
 //	  nacks  uvarint
-//	  nacks x: region uvarint (index), inc uvarint, seq uvarint, frozen byte (0|1)
+//	  nacks x: region*2+frozen uvarint, inc uvarint, seq uvarint
 //	  ncloses uvarint
-//	  ncloses x: key string, region uvarint (index), inc uvarint, retire uvarint
+//	  ncloses x: key string, region uvarint, inc uvarint, retire uvarint
 //	  nkeys  uvarint
 //	  nkeys x:
 //	    key      string
@@ -42,7 +49,20 @@
 //	    ngave    uvarint, ngave x counter
 //	    napplied uvarint, napplied x counter
 //	    retire   uvarint
-//	counter: region uvarint (index), inc uvarint, units varint
+//	counter: region uvarint, inc uvarint, units varint
+//
+// A region is its index in the rule's regions sorted by name, which every
+// region of the rule knows from the rule itself: the names do not travel.
+// The digest is the first 8 bytes of SHA-256 over the sorted names, each
+// preceded by its length as a uvarint.
+//
+// Version 2 (magic 0xB2), which Decode still reads and Encode writes for a
+// Message with Version 2 (an agent of a deployment some of whose agents
+// read only version 2: syncagent --wire-version), has no digest and names
+// regions by index in a table after from, nregions uvarint and nregions
+// strings, sorted, unique and each used; its acks are region uvarint, inc,
+// seq and a frozen byte (0 or 1). Its table was a quarter of a ten-region
+// message (97 of about 380 bytes with the signature and framing).
 //
 // string is a uvarint length (at most MaxStringLen) and the bytes; varint is
 // a zig-zag signed varint (encoding/binary.AppendVarint), uvarint
@@ -56,14 +76,15 @@
 package wire
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/apportion/apportion/internal/bincode"
 	"iter"
 	"slices"
 	"unsafe"
 
+	"github.com/apportion/apportion/internal/bincode"
 	"github.com/apportion/apportion/sync/ledger"
 )
 
@@ -71,53 +92,124 @@ import (
 type Message struct {
 	From  string
 	Rules []RuleReport
+	// Version is the format the message is encoded in: 0 or 3 for version
+	// 3, 2 for version 2. Decode sets it to the version it read.
+	Version int
 }
 
 // RuleReport is the ledger Report of one global rule. Report.From must equal
 // the message's From.
 type RuleReport struct {
-	Rule   string
-	Report ledger.Report
+	Rule string
+	// Regions is the rule's region list, which names the regions of the
+	// report in version 3: Encode requires it (every region the report
+	// names must be in it); Decode sets it to the receiver's list it
+	// resolved the report with (nil in version 2).
+	Regions *Regions
+	Report  ledger.Report
+	// Err is set by Decode, with an empty Report, when the report could not
+	// be read against the receiver's region list of the rule: it wraps
+	// ErrUnknownRule (no list) or ErrRegions (a list of other regions).
+	Err error
 }
 
 const (
-	// magicV2 opens every version-2 message. A new format gets a new byte
-	// (version 1, 0xB1, had no retirement fields).
+	// magicV2 and magicV3 open every message of their version. A new format
+	// gets a new byte (version 1, 0xB1, had no retirement fields).
 	magicV2 = 0xB2
+	magicV3 = 0xB3
 	// MaxStringLen bounds a region, rule or key.
 	MaxStringLen = 4096
 	// MaxMessageSize bounds an encoded message (the NATS hard payload limit).
 	MaxMessageSize = 64 << 20
+	// digestLen is the size of a region list's digest in version 3.
+	digestLen = 8
 )
 
 var (
 	// ErrMalformed is wrapped by every Decode error.
 	ErrMalformed = errors.New("wire: malformed message")
 	// ErrInvalid is wrapped by Encode errors about a message that cannot be
-	// represented (a rule report from another region, a string too long).
+	// represented (a rule report from another region, a string too long, a
+	// region not in the rule's list).
 	ErrInvalid = errors.New("wire: invalid message")
 	// ErrTooLarge is returned when a message (or, for EncodeSplit, one key
 	// of it with its rule header) does not fit the size limit.
 	ErrTooLarge = errors.New("wire: message too large")
+	// ErrUnknownRule is a RuleReport.Err: the receiver has no region list
+	// of the rule (it does not coordinate it, or is starting it).
+	ErrUnknownRule = errors.New("wire: no region list for the rule")
+	// ErrRegions is a RuleReport.Err: the sender's region list of the rule
+	// is not the receiver's (its digest differs).
+	ErrRegions = errors.New("wire: the sender's region list of the rule differs")
 )
+
+// Regions is a rule's region list as version 3 names regions: sorted by
+// name, with its digest. It is immutable; share one per rule.
+type Regions struct {
+	names  []string
+	digest [digestLen]byte
+}
+
+// NewRegions returns the list of names (in any order). Names must be
+// non-empty, unique and at most MaxStringLen bytes.
+func NewRegions(names []string) (*Regions, error) {
+	s := slices.Clone(names)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return nil, fmt.Errorf("%w: empty region list", ErrInvalid)
+	}
+	for i, n := range s {
+		switch {
+		case n == "" || len(n) > MaxStringLen:
+			return nil, fmt.Errorf("%w: region name of %d bytes", ErrInvalid, len(n))
+		case i > 0 && s[i-1] == n:
+			return nil, fmt.Errorf("%w: region %q listed twice", ErrInvalid, n)
+		}
+	}
+	h := sha256.New()
+	var buf []byte
+	for _, n := range s {
+		buf = bincode.AppendString(buf[:0], n)
+		h.Write(buf)
+	}
+	g := &Regions{names: s}
+	copy(g.digest[:], h.Sum(nil))
+	return g, nil
+}
+
+// Names returns the sorted names (the caller must not modify them).
+func (g *Regions) Names() []string { return g.names }
+
+// index is the index of name, or -1.
+func (g *Regions) index(name string) int {
+	i, ok := slices.BinarySearch(g.names, name)
+	if !ok {
+		return -1
+	}
+	return i
+}
+
+// Lists gives a receiver's region list of a rule, nil if it has none.
+type Lists func(rule string) *Regions
 
 // Minimal encoded sizes, used to bound counts before allocating.
 const (
 	minRegion  = 1 // empty string
 	minRule    = 7 // rule, inc, seq, base, nacks, ncloses, nkeys
-	minAck     = 4
+	minAck     = 3 // version 3; version 2's is 4
 	minClose   = 4 // key, region, inc, retire
 	minKey     = 6 // key, demand, position, ngave, napplied, retire
 	minCounter = 3
 )
 
-// Encode returns the version-1 encoding of m.
+// Encode returns the encoding of m in its Version.
 func Encode(m Message) ([]byte, error) {
 	if err := validate(m); err != nil {
 		return nil, err
 	}
-	tab := regionTable(m)
-	buf := appendMessage(nil, m.From, tab, m.Rules)
+	z := newSizer(m)
+	buf := z.appendMessage(nil, m.Rules)
 	if len(buf) > MaxMessageSize {
 		return nil, fmt.Errorf("%w: %d bytes encoded, limit %d", ErrTooLarge, len(buf), MaxMessageSize)
 	}
@@ -144,12 +236,12 @@ func EncodeSplit(m Message, maxSize int) ([][]byte, error) {
 // at all.
 //
 // Parts are cut by the sizes of their keys, computed without encoding
-// (sizer): one pass over the keys, then one encoding of each part. A part's
-// size is counted with the whole message's region table, an upper bound of
-// its own (a part's table is a subset, so its indices are no larger), so a
-// part may end a few bytes short of maxSize but never exceeds it; a key
-// whose bound alone exceeds maxSize but whose exact encoding fits travels
-// alone.
+// (sizer): one pass over the keys, then one encoding of each part. In
+// version 2 a part's size is counted with the whole message's region
+// table, an upper bound of its own (a part's table is a subset, so its
+// indices are no larger), so a part may end a few bytes short of maxSize
+// but never exceeds it; a key whose bound alone exceeds maxSize but whose
+// exact encoding fits travels alone. In version 3 the sizes are exact.
 func EncodeParts(m Message, maxSize int) (iter.Seq[[]byte], error) {
 	if err := validate(m); err != nil {
 		return nil, err
@@ -159,11 +251,11 @@ func EncodeParts(m Message, maxSize int) (iter.Seq[[]byte], error) {
 	body := make([]int, len(m.Rules)) // each rule report's size, header and keys
 	total := z.header(len(m.Rules))
 	for i, rr := range m.Rules {
-		body[i] = z.ruleHeader(rr.Rule, rr.Report, len(rr.Report.Keys)) + z.keys(rr.Report.Keys)
+		body[i] = z.ruleHeader(rr, len(rr.Report.Keys)) + z.keys(rr, rr.Report.Keys)
 		total += body[i]
 	}
 	if total <= maxSize { // exact: the whole message's own table
-		return func(yield func([]byte) bool) { yield(appendMessage(make([]byte, 0, total), m.From, z.tab, m.Rules)) }, nil
+		return func(yield func([]byte) bool) { yield(z.appendMessage(make([]byte, 0, total), m.Rules)) }, nil
 	}
 	// Cut the reports into pieces that fit alone, then pack them greedily.
 	type piece struct {
@@ -185,8 +277,8 @@ func EncodeParts(m Message, maxSize int) (iter.Seq[[]byte], error) {
 			// The most keys whose part fits (sizes grow with the keys).
 			n, sum := 0, 0
 			for n < len(keys) {
-				ks := z.key(keys[n])
-				if one+z.ruleHeader(rr.Rule, rr.Report, n+1)+sum+ks > maxSize {
+				ks := z.key(rr, keys[n])
+				if one+z.ruleHeader(rr, n+1)+sum+ks > maxSize {
 					break
 				}
 				n, sum = n+1, sum+ks
@@ -194,13 +286,13 @@ func EncodeParts(m Message, maxSize int) (iter.Seq[[]byte], error) {
 			part := rr
 			if n == 0 {
 				part.Report.Keys = keys[:1]
-				if size(m.From, []RuleReport{part}) > maxSize {
+				if size(m, []RuleReport{part}) > maxSize {
 					return nil, fmt.Errorf("%w: rule %q key %q does not fit in %d bytes", ErrTooLarge, rr.Rule, keys[0].Key, maxSize)
 				}
 				n, sum = 1, maxSize // fits alone, exactly: travels alone
 			}
 			part.Report.Keys = keys[:n]
-			pieces = append(pieces, piece{part, z.ruleHeader(rr.Rule, rr.Report, n) + sum})
+			pieces = append(pieces, piece{part, z.ruleHeader(rr, n) + sum})
 			keys = keys[n:]
 		}
 	}
@@ -211,10 +303,10 @@ func EncodeParts(m Message, maxSize int) (iter.Seq[[]byte], error) {
 			if len(cur) == 0 {
 				return true
 			}
-			sub := Message{From: m.From, Rules: cur}
+			sub := Message{From: m.From, Rules: cur, Version: m.Version}
 			buf := make([]byte, 0, min(z.header(len(cur))+sum, maxSize)) // the bound: no growth
 			cur, sum = nil, 0
-			return yield(appendMessage(buf, m.From, regionTable(sub), sub.Rules))
+			return yield(newSizer(sub).appendMessage(buf, sub.Rules))
 		}
 		for _, p := range pieces {
 			if len(cur) > 0 && z.header(len(cur)+1)+sum+p.size > maxSize && !flush() {
@@ -227,60 +319,81 @@ func EncodeParts(m Message, maxSize int) (iter.Seq[[]byte], error) {
 	}, nil
 }
 
-// sizer computes encoded sizes without encoding, with the region table of
-// one message (indices into it).
+// sizer computes encoded sizes without encoding, and encodes: the names of
+// regions are indices into the message's table (version 2) or into each
+// rule report's Regions (version 3).
 type sizer struct {
 	from string
-	tab  []string
-	head int // header's size but for its count of rule reports (computed once)
+	v2   bool
+	tab  []string // version 2's table
+	head int      // header's size but for its count of rule reports (computed once)
 }
 
 func newSizer(m Message) sizer {
-	z := sizer{from: m.From, tab: regionTable(m)}
-	z.head = 1 + bincode.StringLen(z.from) + bincode.UvarintLen(uint64(len(z.tab)))
-	for _, r := range z.tab {
-		z.head += bincode.StringLen(r)
+	z := sizer{from: m.From, v2: m.Version == 2}
+	z.head = 1 + bincode.StringLen(z.from)
+	if z.v2 {
+		z.tab = regionTable(m)
+		z.head += bincode.UvarintLen(uint64(len(z.tab)))
+		for _, r := range z.tab {
+			z.head += bincode.StringLen(r)
+		}
 	}
 	return z
 }
 
-func (z sizer) idx(name string) int {
-	i, _ := slices.BinarySearch(z.tab, name)
-	return bincode.UvarintLen(uint64(i))
+// index is the index of a region of rr (validate checked it is there).
+func (z sizer) index(rr RuleReport, name string) uint64 {
+	if z.v2 {
+		i, _ := slices.BinarySearch(z.tab, name)
+		return uint64(i)
+	}
+	return uint64(rr.Regions.index(name))
 }
+
+func (z sizer) idx(rr RuleReport, name string) int { return bincode.UvarintLen(z.index(rr, name)) }
 
 // header is the size of a message's header with nrules rule reports.
 func (z sizer) header(nrules int) int { return z.head + bincode.UvarintLen(uint64(nrules)) }
 
 // ruleHeader is the size of a rule report's header with nkeys keys (the
 // keys not included).
-func (z sizer) ruleHeader(rule string, r ledger.Report, nkeys int) int {
-	n := bincode.StringLen(rule) + bincode.UvarintLen(r.Inc) + bincode.UvarintLen(r.Seq) + varintLen(r.Base)
+func (z sizer) ruleHeader(rr RuleReport, nkeys int) int {
+	r := rr.Report
+	n := bincode.StringLen(rr.Rule) + bincode.UvarintLen(r.Inc) + bincode.UvarintLen(r.Seq) + varintLen(r.Base)
+	if !z.v2 {
+		n += digestLen
+	}
 	n += bincode.UvarintLen(uint64(len(r.Acks)))
 	for _, a := range r.Acks {
-		n += z.idx(a.Region) + bincode.UvarintLen(a.Inc) + bincode.UvarintLen(a.Seq) + 1
+		if z.v2 {
+			n += z.idx(rr, a.Region) + 1
+		} else {
+			n += bincode.UvarintLen(z.index(rr, a.Region)<<1 | 1)
+		}
+		n += bincode.UvarintLen(a.Inc) + bincode.UvarintLen(a.Seq)
 	}
 	n += bincode.UvarintLen(uint64(len(r.Closes)))
 	for _, c := range r.Closes {
-		n += bincode.StringLen(c.Key) + z.idx(c.Region) + bincode.UvarintLen(c.Inc) + bincode.UvarintLen(c.Retire)
+		n += bincode.StringLen(c.Key) + z.idx(rr, c.Region) + bincode.UvarintLen(c.Inc) + bincode.UvarintLen(c.Retire)
 	}
 	return n + bincode.UvarintLen(uint64(nkeys))
 }
 
-func (z sizer) keys(ks []ledger.KeyReport) int {
+func (z sizer) keys(rr RuleReport, ks []ledger.KeyReport) int {
 	n := 0
 	for _, k := range ks {
-		n += z.key(k)
+		n += z.key(rr, k)
 	}
 	return n
 }
 
-func (z sizer) key(k ledger.KeyReport) int {
+func (z sizer) key(rr RuleReport, k ledger.KeyReport) int {
 	n := bincode.StringLen(k.Key) + varintLen(k.Demand) + varintLen(k.Position) + bincode.UvarintLen(k.Retire)
 	for _, cs := range [2][]ledger.Counter{k.Gave, k.Applied} {
 		n += bincode.UvarintLen(uint64(len(cs)))
 		for _, c := range cs {
-			n += z.idx(c.Region) + bincode.UvarintLen(c.Inc) + varintLen(c.Units)
+			n += z.idx(rr, c.Region) + bincode.UvarintLen(c.Inc) + varintLen(c.Units)
 		}
 	}
 	return n
@@ -289,13 +402,18 @@ func (z sizer) key(k ledger.KeyReport) int {
 // varintLen is the length of binary.AppendVarint(nil, v).
 func varintLen(v int64) int { return bincode.UvarintLen(uint64(v)<<1 ^ uint64(v>>63)) }
 
-// size is the exact encoded size of a message of rs.
-func size(from string, rs []RuleReport) int {
-	return len(appendMessage(nil, from, regionTable(Message{From: from, Rules: rs}), rs))
+// size is the exact encoded size of a message of m's sender and version
+// with the rule reports rs.
+func size(m Message, rs []RuleReport) int {
+	sub := Message{From: m.From, Rules: rs, Version: m.Version}
+	return len(newSizer(sub).appendMessage(nil, rs))
 }
 
 func validate(m Message) error {
 	long := func(s string) bool { return len(s) > MaxStringLen }
+	if m.Version != 0 && m.Version != 2 && m.Version != 3 {
+		return fmt.Errorf("%w: format version %d (2 or 3)", ErrInvalid, m.Version)
+	}
 	if long(m.From) {
 		return fmt.Errorf("%w: from longer than %d bytes", ErrInvalid, MaxStringLen)
 	}
@@ -307,14 +425,35 @@ func validate(m Message) error {
 		if long(rr.Rule) {
 			return fmt.Errorf("%w: rule id longer than %d bytes", ErrInvalid, MaxStringLen)
 		}
+		if rr.Err != nil {
+			return fmt.Errorf("%w: rule %q: a report that was not read: %w", ErrInvalid, rr.Rule, rr.Err)
+		}
+		if m.Version != 2 && rr.Regions == nil {
+			return fmt.Errorf("%w: rule %q: no region list", ErrInvalid, rr.Rule)
+		}
+		region := func(name string) error {
+			if m.Version == 2 {
+				if long(name) {
+					return fmt.Errorf("%w: region longer than %d bytes", ErrInvalid, MaxStringLen)
+				}
+				return nil
+			}
+			if rr.Regions.index(name) < 0 {
+				return fmt.Errorf("%w: rule %q: region %q not in the rule's region list", ErrInvalid, rr.Rule, name)
+			}
+			return nil
+		}
 		for _, a := range r.Acks {
-			if long(a.Region) {
-				return fmt.Errorf("%w: region longer than %d bytes", ErrInvalid, MaxStringLen)
+			if err := region(a.Region); err != nil {
+				return err
 			}
 		}
 		for _, c := range r.Closes {
-			if long(c.Region) || long(c.Key) {
-				return fmt.Errorf("%w: closure key or region longer than %d bytes", ErrInvalid, MaxStringLen)
+			if long(c.Key) {
+				return fmt.Errorf("%w: closure key longer than %d bytes", ErrInvalid, MaxStringLen)
+			}
+			if err := region(c.Region); err != nil {
+				return err
 			}
 		}
 		for _, k := range r.Keys {
@@ -323,8 +462,8 @@ func validate(m Message) error {
 			}
 			for _, cs := range [2][]ledger.Counter{k.Gave, k.Applied} {
 				for _, c := range cs {
-					if long(c.Region) {
-						return fmt.Errorf("%w: region longer than %d bytes", ErrInvalid, MaxStringLen)
+					if err := region(c.Region); err != nil {
+						return err
 					}
 				}
 			}
@@ -334,8 +473,8 @@ func validate(m Message) error {
 }
 
 // regionTable returns the sorted, unique regions the acks and counters
-// name. It allocates the table only: a region is looked up in it (a few
-// entries) before it is added, not collected once per counter.
+// name (version 2). It allocates the table only: a region is looked up in
+// it (a few entries) before it is added, not collected once per counter.
 func regionTable(m Message) []string {
 	var tab []string
 	add := func(name string) {
@@ -362,48 +501,58 @@ func regionTable(m Message) []string {
 	return tab
 }
 
-func appendMessage(buf []byte, from string, tab []string, rs []RuleReport) []byte {
-	idx := func(name string) uint64 {
-		i, _ := slices.BinarySearch(tab, name)
-		return uint64(i)
-	}
-	counters := func(buf []byte, cs []ledger.Counter) []byte {
-		buf = binary.AppendUvarint(buf, uint64(len(cs)))
-		for _, c := range cs {
-			buf = binary.AppendUvarint(buf, idx(c.Region))
-			buf = binary.AppendUvarint(buf, c.Inc)
-			buf = binary.AppendVarint(buf, c.Units)
+func (z sizer) appendMessage(buf []byte, rs []RuleReport) []byte {
+	if z.v2 {
+		buf = append(buf, magicV2)
+		buf = bincode.AppendString(buf, z.from)
+		buf = binary.AppendUvarint(buf, uint64(len(z.tab)))
+		for _, r := range z.tab {
+			buf = bincode.AppendString(buf, r)
 		}
-		return buf
-	}
-	buf = append(buf, magicV2)
-	buf = bincode.AppendString(buf, from)
-	buf = binary.AppendUvarint(buf, uint64(len(tab)))
-	for _, r := range tab {
-		buf = bincode.AppendString(buf, r)
+	} else {
+		buf = append(buf, magicV3)
+		buf = bincode.AppendString(buf, z.from)
 	}
 	buf = binary.AppendUvarint(buf, uint64(len(rs)))
 	for _, rr := range rs {
+		counters := func(buf []byte, cs []ledger.Counter) []byte {
+			buf = binary.AppendUvarint(buf, uint64(len(cs)))
+			for _, c := range cs {
+				buf = binary.AppendUvarint(buf, z.index(rr, c.Region))
+				buf = binary.AppendUvarint(buf, c.Inc)
+				buf = binary.AppendVarint(buf, c.Units)
+			}
+			return buf
+		}
 		r := rr.Report
 		buf = bincode.AppendString(buf, rr.Rule)
+		if !z.v2 {
+			buf = append(buf, rr.Regions.digest[:]...)
+		}
 		buf = binary.AppendUvarint(buf, r.Inc)
 		buf = binary.AppendUvarint(buf, r.Seq)
 		buf = binary.AppendVarint(buf, r.Base)
 		buf = binary.AppendUvarint(buf, uint64(len(r.Acks)))
 		for _, a := range r.Acks {
-			buf = binary.AppendUvarint(buf, idx(a.Region))
-			buf = binary.AppendUvarint(buf, a.Inc)
-			buf = binary.AppendUvarint(buf, a.Seq)
 			var f byte
 			if a.Frozen {
 				f = 1
 			}
-			buf = append(buf, f)
+			if z.v2 {
+				buf = binary.AppendUvarint(buf, z.index(rr, a.Region))
+				buf = binary.AppendUvarint(buf, a.Inc)
+				buf = binary.AppendUvarint(buf, a.Seq)
+				buf = append(buf, f)
+				continue
+			}
+			buf = binary.AppendUvarint(buf, z.index(rr, a.Region)<<1|uint64(f))
+			buf = binary.AppendUvarint(buf, a.Inc)
+			buf = binary.AppendUvarint(buf, a.Seq)
 		}
 		buf = binary.AppendUvarint(buf, uint64(len(r.Closes)))
 		for _, c := range r.Closes {
 			buf = bincode.AppendString(buf, c.Key)
-			buf = binary.AppendUvarint(buf, idx(c.Region))
+			buf = binary.AppendUvarint(buf, z.index(rr, c.Region))
 			buf = binary.AppendUvarint(buf, c.Inc)
 			buf = binary.AppendUvarint(buf, c.Retire)
 		}
@@ -420,13 +569,15 @@ func appendMessage(buf []byte, from string, tab []string, rs []RuleReport) []byt
 	return buf
 }
 
-// Decode parses a version-2 message. Every error wraps ErrMalformed. The
-// message's strings are in a copy of data, which the caller may reuse.
-func Decode(data []byte) (Message, error) {
+// Decode parses a message, reading each rule report's regions of version 3
+// against lists (which may be nil: every such report then has Err set).
+// Every error wraps ErrMalformed. The message's strings are in a copy of
+// data, which the caller may reuse.
+func Decode(data []byte, lists Lists) (Message, error) {
 	if err := precheck(data); err != nil {
 		return Message{}, err
 	}
-	return decode(string(data))
+	return decode(string(data), lists)
 }
 
 // DecodeOwned is Decode without the copy: the message's strings (keys,
@@ -434,11 +585,11 @@ func Decode(data []byte) (Message, error) {
 // data afterwards, and a string of the message kept keeps all of data
 // alive. For a buffer read once and then dropped (a message as it arrived:
 // the agent's receive); one copy of every message less.
-func DecodeOwned(data []byte) (Message, error) {
+func DecodeOwned(data []byte, lists Lists) (Message, error) {
 	if err := precheck(data); err != nil {
 		return Message{}, err
 	}
-	return decode(unsafe.String(unsafe.SliceData(data), len(data)))
+	return decode(unsafe.String(unsafe.SliceData(data), len(data)), lists)
 }
 
 // precheck is Decode's checks before parsing.
@@ -449,38 +600,50 @@ func precheck(data []byte) error {
 	if len(data) == 0 {
 		return fmt.Errorf("%w: empty", ErrMalformed)
 	}
-	if data[0] != magicV2 {
+	if data[0] != magicV2 && data[0] != magicV3 {
 		return fmt.Errorf("%w: unknown format byte 0x%02x", ErrMalformed, data[0])
 	}
 	return nil
 }
 
 // decode parses data, a message that passed precheck.
-func decode(data string) (Message, error) {
+func decode(data string, lists Lists) (Message, error) {
 	d := bincode.New(data, 1, ErrMalformed, MaxStringLen)
-	var m Message
+	m := Message{Version: 3}
+	v2 := data[0] == magicV2
 	m.From = d.Str()
-	n := d.Count(minRegion)
-	tab := make([]string, n)
-	for i := range tab {
-		tab[i] = d.Str()
-		if d.Err() == nil && i > 0 && tab[i-1] >= tab[i] {
-			d.Fail("region table not sorted and unique")
+	var tab []string // version 2's table, or the current rule's list
+	var used []bool  // version 2: table entries used
+	var rules *Regions
+	if v2 {
+		m.Version = 2
+		n := d.Count(minRegion)
+		tab = make([]string, n)
+		for i := range tab {
+			tab[i] = d.Str()
+			if d.Err() == nil && i > 0 && tab[i-1] >= tab[i] {
+				d.Fail("region table not sorted and unique")
+			}
 		}
+		used = make([]bool, n)
 	}
-	used := make([]bool, n)
-	region := func() string {
-		i := d.Uvarint()
-		if d.Err() != nil {
+	// resolved is false while reading a version-3 report that has no
+	// list: its indices are read (each a minimal uvarint) but name nothing.
+	resolved := true
+	name := func(i uint64) string {
+		if d.Err() != nil || !resolved {
 			return ""
 		}
-		if i >= uint64(n) {
-			d.Fail("region index %d of %d", i, n)
+		if i >= uint64(len(tab)) {
+			d.Fail("region index %d of %d", i, len(tab))
 			return ""
 		}
-		used[i] = true
+		if v2 {
+			used[i] = true
+		}
 		return tab[i]
 	}
+	region := func() string { return name(d.Uvarint()) }
 	counters := func() []ledger.Counter {
 		c := d.Count(minCounter)
 		if c == 0 {
@@ -499,20 +662,50 @@ func decode(data string) (Message, error) {
 	for i := range m.Rules {
 		rr := &m.Rules[i]
 		rr.Rule = d.Str()
+		if !v2 {
+			var sum [digestLen]byte
+			for j := range sum {
+				sum[j] = d.Byte()
+			}
+			rules, resolved, tab = nil, false, nil
+			if d.Err() == nil {
+				if lists != nil {
+					rules = lists(rr.Rule)
+				}
+				switch {
+				case rules == nil:
+					rr.Err = fmt.Errorf("%w %q", ErrUnknownRule, rr.Rule)
+				case rules.digest != sum:
+					rr.Err = fmt.Errorf("%w: rule %q, sender %q", ErrRegions, rr.Rule, m.From)
+				default:
+					resolved, tab = true, rules.names
+				}
+			}
+		}
 		r := &rr.Report
 		r.From, r.Inc, r.Seq, r.Base = m.From, d.Uvarint(), d.Uvarint(), d.Varint()
-		if na := d.Count(minAck); na > 0 {
+		ackMin := minAck
+		if v2 {
+			ackMin++
+		}
+		if na := d.Count(ackMin); na > 0 {
 			r.Acks = make([]ledger.Ack, na)
 			for j := range r.Acks {
 				a := &r.Acks[j]
-				a.Region, a.Inc, a.Seq = region(), d.Uvarint(), d.Uvarint()
-				switch d.Byte() {
-				case 0:
-				case 1:
-					a.Frozen = true
-				default:
-					d.Fail("frozen flag not 0 or 1")
+				if v2 {
+					a.Region, a.Inc, a.Seq = region(), d.Uvarint(), d.Uvarint()
+					switch d.Byte() {
+					case 0:
+					case 1:
+						a.Frozen = true
+					default:
+						d.Fail("frozen flag not 0 or 1")
+					}
+					continue
 				}
+				x := d.Uvarint()
+				a.Region, a.Frozen = name(x>>1), x&1 == 1
+				a.Inc, a.Seq = d.Uvarint(), d.Uvarint()
 			}
 		}
 		if nc := d.Count(minClose); nc > 0 {
@@ -535,6 +728,11 @@ func decode(data string) (Message, error) {
 		}
 		if d.Err() != nil {
 			break
+		}
+		if rr.Err != nil {
+			rr.Report = ledger.Report{From: m.From}
+		} else {
+			rr.Regions = rules
 		}
 	}
 	if d.Err() == nil && d.Rest() != 0 {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -14,6 +15,19 @@ import (
 )
 
 var regionNames = []string{"ap-south", "eu-west", "us-east", "us-west"}
+
+// testRegions is regionNames' list, every rule's in these tests.
+var testRegions = mustRegions(regionNames...)
+
+func testLists(string) *Regions { return testRegions }
+
+func mustRegions(names ...string) *Regions {
+	g, err := NewRegions(names)
+	if err != nil {
+		panic(err)
+	}
+	return g
+}
 
 func randCounters(rng *rand.Rand) []ledger.Counter {
 	var out []ledger.Counter
@@ -26,7 +40,7 @@ func randCounters(rng *rand.Rand) []ledger.Counter {
 }
 
 func randMessage(rng *rand.Rand) Message {
-	m := Message{From: regionNames[rng.Intn(len(regionNames))]}
+	m := Message{From: regionNames[rng.Intn(len(regionNames))], Version: 2 + rng.Intn(2)}
 	for i := rng.Intn(4); i > 0; i-- {
 		r := ledger.Report{From: m.From, Inc: uint64(rng.Intn(4)), Seq: rng.Uint64() >> uint(rng.Intn(64)), Base: rng.Int63n(1_000_000)}
 		if rng.Intn(10) == 0 {
@@ -51,7 +65,11 @@ func randMessage(rng *rand.Rand) Message {
 			r.Closes = append(r.Closes, ledger.Closure{Key: fmt.Sprintf("rl:{user:%d}:orders", rng.Intn(1000)),
 				Region: regionNames[rng.Intn(len(regionNames))], Inc: uint64(rng.Intn(4)), Retire: rng.Uint64() >> uint(rng.Intn(64))})
 		}
-		m.Rules = append(m.Rules, RuleReport{Rule: fmt.Sprintf("rule-%d", rng.Intn(10)), Report: r})
+		rr := RuleReport{Rule: fmt.Sprintf("rule-%d", rng.Intn(10)), Report: r}
+		if m.Version == 3 {
+			rr.Regions = testRegions
+		}
+		m.Rules = append(m.Rules, rr)
 	}
 	return m
 }
@@ -68,14 +86,14 @@ func TestRoundTripProperty(t *testing.T) {
 		if !bytes.Equal(b, b2) {
 			t.Fatalf("case %d: encoding not deterministic", i)
 		}
-		got, err := Decode(b)
+		got, err := Decode(b, testLists)
 		if err != nil {
 			t.Fatalf("case %d: decode: %v", i, err)
 		}
 		if !reflect.DeepEqual(got, m) {
 			t.Fatalf("case %d: round trip\n got %+v\nwant %+v", i, got, m)
 		}
-		if got, err := DecodeOwned(b); err != nil || !reflect.DeepEqual(got, m) {
+		if got, err := DecodeOwned(b, testLists); err != nil || !reflect.DeepEqual(got, m) {
 			t.Fatalf("case %d: DecodeOwned round trip: %v\n got %+v\nwant %+v", i, err, got, m)
 		}
 	}
@@ -90,28 +108,37 @@ func TestDecodeTruncatedAtEveryOffset(t *testing.T) {
 			t.Fatal(err)
 		}
 		for n := 0; n < len(b); n++ {
-			if _, err := Decode(b[:n]); !errors.Is(err, ErrMalformed) {
+			if _, err := Decode(b[:n], testLists); !errors.Is(err, ErrMalformed) {
 				t.Fatalf("case %d: truncated at %d of %d: err %v, want ErrMalformed", i, n, len(b), err)
 			}
 		}
-		if _, err := Decode(append(b, 0)); !errors.Is(err, ErrMalformed) {
+		if _, err := Decode(append(b, 0), testLists); !errors.Is(err, ErrMalformed) {
 			t.Fatalf("case %d: trailing byte accepted: %v", i, err)
 		}
 	}
 }
 
 func TestDecodeMalformed(t *testing.T) {
-	good, err := Encode(Message{From: "a", Rules: []RuleReport{{Rule: "r", Report: ledger.Report{From: "a", Inc: 1, Seq: 1,
+	good, err := Encode(Message{Version: 2, From: "a", Rules: []RuleReport{{Rule: "r", Report: ledger.Report{From: "a", Inc: 1, Seq: 1,
 		Acks: []ledger.Ack{{Region: "b", Inc: 1, Seq: 3}}}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	closing, err := Encode(Message{From: "a", Rules: []RuleReport{{Rule: "r", Report: ledger.Report{From: "a", Inc: 1, Seq: 1,
+	closing, err := Encode(Message{Version: 2, From: "a", Rules: []RuleReport{{Rule: "r", Report: ledger.Report{From: "a", Inc: 1, Seq: 1,
 		Closes: []ledger.Closure{{Key: "k", Region: "b", Inc: 1, Retire: 7}}}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// good: B2 01 'a' | 01 01 'b' | 01 | 01 'r' 01 01 00 | 01 00 01 03 00 | 00 | 00
+	// good3: B3 01 'a' | 01 | 01 'r' digest[8] 01 01 00 | 01 05 01 03 | 00 |
+	// 01 01 'k' 00 00 | 00 | 01 03 01 09 | 00 (ack of us-east, frozen;
+	// a key with an applied counter of us-west)
+	good3, err := Encode(Message{From: "a", Rules: []RuleReport{{Rule: "r", Regions: testRegions, Report: ledger.Report{From: "a", Inc: 1, Seq: 1,
+		Acks: []ledger.Ack{{Region: "us-east", Inc: 1, Seq: 3, Frozen: true}},
+		Keys: []ledger.KeyReport{{Key: "k", Applied: []ledger.Counter{{Region: "us-west", Inc: 1, Units: -5}}}}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		data []byte
@@ -129,15 +156,20 @@ func TestDecodeMalformed(t *testing.T) {
 		{"closure truncated", closing[:len(closing)-2]},
 		{"bad frozen flag", bytes.Replace(good, []byte{0x01, 0x03, 0x00}, []byte{0x01, 0x03, 0x02}, 1)},
 		{"trailing", append(append([]byte{}, good...), 0)},
+		// Version 3, against testRegions (4 regions: indices 0..3, acks 0..7).
+		{"v3 bad ack index", bytes.Replace(good3, []byte{0x05, 0x01, 0x03}, []byte{0x08, 0x01, 0x03}, 1)},
+		{"v3 bad counter index", bytes.Replace(good3, []byte{0x01, 0x03, 0x01, 0x09}, []byte{0x01, 0x04, 0x01, 0x09}, 1)},
+		{"v3 digest truncated", good3[:6]},
+		{"v3 trailing", append(append([]byte{}, good3...), 0)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := Decode(tc.data); !errors.Is(err, ErrMalformed) {
+			if _, err := Decode(tc.data, testLists); !errors.Is(err, ErrMalformed) {
 				t.Fatalf("err %v, want ErrMalformed", err)
 			}
 		})
 	}
-	for _, m := range [][]byte{good, closing} {
-		if _, err := Decode(m); err != nil {
+	for _, m := range [][]byte{good, closing, good3} {
+		if _, err := Decode(m, testLists); err != nil {
 			t.Fatalf("good message %x: %v", m, err)
 		}
 	}
@@ -152,13 +184,74 @@ func TestEncodeInvalid(t *testing.T) {
 		{"other sender", Message{From: "a", Rules: []RuleReport{{Rule: "r", Report: ledger.Report{From: "b"}}}}},
 		{"long from", Message{From: long}},
 		{"long rule", Message{From: "a", Rules: []RuleReport{{Rule: long, Report: ledger.Report{From: "a"}}}}},
-		{"long key", Message{From: "a", Rules: []RuleReport{{Rule: "r", Report: ledger.Report{From: "a", Keys: []ledger.KeyReport{{Key: long}}}}}}},
+		{"long key", Message{From: "a", Rules: []RuleReport{{Rule: "r", Regions: testRegions, Report: ledger.Report{From: "a", Keys: []ledger.KeyReport{{Key: long}}}}}}},
+		{"version 4", Message{From: "a", Version: 4}},
+		{"no region list", Message{From: "a", Rules: []RuleReport{{Rule: "r", Report: ledger.Report{From: "a"}}}}},
+		{"region not in the list", Message{From: "a", Rules: []RuleReport{{Rule: "r", Regions: testRegions, Report: ledger.Report{From: "a",
+			Acks: []ledger.Ack{{Region: "eu-north", Inc: 1, Seq: 1}}}}}}},
+		{"counter region not in the list", Message{From: "a", Rules: []RuleReport{{Rule: "r", Regions: testRegions, Report: ledger.Report{From: "a",
+			Keys: []ledger.KeyReport{{Key: "k", Gave: []ledger.Counter{{Region: "eu-north", Inc: 1, Units: 1}}}}}}}}},
+		{"a report not read", Message{From: "a", Rules: []RuleReport{{Rule: "r", Regions: testRegions, Report: ledger.Report{From: "a"}, Err: ErrRegions}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := Encode(tc.m); !errors.Is(err, ErrInvalid) {
 				t.Fatalf("err %v, want ErrInvalid", err)
 			}
 		})
+	}
+}
+
+// TestDecodeRegionLists: a version-3 rule report is read against the
+// receiver's list of its rule only if the sender's has the same digest;
+// otherwise that report alone comes back empty with Err set, and the
+// message's other reports are read as sent.
+func TestDecodeRegionLists(t *testing.T) {
+	rep := func(rule string, g *Regions) RuleReport {
+		return RuleReport{Rule: rule, Regions: g, Report: ledger.Report{From: "eu-west", Inc: 2, Seq: 9, Base: 100,
+			Acks: []ledger.Ack{{Region: "us-east", Inc: 1, Seq: 4}},
+			Keys: []ledger.KeyReport{{Key: "k", Demand: 5, Gave: []ledger.Counter{{Region: "ap-south", Inc: 1, Units: 30}}}}}}
+	}
+	// The sender lists three regions for "moved", the receiver four. The
+	// indices of this report would even name the same regions, but the
+	// rule is not the same rule on both sides (other peers, other
+	// floors): the report is not read.
+	three := mustRegions("ap-south", "eu-west", "us-east")
+	m := Message{From: "eu-west", Rules: []RuleReport{rep("same", testRegions), rep("moved", three), rep("unknown", testRegions), rep("after", testRegions)}}
+	b, err := Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(b, func(rule string) *Regions {
+		if rule == "unknown" {
+			return nil
+		}
+		return testRegions
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Rules) != 4 {
+		t.Fatalf("%d rule reports, want 4", len(got.Rules))
+	}
+	for _, i := range []int{0, 3} {
+		if !reflect.DeepEqual(got.Rules[i], m.Rules[i]) {
+			t.Errorf("rule %q: got %+v, want %+v", m.Rules[i].Rule, got.Rules[i], m.Rules[i])
+		}
+	}
+	for i, want := range map[int]error{1: ErrRegions, 2: ErrUnknownRule} {
+		rr := got.Rules[i]
+		if !errors.Is(rr.Err, want) || rr.Regions != nil || !reflect.DeepEqual(rr.Report, ledger.Report{From: "eu-west"}) {
+			t.Errorf("rule %q: Err %v, Regions %v, report %+v; want %v and an empty report", rr.Rule, rr.Err, rr.Regions, rr.Report, want)
+		}
+	}
+	// A list with the same names in another order is the same list.
+	if a, b := mustRegions("b", "a", "c"), mustRegions("c", "b", "a"); a.digest != b.digest || !slices.Equal(a.Names(), []string{"a", "b", "c"}) {
+		t.Errorf("lists of the same names differ: %v %v", a.Names(), b.Names())
+	}
+	for _, bad := range [][]string{nil, {"a", "a"}, {""}} {
+		if _, err := NewRegions(bad); !errors.Is(err, ErrInvalid) {
+			t.Errorf("NewRegions(%q): %v, want ErrInvalid", bad, err)
+		}
 	}
 }
 
@@ -185,7 +278,7 @@ func TestEncodeSplit(t *testing.T) {
 			if len(p) > maxSize {
 				t.Fatalf("case %d: part of %d bytes > %d", i, len(p), maxSize)
 			}
-			d, err := Decode(p)
+			d, err := Decode(p, testLists)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -202,7 +295,7 @@ func TestEncodeSplit(t *testing.T) {
 			}
 			merged = append(merged, acc)
 		}
-		if j != len(got) || !reflect.DeepEqual(Message{From: m.From, Rules: merged}, m) {
+		if j != len(got) || !reflect.DeepEqual(Message{From: m.From, Rules: merged, Version: m.Version}, m) {
 			t.Fatalf("case %d: split parts do not give the message back", i)
 		}
 	}
@@ -215,11 +308,24 @@ func FuzzDecode(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte{magicV2})
+	f.Add([]byte{magicV3})
+	// rule-0..rule-9 have the test list but rule-5 (none) and rule-7 (a
+	// list of other regions).
+	other := mustRegions("ap-south", "eu-west", "us-east")
+	lists := func(rule string) *Regions {
+		switch rule {
+		case "rule-5":
+			return nil
+		case "rule-7":
+			return other
+		}
+		return testRegions
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		m, err := Decode(data)
+		m, err := Decode(data, lists)
 		// DecodeOwned (no copy) decodes and refuses alike.
 		owned := append([]byte(nil), data...)
-		mo, erro := DecodeOwned(owned)
+		mo, erro := DecodeOwned(owned, lists)
 		if (err == nil) != (erro == nil) || err != nil && err.Error() != erro.Error() || !reflect.DeepEqual(m, mo) {
 			t.Fatalf("Decode and DecodeOwned differ: %v, %v", err, erro)
 		}
@@ -228,6 +334,14 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("error %v does not wrap ErrMalformed", err)
 			}
 			return
+		}
+		for _, rr := range m.Rules {
+			if rr.Err != nil { // read against no list or another one: cannot encode
+				if rr.Regions != nil || !reflect.DeepEqual(rr.Report, ledger.Report{From: m.From}) {
+					t.Fatalf("rule %q not read (%v) but has a report or a list", rr.Rule, rr.Err)
+				}
+				return
+			}
 		}
 		b, err := Encode(m)
 		if err != nil {
@@ -267,7 +381,7 @@ func TestSizerExact(t *testing.T) {
 		z := newSizer(m)
 		n := z.header(len(m.Rules))
 		for _, rr := range m.Rules {
-			n += z.ruleHeader(rr.Rule, rr.Report, len(rr.Report.Keys)) + z.keys(rr.Report.Keys)
+			n += z.ruleHeader(rr, len(rr.Report.Keys)) + z.keys(rr, rr.Report.Keys)
 		}
 		if n != len(b) {
 			t.Fatalf("case %d: sizer %d bytes, encoding %d", i, n, len(b))
@@ -299,5 +413,9 @@ func typicalMessage(keys int) Message {
 		r.Keys = append(r.Keys, ledger.KeyReport{Key: fmt.Sprintf("rl:{user:%06d}:orders", i), Demand: 300000, Position: 520000,
 			Gave: []ledger.Counter{{Region: "eu-west", Inc: 1, Units: 70000}}, Applied: []ledger.Counter{{Region: "ap-south", Inc: 1, Units: 1000}}})
 	}
-	return Message{From: "us-east", Rules: []RuleReport{{Rule: "orders-free", Report: r}}}
+	return Message{From: "us-east", Rules: []RuleReport{{Rule: "orders-free", Regions: typicalRegions, Report: r}}}
 }
+
+var typicalRegions = mustRegions("ap-south", "eu-west", "us-east")
+
+func typicalLists(string) *Regions { return typicalRegions }
