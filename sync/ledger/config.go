@@ -100,6 +100,14 @@ type Config struct {
 	// at 0.15 with the heartbeat, TestRandomized seed 1414's settlement
 	// also ends 0.4 s past the liveness bound.
 	DemandBand float64
+	// DemandRefresh is, with DemandBand, how long a key's demand may stay
+	// within the band of the value last reported: every DemandRefresh,
+	// one Tick counts any move past Hysteresis as a change (default 3s; 0:
+	// never). Without it a demand that drifts slowly stays up to the band
+	// away from what the regions allocate with: rlsim's daily-quota lost
+	// 6.6 points of utilization at a band of 0.25 with a heartbeat of 1 s
+	// (90.77% against 97.35% without either); with the refresh, 0.4.
+	DemandRefresh time.Duration
 	// HalfLife is the demand estimate's half-life: the weight of a sample
 	// halves every HalfLife, so an interval of dt seconds enters the EWMA
 	// with weight 1-2^(-dt/HalfLife) whatever the interval (default 250ms:
@@ -247,6 +255,7 @@ func DefaultConfig() Config {
 		FullEvery:       8,
 		HeartbeatEvery:  0,
 		DemandBand:      0,
+		DemandRefresh:   3 * time.Second,
 		HalfLife:        250 * time.Millisecond,
 		IdleAfter:       10 * time.Second,
 		Hysteresis:      100,
@@ -281,6 +290,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: HeartbeatEvery must not be negative", ErrConfig)
 	case !(c.DemandBand >= 0 && c.DemandBand < 1):
 		return fmt.Errorf("%w: DemandBand must be in [0, 1)", ErrConfig)
+	case c.DemandRefresh < 0:
+		return fmt.Errorf("%w: DemandRefresh must not be negative", ErrConfig)
 	case c.HalfLife < 0:
 		return fmt.Errorf("%w: HalfLife must not be negative", ErrConfig)
 	case c.IdleAfter <= 0:

@@ -72,7 +72,7 @@ func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 	if k.demand < 0.5 { // the average starts anew
 		k.ewma, k.demand, k.weight, k.seen = 0, 0, 0, 0
 	}
-	if d := int64(k.demand); l.cfg.demandMoved(k.reported(), d, l.cfg.DemandBand) {
+	if d := int64(k.demand); l.cfg.demandMoved(k.reported(), d, l.band) {
 		k.sentDem, k.dirty = float32(d), true
 	}
 }

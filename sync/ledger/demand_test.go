@@ -153,10 +153,11 @@ func TestEvenBand(t *testing.T) {
 
 // TestDemandBand: demand noise within DemandBand of the reported value
 // leaves the reported demand (what every region allocates with) and the
-// key's dirty flag alone; a move past the band is reported at the next Tick.
+// key's dirty flag alone (here without the refresh, DemandRefresh 0:
+// TestDemandRefresh); a move past the band is reported at the next Tick.
 func TestDemandBand(t *testing.T) {
 	l := demandLedger(t, false)
-	l.cfg.DemandBand = 0.25
+	l.cfg.DemandBand, l.cfg.DemandRefresh = 0.25, 0
 	const rate = 1000 // fast: DemandTokens does not slow the estimate
 	now := time.Duration(0)
 	tick := func(used int64) {
@@ -194,4 +195,54 @@ func TestDemandBand(t *testing.T) {
 	if p = l.Position("k"); p.Reported < steady*5/4 || !l.cfg.demandMoved(steady, p.Reported, l.cfg.DemandBand) {
 		t.Fatalf("demand doubled: reported %d, was %d (estimate %d)", p.Reported, steady, p.Demand)
 	}
+}
+
+// TestDemandRefresh: a demand that moves within DemandBand and stays there
+// is reported within DemandRefresh (plus a Tick), not at once and not
+// never; noise within the band is reported at most once per DemandRefresh.
+func TestDemandRefresh(t *testing.T) {
+	l := demandLedger(t, false)
+	l.cfg.DemandBand, l.cfg.DemandRefresh = 0.25, 3*time.Second
+	const rate = 1000
+	now := time.Duration(0)
+	tick := func(used int64) {
+		now += l.cfg.Interval
+		l.Usage(now, "k", rate, used, 0)
+		l.Tick(now)
+	}
+	for range 40 { // a steady 400/s
+		tick(100)
+	}
+	steady := l.Position("k").Reported
+	// 15% more, within the band, from now on.
+	start, reportedAt := now, time.Duration(-1)
+	for range 60 { // 15 s
+		tick(115)
+		if p := l.Position("k"); reportedAt < 0 && p.Reported != steady {
+			reportedAt = now - start
+			if !l.cfg.demandMoved(steady, p.Reported, 1e-9) || p.Reported < steady*110/100 {
+				t.Fatalf("refresh reported %d, was %d (estimate %d)", p.Reported, steady, p.Demand)
+			}
+		}
+	}
+	switch {
+	case reportedAt < 0:
+		t.Fatalf("a move of 15%% within the band was never reported (reported %d)", l.Position("k").Reported)
+	case reportedAt <= l.cfg.Interval:
+		t.Fatalf("a move within the band was reported at once (%v)", reportedAt)
+	case reportedAt > l.cfg.DemandRefresh+l.cfg.Interval:
+		t.Fatalf("a move within the band reported %v after it, refresh %v", reportedAt, l.cfg.DemandRefresh)
+	}
+	// Noise of +-15%: the reported demand changes at most once per refresh.
+	changes, last := 0, l.Position("k").Reported
+	for j := range 120 { // 30 s
+		tick(115 + 17*int64(2*(j%2)-1))
+		if p := l.Position("k"); p.Reported != last {
+			changes, last = changes+1, p.Reported
+		}
+	}
+	if max := int(30*time.Second/l.cfg.DemandRefresh) + 1; changes > max {
+		t.Fatalf("noise reported %d times in 30 s, at most %d with a refresh of %v", changes, max, l.cfg.DemandRefresh)
+	}
+	t.Logf("a move within the band reported after %v; noise reported %d times in 30 s", reportedAt, changes)
 }

@@ -240,9 +240,14 @@ type Ledger struct {
 	rseq     uint64
 	sent     map[uint64]time.Duration
 	lastSent time.Duration // when the last report went out (HeartbeatEvery)
-	treports int           // reports of Tick so far (FullEvery)
-	resync   bool          // a peer likely missed our reports (a silence, Receive): the next Tick sends a full report
-	stats    Stats
+	// refreshAt is when the demands last counted as changed at any move
+	// past Hysteresis, band or not (DemandBand's refresh, once per
+	// heartbeat); band is the band of the Tick running (0 at a refresh).
+	refreshAt time.Duration
+	band      float64
+	treports  int  // reports of Tick so far (FullEvery)
+	resync    bool // a peer likely missed our reports (a silence, Receive): the next Tick sends a full report
+	stats     Stats
 
 	retires uint64              // retirements started (retire.go)
 	closing map[closeID]closing // closures of peers' retirements, until acknowledged

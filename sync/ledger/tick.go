@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"math"
 	"sort"
 	"time"
 )
@@ -63,6 +64,14 @@ func (l *Ledger) Tick(now time.Duration) Output {
 	}
 	l.lastTick = now
 	l.ticks++
+	// DemandBand holds back moves of a key's demand within the band; once
+	// every DemandRefresh every move past Hysteresis counts, so that a
+	// demand that drifts slowly within the band is reported within that
+	// time instead of being left up to the band away.
+	l.band = l.cfg.DemandBand
+	if l.band > 0 && l.cfg.DemandRefresh > 0 && now-l.refreshAt >= l.cfg.DemandRefresh {
+		l.band, l.refreshAt = math.SmallestNonzeroFloat64, now
+	}
 	l.mergeKeys()
 	for _, k := range l.sorted {
 		if gone(k) {
