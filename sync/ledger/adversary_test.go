@@ -183,6 +183,7 @@ func TestRandomizedAdversary(t *testing.T) {
 			resets:     rng.Intn(3) == 0,
 			chaos:      20 * time.Second,
 			calm:       15 * time.Second,
+			config:     withEnv(nil), // LEDGER_BAND, LEDGER_HEARTBEAT
 		}
 		res := runAdversarySim(t, seed, o)
 		if res.violation != "" {

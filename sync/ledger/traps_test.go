@@ -30,6 +30,10 @@ func newCluster(t *testing.T, n int) *cluster {
 	t.Helper()
 	c := &cluster{t: t, cfg: simConfig()}
 	c.cfg.HalfLife = 0
+	// A report at every Tick, every change reported: the tests on a
+	// cluster step through exchanges report by report (those about the
+	// heartbeat and the band set them).
+	c.cfg.HeartbeatEvery, c.cfg.DemandBand = 0, 0
 	for i := 0; i < n; i++ {
 		c.spec = append(c.spec, RegionSpec{Name: "r" + string(rune('0'+i)), Weight: 1})
 	}
