@@ -1,7 +1,6 @@
 package ledger
 
 import (
-	"math"
 	"sort"
 	"time"
 )
@@ -65,12 +64,12 @@ func (l *Ledger) Tick(now time.Duration) Output {
 	l.lastTick = now
 	l.ticks++
 	// DemandBand holds back moves of a key's demand within the band; once
-	// every DemandRefresh every move past Hysteresis counts, so that a
-	// demand that drifts slowly within the band is reported within that
-	// time instead of being left up to the band away.
+	// every DemandRefresh the band is a tenth of it, so that a demand that
+	// drifts slowly within the band is reported within that time instead
+	// of being left up to the band away.
 	l.band = l.cfg.DemandBand
 	if l.band > 0 && l.cfg.DemandRefresh > 0 && now-l.refreshAt >= l.cfg.DemandRefresh {
-		l.band, l.refreshAt = math.SmallestNonzeroFloat64, now
+		l.band, l.refreshAt = l.band/10, now
 	}
 	l.mergeKeys()
 	for _, k := range l.sorted {
