@@ -151,12 +151,13 @@ type Sync struct {
 	HalfLife *Duration `yaml:"half_life"`
 	// Heartbeat is the ledger's HeartbeatEvery: a Tick with nothing changed
 	// sends no report unless this long has passed since the last one
-	// (bounded by the lease; default 0, the agent's: a report every
+	// (bounded by the lease; default 1s, the agent's; 0: a report every
 	// interval).
 	Heartbeat *Duration `yaml:"heartbeat"`
 	// DemandBand is the ledger's DemandBand: a key's demand counts as
 	// changed only past this fraction of the value last reported
-	// (default 0, the agent's: every change).
+	// (default 0.25, the agent's; 0: every change). A move past a tenth
+	// of it is reported within the ledger's DemandRefresh (3 s).
 	DemandBand *float64 `yaml:"demand_band"`
 }
 

@@ -50,6 +50,8 @@ type options struct {
 	recordHold     time.Duration
 	maxUsageKeys   int
 	wireVersion    int
+	heartbeat      time.Duration
+	demandBand     float64
 	seedFile       string
 	peerKeys       string
 	insecure       bool
@@ -75,6 +77,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.halfLife, "demand-half-life", def.HalfLife, "half-life of the demand estimate: shorter follows shifts faster, longer is steadier under noisy traffic")
 	fs.DurationVar(&o.recordHold, "record-hold", def.RecordHold, "TTL of a held share record in Redis, written again every half of it (never below 4 x (lease + interval + 100ms)): the records of an agent gone for good expire after it")
 	fs.IntVar(&o.maxUsageKeys, "max-usage-keys", def.MaxUsageKeys, "distinct keys of usage buffered between two sync intervals; the usage of further keys is dropped (apportion_sync_usage_dropped_total) and their demand goes unseen: raise it above the keys of global rules in use per interval (about 80 B of heap each while buffered)")
+	fs.DurationVar(&o.heartbeat, "heartbeat", def.Heartbeat, "a report goes out at least this often when nothing changed (capped by the lease: 685ms at 3s); 0: a report every interval")
+	fs.Float64Var(&o.demandBand, "demand-band", def.DemandBand, "a key's demand counts as changed only when it moved past this fraction of the value last reported (a move past a tenth of it is still reported within 3s); 0: every move")
 	fs.IntVar(&o.wireVersion, "wire-version", 3, "format of the reports this agent publishes, 3 or 2: agents read both, agents before format 3 read only 2; to upgrade such a deployment run every region with 2, then switch to 3")
 	fs.BoolVar(&o.standby, "standby", false, "campaign for the region's agent role in etcd and act only while leader")
 	fs.StringVar(&o.seedFile, "report-seed-file", "", "file holding this region's NKey user seed (SU..., or a NATS .creds file): every report is signed with it (required unless --insecure-unsigned-reports; syncagent keygen FILE makes one)")
@@ -203,6 +207,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cfg := agent.DefaultConfig()
 	cfg.Region, cfg.Interval, cfg.Lease, cfg.Rho, cfg.Logger = o.region, o.interval, o.lease, o.rho, log
 	cfg.HalfLife, cfg.RecordHold, cfg.MaxUsageKeys, cfg.WireVersion = o.halfLife, o.recordHold, o.maxUsageKeys, o.wireVersion
+	cfg.Heartbeat, cfg.DemandBand = o.heartbeat, o.demandBand
 	cfg.InsecureUnsigned = true // the keys are checked next, once the rest is valid
 	if err := cfg.Validate(); err != nil {
 		return err

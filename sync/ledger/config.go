@@ -75,44 +75,43 @@ type Config struct {
 	// Leases). A heartbeat of at most Interval reports at every Tick. The
 	// liveness bound's steps that wait for a report or an acknowledgement
 	// take the heartbeat instead of the interval (the package doc,
-	// Invariant 4). Default 0: off, with DemandBand (why: DemandBand and
-	// the package doc, Leases).
+	// Invariant 4). Default 1s (685 ms at the default lease), with
+	// DemandBand; 0 reports at every Tick.
 	HeartbeatEvery time.Duration
 	// DemandBand is the demand dead band: a key's demand counts as
 	// changed only when it moved from the value last reported by more
 	// than DemandBand of that value (or of the new one, if larger), and
 	// at least Hysteresis units, or to or from zero. Every region
 	// allocates with the demands as last reported, its own included, so
-	// targets do not move on noise. Default 0: every change is reported,
-	// as before. With the band (0.15 to 0.25) and a heartbeat of 1 s,
-	// rlsim's sync bytes fall 1.1x (flash-crowd) to 11x (daily-quota),
-	// at the same utilization or better except daily-quota (96.75% to
-	// 94.88% at 0.15, 90.73% at 0.25), shift (99.84% to 99.36% and
-	// 99.15%) and limit-1-per-second-moving (92.44% to 91.88% at 0.25),
-	// measured before the whole-token hold (daily-quota 97.35% without
-	// the band since).
-	// (TestRandomized's seeds 35 and 202 that stayed off the targets at
-	// 0.15 were a settlement going round for good, reached without the
-	// band too, since fixed: the package doc, Settling cycles; and the
-	// whole-token seeds that failed with the band and the heartbeat on
-	// settle since give holds whole-token gifts on views that disagree.)
-	// Default 0: off, for the utilization it costs the scenarios above;
-	// at 0.15 with the heartbeat, TestRandomized seed 1414's settlement
-	// also ends 0.4 s past the liveness bound.
+	// targets do not move on noise. Default 0.25, with HeartbeatEvery 1s
+	// and DemandRefresh 3s; 0 reports every change. With the three, rlsim's
+	// sync bytes per key and second fall 1.4x (flash-crowd) to 8.6x
+	// (daily-quota), ten-regions' from 272,560 to 116,388 (about 1.3 KB
+	// sent per region and second), but for hot-key's, 9% up (638 to 694
+	// over 3,090 keys), while utilization holds
+	// or gains in nine scenarios of thirteen (ten-regions 95.34% to
+	// 98.23%, skewed 96.73% to 97.89%) and falls in four: daily-quota
+	// 97.35% to 96.25%, limit-1-per-second-moving 92.44% to 91.60%,
+	// limit-1-per-second 43.57% to 43.31%, shift 99.84% to 99.67%
+	// (simulations/README.md). Measured before the refresh: daily-quota
+	// 90.77% at 0.25 and 94.88% at 0.15. (TestRandomized's seeds 35 and
+	// 202 that stayed off the targets at 0.15 were a settlement going round
+	// for good, reached without the band too, since fixed: the package
+	// doc, Settling cycles; and the whole-token seeds that failed with the
+	// band and the heartbeat on settle since give holds whole-token gifts
+	// on views that disagree. At 0.15 with the heartbeat, seed 1414's
+	// settlement ends 0.4 s past the liveness bound.)
 	DemandBand float64
 	// DemandRefresh is, with DemandBand, how long a key's demand may stay
 	// within the band of the value last reported: every DemandRefresh,
-	// one Tick counts any move past Hysteresis as a change (default 3s; 0:
-	// never). Without it a demand that drifts slowly stays up to the band
-	// away from what the regions allocate with: rlsim's daily-quota lost
-	// 6.6 points of utilization at a band of 0.25 with a heartbeat of 1 s
-	// (90.77% against 97.35% without either); with the refresh, 0.9
-	// (96.43%). Open: with the band at 0.25, the heartbeat and the
-	// refresh, TestSettleNoLivelock's seeds 35 and 202 are off their
-	// targets at some samples late in the calm phase (12 and 46 units
-	// held by no region, not counted in flight); without the refresh they
-	// are not. One of the reasons the band and the heartbeat are not the
-	// default.
+	// one Tick counts a move past a tenth of the band as a change (default
+	// 3s; 0: never). Without it a demand that drifts slowly stays up to
+	// the band away from what the regions allocate with: rlsim's
+	// daily-quota lost 6.6 points of utilization at a band of 0.25 with a
+	// heartbeat of 1 s (90.77% against 97.35% without either). (Counting
+	// every move past Hysteresis at a refresh moved the targets on the
+	// estimates' last creeping, a few dozen units, with gifts in flight
+	// after every refresh.)
 	DemandRefresh time.Duration
 	// HalfLife is the demand estimate's half-life: the weight of a sample
 	// halves every HalfLife, so an interval of dt seconds enters the EWMA
@@ -259,8 +258,8 @@ func DefaultConfig() Config {
 		StoreTimeout:    100 * time.Millisecond,
 		RetryWrite:      time.Second,
 		FullEvery:       8,
-		HeartbeatEvery:  0,
-		DemandBand:      0,
+		HeartbeatEvery:  time.Second,
+		DemandBand:      0.25,
 		DemandRefresh:   3 * time.Second,
 		HalfLife:        250 * time.Millisecond,
 		IdleAfter:       10 * time.Second,
