@@ -189,18 +189,14 @@ func (d *Driver) Started(r *Rule, led *ledger.Ledger) bool {
 		return false
 	}
 	r.Led, r.fedRev = led, 0
-	if names := led.RegionNames(); r.regions == nil || !slices.Equal(r.regions.Names(), sorted(names)) {
-		// An error leaves nil: the rule's reports then fail to encode
-		// (wire.ErrInvalid, Ports.Publish's to report) and its peers'
-		// are not read.
-		r.regions, _ = wire.NewRegions(names)
-	}
+	// An error leaves nil: the rule's reports then fail to encode
+	// (wire.ErrInvalid, Ports.Publish's to report) and its peers' are not
+	// read.
+	r.regions, _ = wire.NewRegions(led.RegionNames())
 	d.collect(r, led.Tick(d.p.Now()))
 	d.Flush()
 	return true
 }
-
-func sorted(s []string) []string { slices.Sort(s); return s }
 
 // Lists gives the region list of each rule with a ledger, to read the
 // peers' reports with (wire.Decode).
@@ -274,12 +270,8 @@ func (d *Driver) Receive(m wire.Message) bool {
 		if r.Led == nil {
 			continue // starting: the peer repeats itself
 		}
-		if rr.Err != nil {
-			reason := ReasonRegions
-			if errors.Is(rr.Err, wire.ErrUnknownRule) {
-				reason = ReasonUnknownRule
-			}
-			d.p.Rejected(reason, m.From, rr.Rule, rr.Err)
+		if rr.Err != nil { // not read against our region list (wire.Decode)
+			d.p.Rejected(RejectReason(rr.Err), m.From, rr.Rule, rr.Err)
 			continue
 		}
 		if err := r.fresh[m.From].check(rr.Report); err != nil {
@@ -450,9 +442,14 @@ func (d *Driver) publish() {
 	}
 }
 
-// RejectReason maps a ledger.Receive error to its Reason.
+// RejectReason maps a ledger.Receive error, or a RuleReport.Err of
+// wire.Decode, to its Reason.
 func RejectReason(err error) string {
 	switch {
+	case errors.Is(err, wire.ErrRegions):
+		return ReasonRegions
+	case errors.Is(err, wire.ErrUnknownRule):
+		return ReasonUnknownRule
 	case errors.Is(err, ledger.ErrUnknownRegion):
 		return ReasonUnknownReg
 	case errors.Is(err, ledger.ErrMalformed):

@@ -226,6 +226,7 @@ func TestRejectReason(t *testing.T) {
 	for err, want := range map[error]string{
 		ledger.ErrUnknownRegion: ReasonUnknownReg, ledger.ErrBackwards: ReasonBackwards,
 		ledger.ErrImplausible: ReasonImplausible, errors.New("x"): ReasonOther,
+		wire.ErrRegions: ReasonRegions, wire.ErrUnknownRule: ReasonUnknownRule,
 	} {
 		if got := RejectReason(err); got != want {
 			t.Errorf("RejectReason(%v) = %s, want %s", err, got, want)
