@@ -144,9 +144,16 @@ func runAdversarySim(tb testing.TB, seed int64, o simOpts) advResult {
 	s.at(0, s.chaos)
 	s.run(int64(o.chaos))
 	s.heal() // the network heals; the adversary keeps replaying
-	s.run(s.now + int64(o.calm))
+	// As in runSim: the time from the heal to the targets (0.1%).
+	healed, healedIn := s.now, time.Duration(-1)
+	for s.now < healed+int64(o.calm) && s.violation == "" {
+		s.run(s.now + int64(50*time.Millisecond))
+		if ok, _ := s.converged(s.cfg.Units / 1000); ok && healedIn < 0 {
+			healedIn = time.Duration(s.now - healed)
+		}
+	}
 	res := advResult{simResult: simResult{steps: s.steps, fences: s.fences, reclaims: s.reclaims, rejected: s.rejected,
-		raises: s.raises, violation: s.violation},
+		raises: s.raises, violation: s.violation, healedIn: healedIn},
 		injected: a.injected, replayed: a.replayed, refused: a.refused, replayRejected: a.replayRejected,
 		honestImplausible: a.honestImplausible}
 	if s.violation == "" {
@@ -159,7 +166,13 @@ func runAdversarySim(tb testing.TB, seed int64, o simOpts) advResult {
 
 // TestRandomizedAdversary is TestRandomized with the adversary on the
 // network: invariant 1 holds at every step, no honest report is refused as
-// implausible, and once the network heals the shares still converge.
+// implausible, and once the network heals the shares reach the targets
+// within TestRandomized's bound (randomHealBound) and are there at the end
+// of the calm phase. (A replayed report of a dead incarnation that had
+// frozen a live one used to fence the live one whenever it came: seed 141
+// of 300 at the targets 3.2 s after the heal, fenced at 13.2 s, off them
+// at 15 s. Receive now ignores such a freeze once the sender's successor
+// is known: TestFrozenAckOfSupersededIncarnation.)
 func TestRandomizedAdversary(t *testing.T) {
 	seeds := 60
 	if testing.Short() {
@@ -169,6 +182,7 @@ func TestRandomizedAdversary(t *testing.T) {
 		seeds = n
 	}
 	var tot advResult
+	var worst time.Duration
 	for seed := int64(1); seed <= int64(seeds); seed++ {
 		rng := rand.New(rand.NewSource(seed * 104729))
 		o := simOpts{
@@ -195,6 +209,10 @@ func TestRandomizedAdversary(t *testing.T) {
 		if res.liveness != "" {
 			t.Errorf("seed %d %+v: LIVENESS under replay: %s", seed, o, res.liveness)
 		}
+		if b := randomHealBound(s0cfg(o)); s0cfg(o).Quantum == 0 && (res.healedIn < 0 || res.healedIn > b) {
+			t.Errorf("seed %d %+v: LIVENESS under replay: at the targets %v after the heal, bound %v", seed, o, res.healedIn, b)
+		}
+		worst = max(worst, res.healedIn)
 		tot.steps += res.steps
 		tot.fences += res.fences
 		tot.injected += res.injected
@@ -205,6 +223,7 @@ func TestRandomizedAdversary(t *testing.T) {
 	if tot.refused == 0 || tot.replayed == 0 {
 		t.Fatalf("the adversary did nothing: %+v", tot)
 	}
+	t.Logf("from the heal to the targets: worst %v, bound %v", worst, randomHealBound(simConfig()))
 	t.Logf("%d seeds, %d steps, %d fences; adversary: %d replays and %d forgeries (%d refused by the authenticated channel), %d replays rejected by the ledgers",
 		seeds, tot.steps, tot.fences, tot.replayed, tot.injected, tot.refused, tot.replayRejected)
 }

@@ -575,3 +575,63 @@ func TestNoGiftsToANewIncarnationThatCannotHearUs(t *testing.T) {
 		t.Fatalf("r0 still gives nothing once r1 acknowledges it: position %d, before %d", after, before)
 	}
 }
+
+// TestFrozenAckOfSupersededIncarnation: a report of an incarnation we froze
+// that says it froze us too ends our incarnation while it is the newest of
+// its region we know of (neither would take the other's gifts again), but
+// not once we heard its successor: the report is late or replayed, we pair
+// with the successor, and a replay must not fence a live region.
+func TestFrozenAckOfSupersededIncarnation(t *testing.T) {
+	// r0/1's report saying it froze r1's incarnation.
+	freezing := func(c *cluster) Report {
+		c.now += c.cfg.Interval
+		rep := *c.l[0].Tick(c.now).Report
+		rep.Acks = append([]Ack(nil), rep.Acks...)
+		found := false
+		for i := range rep.Acks {
+			if rep.Acks[i].Region == "r1" {
+				rep.Acks[i].Frozen, found = true, true
+			}
+		}
+		if !found {
+			t.Fatalf("setup: r0's report acknowledges no r1: %+v", rep.Acks)
+		}
+		return rep
+	}
+	t.Run("current", func(t *testing.T) {
+		c := newCluster(t, 3)
+		for i := 0; i < 3; i++ {
+			c.exchange()
+		}
+		rep := freezing(c)
+		c.l[1].freeze(0, 1, c.now) // r1 froze r0/1 too (by silence)
+		out, err := c.l[1].Receive(c.now, rep)
+		if !errors.Is(err, ErrFrozenIncarnation) || !out.Fenced {
+			t.Fatalf("mutual freeze with r0's newest incarnation: err %v, fenced %v; want both", err, out.Fenced)
+		}
+	})
+	t.Run("superseded", func(t *testing.T) {
+		c := newCluster(t, 3)
+		for i := 0; i < 3; i++ {
+			c.exchange()
+		}
+		rep := freezing(c)
+		c.start(0) // r0/2
+		c.now += c.cfg.Interval
+		succ := c.l[0].Tick(c.now).Report
+		if succ == nil || succ.Inc != 2 {
+			t.Fatalf("setup: r0's successor did not report: %+v", succ)
+		}
+		c.deliver(1, succ) // r1 freezes r0/1 on hearing r0/2
+		before := snapshot(c.l[1])
+		out, err := c.l[1].Receive(c.now, rep)
+		if !errors.Is(err, ErrFrozenIncarnation) || out.Fenced || c.l[1].fenced {
+			t.Fatalf("r0/1's freeze heard after r0/2: err %v, fenced %v; want ErrFrozenIncarnation and no fence", err, out.Fenced)
+		}
+		after := snapshot(c.l[1])
+		after.stats = before.stats
+		if !reflect.DeepEqual(before, after) {
+			t.Fatal("state changed")
+		}
+	})
+}
