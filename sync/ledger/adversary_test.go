@@ -181,6 +181,9 @@ func TestRandomizedAdversary(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("LEDGER_SEEDS")); err == nil {
 		seeds = n
 	}
+	// LEDGER_REGIONS=10 runs every seed with that many regions, as for
+	// TestRandomized.
+	regions, _ := strconv.Atoi(os.Getenv("LEDGER_REGIONS"))
 	var tot advResult
 	var worst time.Duration
 	for seed := int64(1); seed <= int64(seeds); seed++ {
@@ -198,6 +201,9 @@ func TestRandomizedAdversary(t *testing.T) {
 			chaos:      20 * time.Second,
 			calm:       15 * time.Second,
 			config:     withEnv(nil), // LEDGER_BAND, LEDGER_HEARTBEAT
+		}
+		if regions >= 2 {
+			o.regions = regions
 		}
 		res := runAdversarySim(t, seed, o)
 		if res.violation != "" {
