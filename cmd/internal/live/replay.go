@@ -3,9 +3,11 @@ package live
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/simulations/scenario"
 	"github.com/apportion/apportion/simulations/sim"
+	"github.com/apportion/apportion/sync/agent"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -25,6 +28,9 @@ const (
 	ruleID   = "live"
 	resource = "GET /live"
 	probeKey = "live:probe"
+	// probeIdleWait bounds waitProbeIdle: the agent's IdleAfter and a
+	// retirement's round trips, with room for a loaded machine.
+	probeIdleWait = 90 * time.Second
 	// inFlight bounds the concurrent CheckLimit calls.
 	inFlight = 512
 	// callTimeout bounds one CheckLimit call.
@@ -111,6 +117,9 @@ func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []s
 		clients[i] = ratelimitv1.NewRateLimiterClient(cc)
 	}
 	if err := waitMarkers(ctx, sc, clients); err != nil {
+		return nil, err
+	}
+	if err := waitProbeIdle(ctx, st); err != nil {
 		return nil, err
 	}
 
@@ -237,6 +246,74 @@ func playEvents(ctx context.Context, st *stack.Stack, events []scenario.Event, t
 		}
 	}
 	return nil
+}
+
+// waitProbeIdle waits until no agent holds a key of the rule: the probe
+// key of waitMarkers has left coordination. Its usage makes every agent
+// coordinate it, and left running into the replay its decaying demand,
+// retirement and reports were counted with the scenario's (in shift's
+// first minute, 8 to 10 demand reports per region, and 1.1 keys
+// coordinated on average instead of 1). It first waits, up to a few
+// seconds, for the probe's usage to reach every agent (waitMarkers may
+// return before it does); the wait is about 30 s (IdleAfter, then the
+// key's retirement).
+func waitProbeIdle(ctx context.Context, st *stack.Stack) error {
+	held := func() (all, none bool) {
+		all, none = true, true
+		for _, r := range st.Regions {
+			n, err := heldKeys(ctx, r.AgentHTTPAddr)
+			if err != nil || n > 0 {
+				none = false
+			}
+			if err != nil || n == 0 {
+				all = false
+			}
+		}
+		return all, none
+	}
+	seen := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(probeIdleWait)
+	for {
+		all, none := held()
+		if all {
+			seen = time.Time{} // every agent has it: now wait for none
+		}
+		if none && time.Now().After(seen) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("live: the agents still hold the probe key %q after %v", probeKey, probeIdleWait)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// heldKeys is how many keys of the rule the agent at addr holds state for
+// (its /v1/shares total_keys).
+func heldKeys(ctx context.Context, addr string) (int, error) {
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, http.MethodGet, "http://"+addr+agent.SharesPath+"?rule="+ruleID+"&limit=1", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("live: %s: %s", req.URL, resp.Status)
+	}
+	var rs agent.RuleShares
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&rs); err != nil {
+		return 0, err
+	}
+	return rs.TotalKeys, nil
 }
 
 // waitMarkers waits until every region enforces at least 90% of its base
