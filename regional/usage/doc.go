@@ -3,7 +3,9 @@
 // since the last flush.
 //
 // An enforcer calls Recorder.Add on the request path. A Publisher drains the
-// Recorder every interval (100 ms by default), encodes the deltas in a
+// Recorder every interval (100 ms by default), at the interval's multiples
+// on the wall clock (NextFlush: every enforcer at the same instants, which
+// the sync agent ticks between), encodes the deltas in a
 // compact binary Batch and publishes it on Subject(region), a region-local
 // NATS subject. The agent receives batches with Subscribe and folds them into
 // its demand estimates.

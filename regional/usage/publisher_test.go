@@ -392,3 +392,16 @@ func TestSubject(t *testing.T) {
 		t.Fatalf("Subject = %q", got)
 	}
 }
+
+// TestNextFlush: the next multiple of the interval on the wall clock,
+// always after now.
+func TestNextFlush(t *testing.T) {
+	base := time.Date(2026, 12, 3, 15, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		now, want time.Duration // past base
+	}{{0, 100 * time.Millisecond}, {1, 100 * time.Millisecond}, {99 * time.Millisecond, 100 * time.Millisecond}, {100 * time.Millisecond, 200 * time.Millisecond}} {
+		if got := NextFlush(base.Add(tc.now), 100*time.Millisecond); !got.Equal(base.Add(tc.want)) {
+			t.Errorf("NextFlush(base+%v) = base+%v, want base+%v", tc.now, got.Sub(base), tc.want)
+		}
+	}
+}

@@ -31,7 +31,17 @@
 //     the deltas of its own keys, see Shards); each delta of a
 //     coordinated rule goes to Ledger.Usage with the delta's Key (the Redis
 //     bucket key) as the ledger key and the rule's refill_per_second (a
-//     window's limit / window).
+//     window's limit / window). The enforcers flush at the multiples of
+//     usage.DefaultInterval on the wall clock (usage.NextFlush) and the
+//     loop ticks halfway between two flushes (nextTick), so that every
+//     interval holds the same number of flushes: with both on free-running
+//     timers, an interval now and then held none and its keys' demand
+//     read as 0 (live, 8 to 14 demand reports a minute per region for
+//     shift's key against 0 to 5; the sync bytes twice the simulator's).
+//     The alignment needs the region's hosts' wall clocks within a few tens
+//     of ms of each other (NTP does it); hosts whose clocks are further
+//     apart are as unaligned as free-running timers were, nothing worse:
+//     safety never depends on it.
 //   - Refusals: the store refuses a window record below what the key has
 //     used of its window and answers the fewest units it can take; the
 //     agent's store port returns it with the confirmations (driver.Applied)

@@ -5,12 +5,13 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/apportion/apportion/regional/usage"
 	"github.com/apportion/apportion/sync/driver"
 )
 
 func (a *Agent) loop(ctx context.Context) {
 	defer a.wg.Done()
-	tick := time.NewTicker(a.cfg.Interval)
+	tick := time.NewTimer(time.Until(nextTick(time.Now(), a.cfg.Interval)))
 	defer tick.Stop()
 	// The store's run id at once, so that a rule that arrives starts its
 	// incarnation then (setRules), not an interval later.
@@ -29,6 +30,7 @@ func (a *Agent) loop(ctx context.Context) {
 			fn(ctx)
 		case <-tick.C:
 			a.tick(ctx)
+			tick.Reset(time.Until(nextTick(time.Now(), a.cfg.Interval)))
 		}
 	}
 }
@@ -88,4 +90,24 @@ func (a *Agent) checkRunID(ctx context.Context) {
 	}
 	a.runID = id
 	a.ready.Store(a.everRules)
+}
+
+// nextTick is when the loop ticks next after now: at the next multiple of
+// interval on the wall clock, moved on to the middle between two of the
+// enforcers' usage flushes (usage.NextFlush: multiples of
+// usage.DefaultInterval), if interval is at least that long. Every
+// interval then holds the same number of flushes (one at the default
+// 100 ms; two or three, in turn, at 250 ms, each interval as long as its
+// flushes), where a ticker started at an arbitrary instant let an
+// enforcer's flush land on either side of a tick, by a few ms of
+// scheduling: an interval with none, and the next with two. A tick that
+// runs late skips to the next slot, as a ticker drops ticks.
+func nextTick(now time.Time, interval time.Duration) time.Time {
+	t := now.Truncate(interval).Add(interval)
+	const p, off = usage.DefaultInterval, usage.DefaultInterval / 2
+	if interval < p {
+		return t
+	}
+	// The first instant at or after t that is off past a multiple of p.
+	return t.Add((off - t.Sub(t.Truncate(p)) + p) % p)
 }
