@@ -87,8 +87,9 @@ type Config struct {
 	// and DemandRefresh 3s; 0 reports every change. With the three, rlsim's
 	// sync bytes per key and second fall 1.4x (flash-crowd) to 8.6x
 	// (daily-quota), ten-regions' from 272,560 to 116,388 (about 1.3 KB
-	// sent per region and second), but for hot-key's, 9% up (638 to 694
-	// over 3,090 keys), while utilization holds
+	// sent per region and second), and hot-key's from 638 to 461 over
+	// 3,090 keys (694, 9% up, until an idle key's stay in full reports
+	// was counted in reports: Ledger.idleDone), while utilization holds
 	// or gains in nine scenarios of thirteen (ten-regions 95.34% to
 	// 98.23%, skewed 96.73% to 97.89%) and falls in four: daily-quota
 	// 97.35% to 96.25%, limit-1-per-second-moving 92.44% to 91.60%,

@@ -245,9 +245,13 @@ type Ledger struct {
 	// heartbeat); band is the band of the Tick running (0 at a refresh).
 	refreshAt time.Duration
 	band      float64
-	treports  int  // reports of Tick so far (FullEvery)
-	resync    bool // a peer likely missed our reports (a silence, Receive): the next Tick sends a full report
-	stats     Stats
+	treports  int // reports of Tick so far (FullEvery)
+	// fullAt holds when the last idleFullReports full reports went out,
+	// oldest first (math.MinInt64: none yet): an idle key stays in full
+	// reports until that many have carried it (Ledger.idleDone).
+	fullAt [idleFullReports]time.Duration
+	resync bool // a peer likely missed our reports (a silence, Receive): the next Tick sends a full report
+	stats  Stats
 
 	retires uint64              // retirements started (retire.go)
 	closing map[closeID]closing // closures of peers' retirements, until acknowledged
@@ -277,6 +281,9 @@ func New(cfg Config, self string, regions []RegionSpec, st Start, now time.Durat
 	}
 	l := &Ledger{cfg: cfg, self: -1, inc: st.Inc, keys: map[string]*key{}, started: now,
 		lastTick: now, runID: st.RunID, sent: map[uint64]time.Duration{}}
+	for i := range l.fullAt {
+		l.fullAt[i] = math.MinInt64
+	}
 	seen := map[string]bool{}
 	for i, r := range regions {
 		if r.Name == "" || seen[r.Name] || !(r.Weight > 0) || math.IsInf(r.Weight, 0) {

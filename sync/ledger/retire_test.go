@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Key churn in the randomized harness (simOpts.churn): keys die (no demand
@@ -430,4 +431,73 @@ func TestClosuresWaitForRoom(t *testing.T) {
 	}
 	t.Logf("%d keys retired with room for %d closures per report: forgotten in %d rounds, at most %d closures waiting; r0 retired %d, r1 %d",
 		keys, room, rounds, mostWaiting, c.l[0].retires, c.l[1].retires)
+}
+
+// TestIdleKeyInThreeFullReports: an idle key is carried by the next
+// idleFullReports full reports and then dropped from them (and, its pairs
+// zero, forgotten), however often reports go out. Here reports go out at
+// every Tick (another key's demand moves each one) while the heartbeat is
+// 1 s: counted in heartbeat periods, as before, the idle key rode 3
+// FullEvery heartbeats of full reports, 30 of them.
+func TestIdleKeyInThreeFullReports(t *testing.T) {
+	cfg := simConfig()
+	cfg.HeartbeatEvery, cfg.DemandBand, cfg.HalfLife = time.Second, 0, 0
+	specs := []RegionSpec{{"a", 1}, {"b", 1}}
+	reg, err := NewRegistry(cfg, specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := reg.Start("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.RunID = "run1"
+	l, err := New(cfg, "a", specs, st, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, idleAt := 0, time.Duration(-1)
+	for i := 1; i <= 2000 && l.keys["idle"] != nil || i < 10; i++ {
+		now := time.Duration(i) * cfg.Interval
+		l.Usage(now, "busy", 100, int64(5+10*(i%2)), 0) // moves every Tick
+		if i < 5 {
+			l.Usage(now, "idle", 100, 5, 0)
+		}
+		out := l.Tick(now)
+		for _, w := range out.Writes {
+			l.ShareApplied(now, w.Key, w.Version)
+		}
+		if k := l.keys["idle"]; k != nil && !k.active && idleAt < 0 {
+			idleAt = now
+		}
+		if idleAt < 0 || now == idleAt {
+			continue
+		}
+		if out.Report == nil {
+			t.Fatalf("tick %d: no report, though a key moved", i)
+		}
+		n := 0
+		for _, kr := range out.Report.Keys {
+			if kr.Key == "busy" {
+				n++
+			}
+		}
+		if n == 0 {
+			t.Fatalf("tick %d: busy key not reported", i)
+		}
+		for _, kr := range out.Report.Keys {
+			if kr.Key == "idle" {
+				full++
+			}
+		}
+	}
+	if idleAt < 0 {
+		t.Fatal("the key never went idle")
+	}
+	if l.keys["idle"] != nil {
+		t.Fatalf("the idle key is still held %v after it went idle", 2000*cfg.Interval-idleAt)
+	}
+	if full != idleFullReports {
+		t.Fatalf("the idle key rode %d reports after going idle, want %d (full reports)", full, idleFullReports)
+	}
 }

@@ -328,9 +328,8 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 	// The keys to report, in name order (Ledger.sorted): counted, then
 	// reported, two passes and no sort.
 	l.mergeKeys()
-	idle := l.idleReported()
 	due := func(k *key) bool {
-		return !gone(k) && (k.dirty || full && (k.active || now-k.idleAt < idle))
+		return !gone(k) && (k.dirty || full && (k.active || !l.idleDone(k)))
 	}
 	n := 0
 	for _, k := range l.sorted {
@@ -357,6 +356,10 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 		r.Keys = append(r.Keys, kr)
 	}
 	r.Closes = l.closures(r.Seq)
+	if full { // after the keys: this report counts for idleDone from now on
+		copy(l.fullAt[:], l.fullAt[1:])
+		l.fullAt[len(l.fullAt)-1] = now
+	}
 	return r
 }
 
