@@ -89,7 +89,8 @@
 //     the band) or, as a heartbeat carrying the acknowledgements, when
 //     HeartbeatEvery has passed since the last report (with HeartbeatEvery
 //     at most Interval at every Tick; 1 s by default), with the keys that
-//     changed; every FullEvery-th report of Tick carries every active key,
+//     changed; every FullEvery-th report of Tick carries every active key
+//     (and a key gone idle, in the next three such reports: idleDone),
 //     so a lost report is repaired within FullEvery reports, and so does
 //     the next Tick's report after a peer is heard again after a silence
 //     of more than two report periods (two intervals and a half without
@@ -494,8 +495,8 @@
 //
 // An idle key's counters are then forgotten by retirement (retire.go), so
 // memory and Tick follow the keys in use, not every key ever seen. A key
-// whose pairs are all zero is dropped at once (after the idle reports, so
-// peers learn it is idle): its state equals none. A peer that has not
+// whose pairs are all zero is dropped at once (after the three full reports
+// that carry it idle, so peers learn it is idle): its state equals none. A peer that has not
 // reported a key in 8 FullEvery of its reports (two full reports at least)
 // holds it idle or not at all:
 // the ledger's view of it is reset to its base with no demand (a peer that
