@@ -148,12 +148,6 @@ func (c Config) Validate() error {
 	case c.Signer != nil && c.PeerKeys[c.Region] != nil && !c.PeerKeys[c.Region].Equal(c.Signer.Public()):
 		return fmt.Errorf("%w: PeerKeys gives region %q another public key than its Signer's (%s)", ErrConfig, c.Region, c.Signer.PublicKey())
 	}
-	if c.Heartbeat < 0 {
-		return fmt.Errorf("%w: Heartbeat %v must not be negative", ErrConfig, c.Heartbeat)
-	}
-	if !(c.DemandBand >= 0 && c.DemandBand < 1) {
-		return fmt.Errorf("%w: DemandBand %v must be in [0, 1)", ErrConfig, c.DemandBand)
-	}
 	if c.WireVersion != 0 && c.WireVersion != 2 && c.WireVersion != 3 {
 		return fmt.Errorf("%w: WireVersion %d: 2 or 3", ErrConfig, c.WireVersion)
 	}

@@ -140,7 +140,7 @@ func TestRunCommandFlags(t *testing.T) {
 		{"bad record hold", []string{"--region", "a", "--etcd-endpoints", "x", "--record-hold", "-1s"}, "RecordHold"},
 		{"bad max usage keys", []string{"--region", "a", "--etcd-endpoints", "x", "--max-usage-keys", "0"}, "MaxUsageKeys"},
 		{"bad demand band", []string{"--region", "a", "--etcd-endpoints", "x", "--demand-band", "1"}, "DemandBand 1"},
-		{"negative heartbeat", []string{"--region", "a", "--etcd-endpoints", "x", "--heartbeat", "-1s"}, "Heartbeat -1s"},
+		{"negative heartbeat", []string{"--region", "a", "--etcd-endpoints", "x", "--heartbeat", "-1s"}, "HeartbeatEvery -1s"},
 		{"bad wire version", []string{"--region", "a", "--etcd-endpoints", "x", "--wire-version", "4"}, "WireVersion 4"},
 		{"bad demand half-life", []string{"--region", "a", "--etcd-endpoints", "x", "--demand-half-life", "-1s"}, "HalfLife"},
 		{"redis cert without key", []string{"--region", "a", "--etcd-endpoints", "x", "--redis-cert", "c.pem"}, "--redis-cert"},

@@ -293,9 +293,9 @@ func (c Config) Validate() error {
 	case c.FullEvery <= 0:
 		return fmt.Errorf("%w: FullEvery must be positive", ErrConfig)
 	case c.HeartbeatEvery < 0:
-		return fmt.Errorf("%w: HeartbeatEvery must not be negative", ErrConfig)
+		return fmt.Errorf("%w: HeartbeatEvery %v must not be negative", ErrConfig, c.HeartbeatEvery)
 	case !(c.DemandBand >= 0 && c.DemandBand < 1):
-		return fmt.Errorf("%w: DemandBand must be in [0, 1)", ErrConfig)
+		return fmt.Errorf("%w: DemandBand %v must be in [0, 1)", ErrConfig, c.DemandBand)
 	case c.DemandRefresh < 0:
 		return fmt.Errorf("%w: DemandRefresh must not be negative", ErrConfig)
 	case c.HalfLife < 0:
