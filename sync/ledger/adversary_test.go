@@ -144,14 +144,7 @@ func runAdversarySim(tb testing.TB, seed int64, o simOpts) advResult {
 	s.at(0, s.chaos)
 	s.run(int64(o.chaos))
 	s.heal() // the network heals; the adversary keeps replaying
-	// As in runSim: the time from the heal to the targets (0.1%).
-	healed, healedIn := s.now, time.Duration(-1)
-	for s.now < healed+int64(o.calm) && s.violation == "" {
-		s.run(s.now + int64(50*time.Millisecond))
-		if ok, _ := s.converged(s.cfg.Units / 1000); ok && healedIn < 0 {
-			healedIn = time.Duration(s.now - healed)
-		}
-	}
+	healedIn := s.calmPhase(o.calm, nil)
 	res := advResult{simResult: simResult{steps: s.steps, fences: s.fences, reclaims: s.reclaims, rejected: s.rejected,
 		raises: s.raises, violation: s.violation, healedIn: healedIn},
 		injected: a.injected, replayed: a.replayed, refused: a.refused, replayRejected: a.replayRejected,
@@ -169,11 +162,12 @@ func runAdversarySim(tb testing.TB, seed int64, o simOpts) advResult {
 // implausible, and once the network heals the shares reach the targets
 // within TestRandomized's bound (randomHealBound) and are there at the end
 // of the calm phase; a quarter of the seeds have a burst of 1 to 4 whole
-// tokens (smallLimit: their time is measured, as in TestRandomized). (A replayed report of a dead incarnation that had
-// frozen a live one used to fence the live one whenever it came: seed 141
-// of 300 at the targets 3.2 s after the heal, fenced at 13.2 s, off them
-// at 15 s. Receive now ignores such a freeze once the sender's successor
-// is known: TestFrozenAckOfSupersededIncarnation.)
+// tokens (smallLimit: their time is measured, as in TestRandomized).
+// (A replayed report of a dead incarnation that had frozen a live one used
+// to fence the live one whenever it came: seed 141 of 300 at the targets
+// 3.2 s after the heal, fenced at 13.2 s, off them at 15 s. Receive now
+// ignores such a freeze once the sender's successor is known:
+// TestFrozenAckOfSupersededIncarnation.)
 func TestRandomizedAdversary(t *testing.T) {
 	seeds := 60
 	if testing.Short() {

@@ -828,6 +828,23 @@ func (s *sim) convergedWith(tol int64, settling bool) (bool, string) {
 	return true, ""
 }
 
+// calmPhase runs calm more of the healed network in steps of 50 ms, calls
+// sample (if not nil) after each with the time since the heal, and returns
+// the time from the heal to the targets (0.1%), -1 if never.
+func (s *sim) calmPhase(calm time.Duration, sample func(since time.Duration)) time.Duration {
+	healed, healedIn := s.now, time.Duration(-1)
+	for s.now < healed+int64(calm) && s.violation == "" {
+		s.run(s.now + int64(50*time.Millisecond))
+		if ok, _ := s.converged(s.cfg.Units / 1000); ok && healedIn < 0 {
+			healedIn = time.Duration(s.now - healed)
+		}
+		if sample != nil {
+			sample(time.Duration(s.now - healed))
+		}
+	}
+	return healedIn
+}
+
 type simResult struct {
 	steps, fences, reclaims, rejected, raises int
 	violation, liveness, memory               string
@@ -851,18 +868,14 @@ func runSim(tb testing.TB, seed int64, o simOpts) simResult {
 	// churned key's settlement, after IdleAfter, moves whole debts for a
 	// while; band off, seed 467 had 10,083 units of one in flight 7.2 s
 	// after the heal, none after 7.5 s.)
-	healed, healedIn, strayed := s.now, time.Duration(-1), ""
-	for s.now < healed+int64(o.calm) && s.violation == "" {
-		s.run(s.now + int64(50*time.Millisecond))
-		if ok, _ := s.converged(s.cfg.Units / 1000); ok && healedIn < 0 {
-			healedIn = time.Duration(s.now - healed)
-		}
-		if since := time.Duration(s.now - healed); since > max(randomHealBound(s.cfg), 2*o.calm/3) && strayed == "" {
+	strayed := ""
+	healedIn := s.calmPhase(o.calm, func(since time.Duration) {
+		if since > max(randomHealBound(s.cfg), 2*o.calm/3) && strayed == "" {
 			if ok, why := s.converged(s.cfg.Units / 100); !ok {
 				strayed = fmt.Sprintf("%v after the heal: %s", since, why)
 			}
 		}
-	}
+	})
 	res := simResult{steps: s.steps, fences: s.fences, reclaims: s.reclaims, rejected: s.rejected, raises: s.raises, violation: s.violation, healedIn: healedIn, strayed: strayed}
 	if s.violation == "" {
 		if ok, why := s.convergedWith(int64(o.regions), true); !ok {
