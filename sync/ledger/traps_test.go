@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
 	"testing"
@@ -580,10 +581,12 @@ func TestNoGiftsToANewIncarnationThatCannotHearUs(t *testing.T) {
 // that says it froze us too ends our incarnation while it is the newest of
 // its region we know of (neither would take the other's gifts again), but
 // not once we heard its successor: the report is late or replayed, we pair
-// with the successor, and a replay must not fence a live region.
+// with the successor, and a replay must not fence a live region. After
+// the replay the regions keep exchanging and the key's shares still move
+// to the demand. Two regions, three and ten.
 func TestFrozenAckOfSupersededIncarnation(t *testing.T) {
 	// r0/1's report saying it froze r1's incarnation.
-	freezing := func(c *cluster) Report {
+	freezing := func(t *testing.T, c *cluster) Report {
 		c.now += c.cfg.Interval
 		rep := *c.l[0].Tick(c.now).Report
 		rep.Acks = append([]Ack(nil), rep.Acks...)
@@ -598,40 +601,61 @@ func TestFrozenAckOfSupersededIncarnation(t *testing.T) {
 		}
 		return rep
 	}
-	t.Run("current", func(t *testing.T) {
-		c := newCluster(t, 3)
-		for i := 0; i < 3; i++ {
-			c.exchange()
-		}
-		rep := freezing(c)
-		c.l[1].freeze(0, 1, c.now) // r1 froze r0/1 too (by silence)
-		out, err := c.l[1].Receive(c.now, rep)
-		if !errors.Is(err, ErrFrozenIncarnation) || !out.Fenced {
-			t.Fatalf("mutual freeze with r0's newest incarnation: err %v, fenced %v; want both", err, out.Fenced)
-		}
-	})
-	t.Run("superseded", func(t *testing.T) {
-		c := newCluster(t, 3)
-		for i := 0; i < 3; i++ {
-			c.exchange()
-		}
-		rep := freezing(c)
-		c.start(0) // r0/2
-		c.now += c.cfg.Interval
-		succ := c.l[0].Tick(c.now).Report
-		if succ == nil || succ.Inc != 2 {
-			t.Fatalf("setup: r0's successor did not report: %+v", succ)
-		}
-		c.deliver(1, succ) // r1 freezes r0/1 on hearing r0/2
-		before := snapshot(c.l[1])
-		out, err := c.l[1].Receive(c.now, rep)
-		if !errors.Is(err, ErrFrozenIncarnation) || out.Fenced || c.l[1].fenced {
-			t.Fatalf("r0/1's freeze heard after r0/2: err %v, fenced %v; want ErrFrozenIncarnation and no fence", err, out.Fenced)
-		}
-		after := snapshot(c.l[1])
-		after.stats = before.stats
-		if !reflect.DeepEqual(before, after) {
-			t.Fatal("state changed")
-		}
-	})
+	for _, n := range []int{2, 3, 10} {
+		t.Run(fmt.Sprintf("current/%d", n), func(t *testing.T) {
+			c := newCluster(t, n)
+			for i := 0; i < 3; i++ {
+				c.exchange()
+			}
+			rep := freezing(t, c)
+			c.l[1].freeze(0, 1, c.now) // r1 froze r0/1 too (by silence)
+			out, err := c.l[1].Receive(c.now, rep)
+			if !errors.Is(err, ErrFrozenIncarnation) || !out.Fenced {
+				t.Fatalf("mutual freeze with r0's newest incarnation: err %v, fenced %v; want both", err, out.Fenced)
+			}
+		})
+		t.Run(fmt.Sprintf("superseded/%d", n), func(t *testing.T) {
+			c := newCluster(t, n)
+			for i := 0; i < 3; i++ {
+				c.exchange()
+			}
+			rep := freezing(t, c)
+			c.start(0) // r0/2
+			c.now += c.cfg.Interval
+			succ := c.l[0].Tick(c.now).Report
+			if succ == nil || succ.Inc != 2 {
+				t.Fatalf("setup: r0's successor did not report: %+v", succ)
+			}
+			c.deliver(1, succ) // r1 freezes r0/1 on hearing r0/2
+			before := snapshot(c.l[1])
+			out, err := c.l[1].Receive(c.now, rep)
+			if !errors.Is(err, ErrFrozenIncarnation) || out.Fenced || c.l[1].fenced {
+				t.Fatalf("r0/1's freeze heard after r0/2: err %v, fenced %v; want ErrFrozenIncarnation and no fence", err, out.Fenced)
+			}
+			after := snapshot(c.l[1])
+			after.stats = before.stats
+			if !reflect.DeepEqual(before, after) {
+				t.Fatal("state changed")
+			}
+			// Liveness: r1 still takes part. Demand moves to r1; every
+			// report is accepted (exchange fails on a rejection), r0/2
+			// hears r1 acknowledge it, and with a third region r1 ends
+			// above its base. (With two, r0/2 holds only its floor until
+			// r0/1's reclaim, which this harness does not record; the
+			// randomized adversary runs that end to end, LEDGER_REGIONS=2.)
+			c.use[1] = 100
+			for i := 0; i < 60; i++ {
+				c.exchange()
+			}
+			if c.l[1].fenced {
+				t.Fatal("r1 fenced after the replay")
+			}
+			if c.l[0].peers[1].ackedSend == 0 {
+				t.Fatal("r1 never acknowledged r0/2 after the replay")
+			}
+			if p := c.l[1].Position("k"); n > 2 && p.Units <= p.Initial {
+				t.Fatalf("r1's share did not follow its demand after the replay: %d units, base %d", p.Units, p.Initial)
+			}
+		})
+	}
 }
