@@ -482,8 +482,9 @@ const idleFullReports = 3
 // reports, not in time: until 3 December 2026 an idle key stayed in full
 // reports for 3 FullEvery heartbeats (16.4 s at the defaults) even when
 // reports went out at every Tick, so an agent with many keys moving
-// carried each idle key 6.85 times as long as it needed to (rlsim hot-key,
-// 60 s: 634 B/key/s against 452 with this count, same utilization).
+// carried each idle key 6.85 times as long as it needed to (`go run
+// ./cmd/rlsim run simulations/scenarios/hot-key.yaml --duration 60s`: 634
+// B/key/s against 452 with this count, same utilization).
 func (l *Ledger) idleDone(k *key) bool { return l.fullAt[0] >= k.idleAt }
 
 // idleReported bounds how long an idle key stays in full reports: three
