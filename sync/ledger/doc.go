@@ -152,8 +152,10 @@
 // incarnation is the newest of its region we know of (then neither of the
 // two would ever take the other's gifts again, and our successor pairs
 // with it anew); a freeze heard from an incarnation whose successor we
-// have heard is late or replayed, and is ignored with the rest of its
-// report (TestFrozenAckOfSupersededIncarnation).
+// have heard, or the registry shows registered (Start.Live, a reclaim
+// record), is late or replayed, and is ignored with the rest of its
+// report: the successor pairs with us, or says it froze us in its own
+// reports (TestFrozenAckOfSupersededIncarnation).
 //
 // Heartbeats (1 s by default: see Config.HeartbeatEvery). With HeartbeatEvery
 // above Interval a Tick with nothing

@@ -20,6 +20,10 @@ type Start struct {
 	Inc uint64
 	// Known is, per other region, the lowest incarnation this life may pair with.
 	Known []Incarnation
+	// Live is, per other region that has one, its latest registered
+	// incarnation whose reclaim is not complete: it exists, so every
+	// earlier incarnation of that region is superseded (Ledger.superseded).
+	Live []Incarnation
 	// RunID identifies the current contents of the local store (Redis run id).
 	RunID string
 }
@@ -191,6 +195,7 @@ type peer struct {
 	lastSeq   uint64
 	ackedSend time.Duration // our clock: send time of our newest report it acknowledged
 	frozenInc uint64        // every incarnation <= frozenInc is frozen
+	known     uint64        // the highest incarnation the registry showed to exist
 	base      int64
 	pending   map[uint64]Contribution // contributions not yet seen in the registry
 	wanted    map[uint64]bool         // incarnations the registry needs our contribution for
@@ -323,6 +328,13 @@ func New(cfg Config, self string, regions []RegionSpec, st Start, now time.Durat
 		}
 		l.peers[i].inc = k.Inc
 		l.peers[i].frozenInc = k.Inc - 1
+	}
+	for _, k := range st.Live {
+		i := l.index(k.Region)
+		if i < 0 || i == l.self || k.Inc == 0 {
+			return nil, fmt.Errorf("%w: live incarnation %v", ErrUnknownRegion, k)
+		}
+		l.peers[i].known = max(l.peers[i].known, k.Inc)
 	}
 	return l, nil
 }

@@ -146,11 +146,13 @@ func (l *Ledger) frozenBy(r Report) bool {
 }
 
 // superseded reports whether r's sender incarnation, one we froze, has a
-// successor we have heard from or know of (freeze leaves peer.inc at the
-// frozen incarnation's next, unseen).
+// successor we have heard from or know of: one we froze too, or one the
+// registry showed registered (Start.Live, a reclaim record). Freeze leaves
+// peer.inc at the frozen incarnation's next, which may not exist, so that
+// alone proves nothing.
 func (l *Ledger) superseded(r Report) bool {
 	p := &l.peers[l.index(r.From)]
-	return p.inc > r.Inc+1 || p.inc == r.Inc+1 && p.seen
+	return p.inc > r.Inc+1 || p.inc == r.Inc+1 && p.seen || p.known > r.Inc
 }
 
 // mergeSpan: check merges a report with the ledger's keys when the keys held

@@ -172,6 +172,7 @@ func (l *Ledger) ReclaimRecorded(now time.Duration, rec Record) Output {
 			delete(p.pending, rec.Of.Inc)
 		}
 	}
+	p.known = max(p.known, rec.Of.Inc) // a record is of a registered incarnation
 	if !rec.Complete {
 		for _, q := range rec.Required {
 			if q == me && rec.Of.Inc >= p.inc {

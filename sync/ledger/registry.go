@@ -130,6 +130,8 @@ func (r *Registry) Start(region string) (Start, error) {
 			k.Inc = c.id.Inc
 			if r.complete(c.id) {
 				k.Inc++
+			} else {
+				st.Live = append(st.Live, c.id)
 			}
 		}
 		st.Known = append(st.Known, k)

@@ -657,5 +657,85 @@ func TestFrozenAckOfSupersededIncarnation(t *testing.T) {
 				t.Fatalf("r1's share did not follow its demand after the replay: %d units, base %d", p.Units, p.Initial)
 			}
 		})
+		// r1 restarts after r0/2 registered: r1/2 starts with r0/1 frozen
+		// and has not heard r0/2 (freeze alone would not tell it exists);
+		// the registry does (Start.Live). A zombie r0/1 then says it froze
+		// r1/2: no fence. Without Live, r1/2 would fence (the control).
+		for _, live := range []bool{true, false} {
+			t.Run(fmt.Sprintf("registry/live=%v/%d", live, n), func(t *testing.T) {
+				c := newCluster(t, n)
+				for i := 0; i < 3; i++ {
+					c.exchange()
+				}
+				zombie := c.l[0]
+				c.start(0) // r0/2
+				succ := c.l[0]
+				if !live {
+					// r1's registry view without r0/2: a Start by hand
+					st, err := c.reg.Start("r1")
+					if err != nil {
+						t.Fatal(err)
+					}
+					st.RunID, st.Live = "run1", nil
+					l, err := New(c.cfg, "r1", c.spec, st, c.now)
+					if err != nil {
+						t.Fatal(err)
+					}
+					c.l[1] = l
+				} else {
+					c.start(1) // r1/2
+				}
+				if got := c.l[1].Incarnation().Inc; got != 2 {
+					t.Fatalf("setup: r1 at incarnation %d, want 2", got)
+				}
+				if p := c.l[1].peers[0]; p.frozenInc != 1 || p.seen {
+					t.Fatalf("setup: r1/2's view of r0: frozen up to %d, seen %v; want 1 and not seen", p.frozenInc, p.seen)
+				}
+				c.now += c.cfg.Interval
+				rep := *zombie.Tick(c.now).Report
+				rep.Acks = append([]Ack(nil), rep.Acks...)
+				found := false
+				for i := range rep.Acks {
+					if rep.Acks[i].Region == "r1" {
+						rep.Acks[i] = Ack{Region: "r1", Inc: 2, Frozen: true}
+						found = true
+					}
+				}
+				if !found {
+					t.Fatalf("setup: r0/1's report acknowledges no r1: %+v", rep.Acks)
+				}
+				before := snapshot(c.l[1])
+				out, err := c.l[1].Receive(c.now, rep)
+				if !errors.Is(err, ErrFrozenIncarnation) {
+					t.Fatalf("r0/1's report to r1/2: err %v, want ErrFrozenIncarnation", err)
+				}
+				if !live {
+					if !out.Fenced {
+						t.Fatal("control: without the registry's r0/2, r1/2 did not fence")
+					}
+					return
+				}
+				if out.Fenced || c.l[1].fenced {
+					t.Fatal("r1/2 fenced on a freeze from r0/1, which the registry shows superseded by r0/2")
+				}
+				after := snapshot(c.l[1])
+				after.stats = before.stats
+				if !reflect.DeepEqual(before, after) {
+					t.Fatal("state changed")
+				}
+				// Liveness: r0/2 and r1/2 pair (every report accepted).
+				c.l[0] = succ
+				c.use[1] = 100
+				for i := 0; i < 60; i++ {
+					c.exchange()
+				}
+				if c.l[1].fenced || c.l[0].fenced {
+					t.Fatal("a region fenced after the zombie's report")
+				}
+				if c.l[0].peers[1].ackedSend == 0 || c.l[1].peers[0].ackedSend == 0 {
+					t.Fatal("r0/2 and r1/2 never acknowledged each other")
+				}
+			})
+		}
 	}
 }
