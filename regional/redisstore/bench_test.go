@@ -142,3 +142,34 @@ func BenchmarkCheckGlobal(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkWriteShares measures one WriteShares call of n share records
+// (a sync agent's store call; the agent writes a flush's records in calls
+// of at most 1,024): per record, the time and the heap the call allocates,
+// most of it go-redis's command for each record, held until the call
+// returns.
+//
+//	go test -run '^$' -bench WriteShares -benchmem ./regional/redisstore/
+func BenchmarkWriteShares(b *testing.B) {
+	s := newEnv(b, true).store
+	ctx := context.Background()
+	for _, n := range []int{256, 1024, 4096} {
+		recs := make([]ShareRecord, n)
+		for i := range recs {
+			recs[i] = ShareRecord{Key: Key(fmt.Sprintf("user:%d", i), "g"), Inc: 1, Units: 250, Capacity: 1e6, Rate: 1e6,
+				Total: 1000, Floor: 25, TTL: time.Minute, Hold: time.Hour}
+		}
+		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				for j := range recs {
+					recs[j].Seq = uint64(i + 1)
+				}
+				if _, err := s.WriteShares(ctx, "g", recs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
+		})
+	}
+}

@@ -45,6 +45,8 @@ import (
 // lease is 30 intervals whatever it is, and the heap per key does not
 // depend on it, but whether three loops keep up on two shared cores does
 // (a loop that falls behind holds reports queued and in hand).
+// APPORTION_BENCH_SITES (any value) logs every sample's ten largest
+// allocating functions, not only those of the least sample.
 func BenchmarkAgent100kKeys(b *testing.B) {
 	benchAgent(b, benchKeys(), benchInterval(500*time.Millisecond))
 }
@@ -161,6 +163,11 @@ func benchAgent(b *testing.B, keys int, iv time.Duration) {
 			full = full && held[n] >= keys
 		}
 		b.Logf("sample: %.0f B/key/region (queued reports %.0f), keys held %v", (o+q)/3/float64(keys), q/3/float64(keys), held)
+		if os.Getenv("APPORTION_BENCH_SITES") != "" {
+			for _, st := range sites[:min(len(sites), 10)] {
+				b.Logf("  %8.1f B/key/region  %s", st.bytes/3/float64(keys), st.site)
+			}
+		}
 		return o + q, full, sites
 	}
 	var own, ownMax float64

@@ -47,7 +47,9 @@ func StoreWrites(ws []ledger.Write, p StoreRule) ([]redisstore.ShareRecord, []re
 		ttl = time.Duration(float64(base.Capacity) / float64(base.Rate) * float64(time.Second))
 	}
 	base.TTL = min(ttl+time.Second, 365*24*time.Hour)
-	var recs []redisstore.ShareRecord
+	// Sized once (a marker or two too many): grown by append, a chunk of
+	// the agent's writes left its smaller copies to the next GC.
+	recs := make([]redisstore.ShareRecord, 0, len(ws))
 	var markers []redisstore.Marker
 	for _, w := range ws {
 		if w.Key == ledger.MarkerKey {
