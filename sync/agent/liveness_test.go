@@ -8,20 +8,20 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/internal/testutil"
-	"github.com/apportion/apportion/regional/usage"
+	"github.com/apportion/apportion/regional/usage/usagetest"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/sync/ledger"
-	"github.com/nats-io/nats.go"
 )
 
 // liveRestartBound is how long after its agent restarts a region whose
 // clients send all the demand may take to serve the whole limit again.
-// What it takes: the peers hear the new incarnation, freeze the old one and reclaim
-// what it held through etcd (a registry round trip each; with three
-// regions or more they may have reclaimed it by its silence already), the
-// new incarnation's demand estimate counts, and the gifts reach it.
-// Measured 0.4-1.1 s in every case, also with the race detector while a
-// fuzz pass used both cores (restartLiveness logs each case's time).
+// What it takes: the peers hear the new incarnation, freeze the old one
+// and reclaim what it held through etcd (a registry round trip each; with
+// three regions or more they may have reclaimed it by its silence
+// already), the new incarnation's demand estimate counts, and the gifts
+// reach it. Measured 0.4-1.1 s in every case, also with the race detector
+// while a fuzz pass used both cores (restartLiveness logs each case's
+// time).
 const liveRestartBound = 10 * time.Second
 
 // TestRestartLiveness: one region's clients send twice a global limit, the
@@ -83,7 +83,7 @@ func restartLiveness(t *testing.T, n int, rate int64, down time.Duration) {
 	}
 
 	sm := startSampler(t, s, U)
-	stopLoad := demandIn(t, s.cluster["a"].Connect(t), "a", 2*float64(rate))
+	stopLoad := usagetest.Publish(t, s.cluster["a"].Connect(t), "a", testRule, testKey, 2*float64(rate))
 	t0 := time.Now()
 	testutil.WaitFor(t, liveRestartBound, "a to hold the limit", func() bool { return s.enforced("a", testKey) >= serving })
 	t.Logf("a holds %d of %d units %v after its demand began", s.enforced("a", testKey), U, time.Since(t0).Round(time.Millisecond))
@@ -142,44 +142,4 @@ func others(s *stack, names []string) int64 {
 		sum += s.regions[nm].agent.Shares(testRule)[testKey]
 	}
 	return sum
-}
-
-// demandIn publishes usage of testKey in region every 50 ms, perSecond
-// requests a second in whole requests (three quarters admitted), until the
-// returned stop is called (or the test ends).
-func demandIn(t *testing.T, nc *nats.Conn, region string, perSecond float64) (stop func()) {
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		tk := time.NewTicker(50 * time.Millisecond)
-		defer tk.Stop()
-		var owed float64
-		seq := uint64(0)
-		for {
-			select {
-			case <-quit:
-				return
-			case <-tk.C:
-			}
-			owed += perSecond / 20
-			n := int64(owed)
-			if n == 0 {
-				continue
-			}
-			owed -= float64(n)
-			seq++
-			b, _ := usage.Encode(usage.Batch{Region: region, Enforcer: "test", Seq: seq,
-				Deltas: []usage.Delta{{Rule: testRule, Key: testKey, Admitted: n - n/4, Rejected: n / 4}}})
-			nc.Publish(usage.Subject(region), b)
-		}
-	}()
-	var once atomic.Bool
-	stop = func() {
-		if once.CompareAndSwap(false, true) {
-			close(quit)
-			<-done
-		}
-	}
-	t.Cleanup(stop)
-	return stop
 }

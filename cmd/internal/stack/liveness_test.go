@@ -1,0 +1,165 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/internal/testutil"
+	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
+	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/regional/usage/usagetest"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// partitionHealBound is how long after a partition heals the cut region,
+// whose clients send all the demand, may take to serve the whole limit
+// again: the gateways reconnect (the NATS servers redial a dropped gateway
+// about every second), the peers hear its new incarnation (it fenced in
+// the cut) and pay out the reclaim, and the gifts reach it. Measured
+// 2.0-2.7 s, and 5.2-7.8 s with the race detector.
+const partitionHealBound = 15 * time.Second
+
+// TestPartitionLiveness cuts off the region that sends all the demand of a
+// global limit (twice the limit; the others send nothing) for two leases,
+// then heals the cut, on the real stack: redis-server, an embedded NATS
+// super-cluster whose gateways go through proxies, ratelimitd and the sync
+// agent per region, one etcd. The region's enforced capacity is read with
+// CheckLimit from its own enforcer (the bucket's limit in the answer).
+// Asserted: with two regions the cut region keeps serving the limit through
+// the cut (neither side can reclaim the other by silence); with ten it
+// falls to its floor during the cut (it fences: the others reclaim its
+// share); either way it serves the whole limit again within
+// partitionHealBound of the heal. At 1/s (burst 1) and 10,000/s (burst
+// 10,000).
+func TestPartitionLiveness(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: starts the whole stack")
+	}
+	testutil.RedisServerPath(t)
+	for _, n := range []int{2, 10} {
+		for _, rate := range []int64{1, 10_000} {
+			t.Run(fmt.Sprintf("regions=%d/rate=%d", n, rate), func(t *testing.T) { partitionLiveness(t, n, rate) })
+		}
+	}
+}
+
+func partitionLiveness(t *testing.T, n int, rate int64) {
+	// The agents' default lease. At 1 s, ten regions under the race
+	// detector (ten agents and ten enforcers in one process on two cores)
+	// heard each other late enough to fence six regions during a's cut.
+	const lease = 3 * time.Second
+	var names, weights []string
+	for i := range n {
+		names = append(names, string(rune('a'+i)))
+		weights = append(weights, names[i]+": 1")
+	}
+	rule := fmt.Sprintf(`
+- id: g
+  match: { resource: "GET /g" }
+  algorithm: token_bucket
+  capacity: %d
+  refill_per_second: %d
+  scope: global
+  regions: { %s }
+  min_share: 0
+`, rate, rate, strings.Join(weights, ", "))
+	ctx := context.Background()
+	start := time.Now()
+	s, err := Start(ctx, Config{RegionNames: names, Rules: []byte(rule), Partitionable: true,
+		EnforcerTimeout: 2 * time.Second, SyncLease: lease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	t.Logf("%d regions started in %v", n, time.Since(start).Round(time.Millisecond))
+	cc, err := grpc.NewClient(s.Regions[0].GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	client := ratelimitv1.NewRateLimiterClient(cc)
+	req := &ratelimitv1.CheckLimitRequest{ClientKey: "user:p", Resource: "GET /g"}
+	// limit is the capacity a's store enforces for the key now.
+	limit := func() int64 {
+		resp, err := client.CheckLimit(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.FailOpen {
+			t.Fatal("a fail-open answer: Redis is healthy, the store timeout 2 s")
+		}
+		return resp.Limit
+	}
+	serving := rate // burst 1: the whole token
+	if rate > 1 {
+		serving = rate * 9 / 10
+	}
+	nc, err := nats.Connect(s.Regions[0].NATSURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	stop := usagetest.Publish(t, nc, "a", "g", redisstore.Key("user:p", "g"), 2*float64(rate))
+	defer stop()
+	t0 := time.Now()
+	testutil.WaitFor(t, 30*time.Second, "a to hold the limit", func() bool { return limit() >= serving })
+	t.Logf("a holds %d of %d %v after its demand began", limit(), rate, time.Since(t0).Round(time.Millisecond))
+
+	if err := s.Partition("a", true); err != nil {
+		t.Fatal(err)
+	}
+	cut := time.Now()
+	if n > 2 {
+		testutil.WaitFor(t, 2*lease, "a to fall to its floor in the cut", func() bool { return limit() == 0 })
+		t.Logf("a at its floor %v into the cut", time.Since(cut).Round(time.Millisecond))
+	}
+	var least atomic.Int64
+	least.Store(rate)
+	for time.Since(cut) < 2*lease { // the cut's length, sampled
+		least.Store(min(least.Load(), limit()))
+		time.Sleep(50 * time.Millisecond)
+	}
+	last := limit()
+	// The cut is real: a's agent has heard no peer for most of it.
+	if lag := peerLag(t, s.Regions[0].AgentHTTPAddr, "b"); lag < lease.Seconds() {
+		t.Fatalf("a's agent heard b %.1f s before the cut's end: the cut did not hold", lag)
+	}
+	if n == 2 && (least.Load() < serving || last < serving) {
+		t.Fatalf("two regions: a enforced %d at least and %d at the end of the cut, want >= %d: a cut-off side of two keeps its position", least.Load(), last, serving)
+	}
+	t.Logf("cut for %v: a enforced at least %d, %d at the end (limit %d)", time.Since(cut).Round(time.Millisecond), least.Load(), last, rate)
+
+	if err := s.Partition("a", false); err != nil {
+		t.Fatal(err)
+	}
+	healed := time.Now()
+	testutil.WaitFor(t, partitionHealBound, "a to serve the limit again after the heal", func() bool { return limit() >= serving })
+	t.Logf("healed: a enforces %d of %d again after %v (bound %v)", limit(), rate, time.Since(healed).Round(time.Millisecond), partitionHealBound)
+}
+
+// peerLag is the seconds since the agent at addr last accepted a report of peer.
+func peerLag(t *testing.T, addr, peer string) float64 {
+	mfs, err := Scrape(context.Background(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mf := mfs["apportion_sync_peer_lag_seconds"]; mf != nil {
+		for _, m := range mf.GetMetric() {
+			if Label(m, "peer") == peer {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	t.Fatalf("agent %s exports no apportion_sync_peer_lag_seconds for %s", addr, peer)
+	return 0
+}
