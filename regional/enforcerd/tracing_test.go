@@ -101,22 +101,36 @@ func TestTracing(t *testing.T) {
 			ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent",
 				"00-"+parent.TraceID().String()+"-"+parent.SpanID().String()+"-01")
 			const key = "secret-user-7731"
+			// A server span ends after its answer is sent, so the client
+			// may have the answer first: each call waits for its span (the
+			// spans then come in call order; once, CheckLimits' ended after
+			// the next call's). The health check goes first: a span of it
+			// would be the first.
+			if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+				t.Fatal(err)
+			}
+			spansSoFar := 0
+			ended := func() {
+				t.Helper()
+				spansSoFar++
+				testutil.WaitFor(t, 5*time.Second, "the call's span", func() bool { return len(exp.GetSpans()) >= spansSoFar })
+			}
 			for range 2 {
 				if _, err := rl.CheckLimit(ctx, &ratelimitv1.CheckLimitRequest{ClientKey: key, Resource: "POST /orders"}); err != nil {
 					t.Fatal(err)
 				}
+				ended()
 			}
 			if _, err := rl.CheckLimits(ctx, &ratelimitv1.CheckLimitsRequest{Requests: []*ratelimitv1.CheckLimitRequest{
 				{ClientKey: key, Resource: "POST /orders"}, {ClientKey: "other", Resource: "POST /orders"}, {ClientKey: "x", Resource: "GET /"}}}); err != nil {
 				t.Fatal(err)
 			}
+			ended()
 			if _, err := envoyrl.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &envoyrl.RateLimitRequest{Domain: "edge",
 				Descriptors: []*commonv3.RateLimitDescriptor{{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "client_key", Value: key}}}}}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
-				t.Fatal(err)
-			}
+			ended()
 
 			spans := exp.GetSpans().Snapshots()
 			var names []string
