@@ -16,7 +16,7 @@ import (
 const ms = time.Millisecond
 
 type cluster struct {
-	t    *testing.T
+	t    testing.TB
 	cfg  Config
 	spec []RegionSpec
 	reg  *Registry
@@ -27,7 +27,7 @@ type cluster struct {
 	got  []Contribution
 }
 
-func newCluster(t *testing.T, n int) *cluster {
+func newCluster(t testing.TB, n int) *cluster {
 	t.Helper()
 	c := &cluster{t: t, cfg: simConfig()}
 	c.cfg.HalfLife = 0
