@@ -107,9 +107,11 @@ func (l *Ledger) StoreReset(now time.Duration, runID string) Output {
 	}
 	l.runID, l.markerOK, l.reset, l.wasReset, l.creating = runID, false, true, true, Version{}
 	var out Output
-	for _, n := range l.Keys() {
-		k := l.keys[n]
-		if !k.written {
+	l.mergeKeys()
+	// In name order, as Keys gave them, without sorting every name (0.4-0.5 s
+	// at 1,000,000 keys: BenchmarkFreezeAndReset).
+	for _, k := range l.sorted {
+		if gone(k) || !k.written {
 			continue
 		}
 		k.force = true

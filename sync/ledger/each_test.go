@@ -51,15 +51,42 @@ func TestEachVisitsEveryKeyOnce(t *testing.T) {
 //
 //	go test -run '^$' -bench Each -benchtime 10x ./sync/ledger/
 func BenchmarkEach(b *testing.B) {
+	_, l := millionKeys(b)
+	b.ResetTimer()
+	for range b.N {
+		var sum int64
+		l.Each(func(_ string, s Share) { sum += s.Units })
+	}
+}
+
+// BenchmarkFreezeAndReset freezes a peer's incarnation and tells of a store
+// reset on a ledger of 1,000,000 keys: both visit every key in name order
+// on the agent's loop, when a peer restarts or is reclaimed and when Redis
+// comes back empty.
+//
+//	go test -run '^$' -bench FreezeAndReset -benchtime 5x ./sync/ledger/
+func BenchmarkFreezeAndReset(b *testing.B) {
+	c, l := millionKeys(b)
+	b.Run("freeze", func(b *testing.B) {
+		for range b.N {
+			l.freeze(1, l.peers[1].inc, c.now)
+		}
+	})
+	b.Run("store-reset", func(b *testing.B) {
+		for i := range b.N {
+			l.StoreReset(c.now, fmt.Sprint("run-", i))
+		}
+	})
+}
+
+// millionKeys is a three-region cluster whose first ledger holds 1,000,000
+// keys, merged into its name order.
+func millionKeys(b *testing.B) (*cluster, *Ledger) {
 	c := newCluster(b, 3)
 	l := c.l[0]
 	for i := range 1_000_000 {
 		l.Usage(c.now, fmt.Sprintf("rl:{user:%d}:r", i), 100, 1, 0)
 	}
 	l.mergeKeys()
-	b.ResetTimer()
-	for range b.N {
-		var sum int64
-		l.Each(func(_ string, s Share) { sum += s.Units })
-	}
+	return c, l
 }
