@@ -52,12 +52,13 @@ func (l *Ledger) confirm(name string, v Version) bool {
 	if name == MarkerKey {
 		if l.creating != (Version{}) && !v.Less(l.creating) {
 			l.markerOK, l.everOK, l.reset, l.creating = true, true, false, Version{}
-			for _, k := range l.keys {
+			l.held(func(k *key) bool {
 				if k.rare != nil {
 					k.rare.reassert = Version{}
 					k.dropRare()
 				}
-			}
+				return true
+			})
 		}
 		return false
 	}

@@ -407,22 +407,29 @@ func (l *Ledger) Position(name string) Share {
 // (Position's), in no particular order; fn must not call the ledger. It
 // allocates nothing: a reader that wants a few keys of many (the hottest,
 // the largest) need not copy them all.
-//
-// It walks Ledger.sorted and Ledger.added (every key held is in one of
-// them; a forgotten one may still be, and is skipped), not the map: at
-// 1,000,000 keys the map's walk took 210 ms on the agent's loop.
 func (l *Ledger) Each(fn func(name string, s Share)) {
 	s := Share{Floor: l.floor[l.self], Initial: l.base}
+	l.held(func(k *key) bool {
+		s.Units, s.Demand, s.Reported, s.Active = l.position(k), int64(k.demand), k.reported(), k.active
+		if l.fenced {
+			s.Units = s.Floor
+		}
+		fn(k.name, s)
+		return true
+	})
+}
+
+// held calls fn with every key held, in no particular order, until fn
+// returns false. It walks Ledger.sorted and Ledger.added, which hold every
+// key (a forgotten one may still be in them, and is skipped), not the map
+// Ledger.keys: at 1,000,000 keys the map's walk took 209 ms, the lists'
+// 27 ms (BenchmarkEach). fn must not add or forget keys.
+func (l *Ledger) held(fn func(k *key) bool) {
 	for _, ks := range [2][]*key{l.sorted, l.added} {
 		for _, k := range ks {
-			if gone(k) {
-				continue
+			if !gone(k) && !fn(k) {
+				return
 			}
-			s.Units, s.Demand, s.Reported, s.Active = l.position(k), int64(k.demand), k.reported(), k.active
-			if l.fenced {
-				s.Units = s.Floor
-			}
-			fn(k.name, s)
 		}
 	}
 }

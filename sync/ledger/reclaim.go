@@ -47,12 +47,12 @@ func (l *Ledger) holdsMore() bool {
 	if l.base > f {
 		return true
 	}
-	for _, k := range l.keys {
-		if l.position(k) > f {
-			return true
-		}
-	}
-	return false
+	more := false
+	l.held(func(k *key) bool {
+		more = l.position(k) > f
+		return !more
+	})
+	return more
 }
 
 // joined reports whether a peer has acknowledged one of our reports within
@@ -92,9 +92,10 @@ func (l *Ledger) payOwed(now time.Duration) {
 		}
 	}
 	if l.owed.Base != l.paid.Base {
-		for _, k := range l.keys {
+		l.held(func(k *key) bool {
 			k.dirty = true // every position moved
-		}
+			return true
+		})
 	}
 	l.paid = l.owed
 }

@@ -64,12 +64,13 @@ func (l *Ledger) storeLease(now time.Duration) time.Duration {
 func (l *Ledger) markerDefault() int64 {
 	u := l.base
 	if u > l.markerUnits {
-		for _, k := range l.keys {
+		l.held(func(k *key) bool {
 			if l.position(k) < u && !(k.written && !k.wRelease && k.confSeq >= k.wSeq) {
 				u = l.markerUnits
-				break
+				return false
 			}
-		}
+			return true
+		})
 	}
 	l.markerUnits = u
 	return u
@@ -90,10 +91,13 @@ func (l *Ledger) marker(now time.Duration) (Write, bool) {
 		return Write{Key: MarkerKey, Version: Version{l.inc, l.wseq}, Units: l.markerDefault(), Lease: lease}, true
 	}
 	if l.reset {
-		for _, k := range l.keys {
-			if k.rare != nil && k.rare.reassert != (Version{}) && l.version(k.confSeq).Less(k.rare.reassert) {
-				return Write{}, false
-			}
+		pending := false
+		l.held(func(k *key) bool {
+			pending = k.rare != nil && k.rare.reassert != (Version{}) && l.version(k.confSeq).Less(k.rare.reassert)
+			return !pending
+		})
+		if pending {
+			return Write{}, false
 		}
 	}
 	if l.creating != (Version{}) && now-l.createAt < l.cfg.RetryWrite {
