@@ -221,7 +221,8 @@ func NextFlush(now time.Time, interval time.Duration) time.Time {
 func (p *Publisher) run(ctx context.Context) {
 	defer close(p.done)
 	wait := p.interval // the backoff after failed flushes
-	t := time.NewTimer(time.Until(NextFlush(time.Now(), p.interval)))
+	untilNext := func() time.Duration { return time.Until(NextFlush(time.Now(), p.interval)) }
+	t := time.NewTimer(untilNext())
 	defer t.Stop()
 	for {
 		select {
@@ -234,7 +235,7 @@ func (p *Publisher) run(ctx context.Context) {
 			// Hold the deltas in the Recorder until the connection is back.
 			p.log.Log(slog.LevelWarn, "usage-not-connected", "usage: NATS not connected, holding deltas",
 				"region", p.region, "status", st.String())
-			t.Reset(time.Until(NextFlush(time.Now(), p.interval)))
+			t.Reset(untilNext())
 			continue
 		}
 		if err := p.flush(); err != nil {
@@ -245,7 +246,7 @@ func (p *Publisher) run(ctx context.Context) {
 			continue
 		}
 		wait = p.interval
-		t.Reset(time.Until(NextFlush(time.Now(), p.interval)))
+		t.Reset(untilNext())
 	}
 }
 

@@ -103,7 +103,7 @@ func (a *Agent) checkRunID(ctx context.Context) {
 // scheduling: an interval with none, and the next with two. A tick that
 // runs late skips to the next slot, as a ticker drops ticks.
 func nextTick(now time.Time, interval time.Duration) time.Time {
-	t := now.Truncate(interval).Add(interval)
+	t := usage.NextFlush(now, interval) // the next multiple of interval
 	const p, off = usage.DefaultInterval, usage.DefaultInterval / 2
 	if interval < p {
 		return t
