@@ -2,6 +2,7 @@ package agent
 
 import (
 	"cmp"
+	"container/heap"
 	"context"
 	"fmt"
 	"slices"
@@ -55,61 +56,44 @@ func (a *Agent) eachKey(fn func(rule, key string, s ledger.Share)) {
 	}
 }
 
-// topN keeps the n first of the keys added by cmp's order, in a heap whose
-// root is the last of those kept: a key that does not come before it costs
-// one comparison, and one that does replaces it (log n comparisons). It
-// runs on the agent's loop over every key (the shares view, the hottest
-// keys' metrics at every scrape). O(n) memory. BenchmarkTopN, 1,000,000
-// keys: see the README ("The agent's loop and its readers").
+// topN keeps the n first of the keys added by cmp's order, in a heap
+// (container/heap) whose root is the last of those kept: a key that does not
+// come before it costs one comparison, and one that does replaces it (log n
+// comparisons). It runs on the agent's loop over every key (the shares
+// view, the hottest keys' metrics at every scrape). O(n) memory.
+// BenchmarkTopN, 1,000,000 keys: see the README ("The agent's loop and its
+// readers").
 type topN struct {
 	n   int
 	cmp func(x, y KeyShare) int
-	ks  []KeyShare // a heap: each key comes after its children by cmp
+	ks  []KeyShare
 }
 
 func (t *topN) add(k KeyShare) {
-	if t.n <= 0 {
-		return
-	}
-	if len(t.ks) < t.n {
-		t.ks = append(t.ks, k)
-		for i := len(t.ks) - 1; i > 0; {
-			p := (i - 1) / 2
-			if !t.after(i, p) {
-				break
-			}
-			t.ks[i], t.ks[p] = t.ks[p], t.ks[i]
-			i = p
-		}
-		return
-	}
-	if t.cmp(k, t.ks[0]) >= 0 {
-		return // not before the last kept
-	}
-	t.ks[0] = k
-	for i := 0; ; {
-		c := 2*i + 1
-		if c >= len(t.ks) {
-			break
-		}
-		if r := c + 1; r < len(t.ks) && t.after(r, c) {
-			c = r
-		}
-		if !t.after(c, i) {
-			break
-		}
-		t.ks[i], t.ks[c] = t.ks[c], t.ks[i]
-		i = c
+	switch {
+	case len(t.ks) < t.n:
+		heap.Push(t, k)
+	case t.n > 0 && t.cmp(k, t.ks[0]) < 0: // before the last kept
+		t.ks[0] = k
+		heap.Fix(t, 0)
 	}
 }
-
-// after reports whether the key at i comes after the key at j.
-func (t *topN) after(i, j int) bool { return t.cmp(t.ks[i], t.ks[j]) > 0 }
 
 // result returns the kept keys in order.
 func (t *topN) result() []KeyShare {
 	slices.SortFunc(t.ks, t.cmp)
 	return t.ks
+}
+
+// heap.Interface: the root is the key that comes last by cmp.
+func (t *topN) Len() int           { return len(t.ks) }
+func (t *topN) Less(i, j int) bool { return t.cmp(t.ks[i], t.ks[j]) > 0 }
+func (t *topN) Swap(i, j int)      { t.ks[i], t.ks[j] = t.ks[j], t.ks[i] }
+func (t *topN) Push(x any)         { t.ks = append(t.ks, x.(KeyShare)) }
+func (t *topN) Pop() any {
+	k := t.ks[len(t.ks)-1]
+	t.ks = t.ks[:len(t.ks)-1]
+	return k
 }
 
 // Shares returns, for rule, the units this region may enforce per key the
