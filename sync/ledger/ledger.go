@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"fmt"
+	"iter"
 	"math"
 	"slices"
 	"sort"
@@ -434,13 +435,28 @@ func (l *Ledger) held(fn func(k *key) bool) {
 	}
 }
 
+// inNameOrder is every key held, in name order: Ledger.sorted once the
+// keys created since are merged into it (mergeKeys), without sorting every
+// name (a freeze and a store reset sorted them all: 0.4-0.5 s at 1,000,000
+// keys, BenchmarkFreezeAndReset). The loop must not add or forget keys, and
+// must not run inside a walk of Ledger.sorted (the merge rewrites it).
+func (l *Ledger) inNameOrder() iter.Seq[*key] {
+	l.mergeKeys()
+	return func(yield func(*key) bool) {
+		for _, k := range l.sorted {
+			if !gone(k) && !yield(k) {
+				return
+			}
+		}
+	}
+}
+
 // Keys returns the names of the keys the ledger holds state for, sorted.
 func (l *Ledger) Keys() []string {
 	out := make([]string, 0, len(l.keys))
-	for n := range l.keys {
-		out = append(out, n)
+	for k := range l.inNameOrder() {
+		out = append(out, k.name)
 	}
-	sort.Strings(out)
 	return out
 }
 

@@ -127,12 +127,8 @@ func (l *Ledger) Held(fn func(name string, v Version, units int64, at time.Durat
 	if l.fenced {
 		return
 	}
-	l.mergeKeys()
-	for _, k := range l.sorted {
-		if gone(k) || !k.written || k.wRelease || k.confSeq != k.wSeq {
-			continue
-		}
-		if !fn(k.name, l.version(k.wSeq), k.wUnits, k.wAt) {
+	for k := range l.inNameOrder() {
+		if k.written && !k.wRelease && k.confSeq == k.wSeq && !fn(k.name, l.version(k.wSeq), k.wUnits, k.wAt) {
 			return
 		}
 	}
