@@ -309,7 +309,8 @@
 //     NATS goroutine and decoded by the loop one at a time (without a
 //     copy, wire.DecodeFromOwned: the report's strings point into the NATS
 //     message's buffer, so what is kept past it, a ledger's key names, the
-//     driver's last key per peer, is copied), within a byte
+//     driver's last key per peer, is copied; of each key's counters only
+//     those naming this region are kept, wire.Regions.ReadBy), within a byte
 //     budget (inbox.go: per sender 5/4 of the largest report this agent
 //     published lately, at least 4 MiB; 1,024 messages at most); past it
 //     the oldest reports of the sender holding the most are dropped

@@ -191,15 +191,20 @@ func (d *Driver) Started(r *Rule, led *ledger.Ledger) bool {
 	r.Led, r.fedRev = led, 0
 	// An error leaves nil: the rule's reports then fail to encode
 	// (wire.ErrInvalid, Ports.Publish's to report) and its peers' are not
-	// read.
-	r.regions, _ = wire.NewRegions(led.RegionNames())
+	// read. The list reads peers' reports as this region (ReadBy): of each
+	// key's counters only those naming it, the only ones its ledger reads.
+	r.regions = nil
+	if g, err := wire.NewRegions(led.RegionNames()); err == nil {
+		r.regions, _ = g.ReadBy(led.Incarnation().Region)
+	}
 	d.collect(r, led.Tick(d.p.Now()))
 	d.Flush()
 	return true
 }
 
 // Lists gives the region list of each rule with a ledger, to read the
-// peers' reports with (wire.Decode).
+// peers' reports with (wire.Decode), as this region reads them
+// (wire.Regions.ReadBy).
 func (d *Driver) Lists() wire.Lists {
 	return func(rule string) *wire.Regions {
 		if r := d.rules[rule]; r != nil && r.Led != nil {

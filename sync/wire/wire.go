@@ -9,7 +9,8 @@
 //     region indices within the rule's region list, flags 0 or 1, nothing
 //     after the last rule; in version 2 a sorted region table whose every
 //     entry is used), so Decode(data) succeeding with every rule report
-//     resolved implies Encode(decoded) == data (FuzzDecode checks it).
+//     resolved, against lists without a reader (Regions.ReadBy), implies
+//     Encode(decoded) == data (FuzzDecode checks it).
 //   - Malformed input never panics and never yields a partial Message:
 //     Decode returns a complete Message or an error wrapping ErrMalformed.
 //     Decode allocates at most a constant factor of its input, which is
@@ -24,7 +25,10 @@
 //     affected.
 //   - The wire carries the ledger's fields faithfully; it does not judge
 //     them (a zero incarnation or an unsorted key list decodes fine and is
-//     rejected by ledger.Receive, which changes nothing on rejection).
+//     rejected by ledger.Receive, which changes nothing on rejection). The
+//     one exception is a receiver's list (Regions.ReadBy): the counters a
+//     receiver would not read are left out, after the checks the ledger
+//     would have made of them.
 //
 // # Format (version 3)
 //
@@ -149,6 +153,9 @@ var (
 type Regions struct {
 	names  []string
 	digest [digestLen]byte
+	// reader is 1 + the index of the region that reads reports with this
+	// list (ReadBy), 0 for none.
+	reader int
 }
 
 // NewRegions returns the list of names (in any order). Names must be
@@ -176,6 +183,29 @@ func NewRegions(names []string) (*Regions, error) {
 	g := &Regions{names: s}
 	copy(g.digest[:], h.Sum(nil))
 	return g, nil
+}
+
+// ReadBy returns the list as region reader reads reports with it: a report
+// decoded against it keeps, of each key's counters (Gave and Applied),
+// only those that name reader, the only ones a ledger of reader looks at
+// (ledger.Receive, its checks included). At ten regions a key report
+// carries up to 18 counters, and a receiver keeps at most 2.
+//
+// The counters left out are checked first as ledger.Receive checks them
+// all (regions sorted and unique, a nonzero incarnation, units not
+// negative): a rule report with one that fails decodes with Err wrapping
+// ledger.ErrMalformed and an empty report, as the ledger would reject it
+// whole, and the message's other rule reports are read as usual. The
+// list encodes as the list it came from. It fails if reader is not in
+// the list.
+func (g *Regions) ReadBy(reader string) (*Regions, error) {
+	i := g.index(reader)
+	if i < 0 {
+		return nil, fmt.Errorf("%w: reader %q not in the region list", ErrInvalid, reader)
+	}
+	c := *g
+	c.reader = i + 1
+	return &c, nil
 }
 
 // Names returns the sorted names (the caller must not modify them).
@@ -644,16 +674,50 @@ func decode(data string, lists Lists) (Message, error) {
 		return tab[i]
 	}
 	region := func() string { return name(d.Uvarint()) }
-	counters := func() []ledger.Counter {
+	// reader: the index in tab of the region reading the current rule
+	// report (Regions.ReadBy), -1 for none; bad: a counter left out
+	// failed the ledger's checks; arena: the kept counters of the
+	// current rule report, cut as it fills (a few allocations, not one
+	// per key).
+	reader, bad := -1, false
+	var arena []ledger.Counter
+	counters := func(keysLeft int) []ledger.Counter {
 		c := d.Count(minCounter)
 		if c == 0 {
 			return nil
 		}
-		out := make([]ledger.Counter, c)
-		for j := range out {
-			out[j] = ledger.Counter{Region: region(), Inc: d.Uvarint(), Units: d.Varint()}
+		if reader < 0 {
+			out := make([]ledger.Counter, c)
+			for j := range out {
+				out[j] = ledger.Counter{Region: region(), Inc: d.Uvarint(), Units: d.Varint()}
+			}
+			return out
 		}
-		return out
+		start, prev := len(arena), -1
+		for range c {
+			x, inc, units := d.Uvarint(), d.Uvarint(), d.Varint()
+			if d.Err() != nil {
+				return nil
+			}
+			if x >= uint64(len(tab)) {
+				d.Fail("region index %d of %d", x, len(tab))
+				return nil
+			}
+			if int(x) <= prev || inc == 0 || units < 0 {
+				bad = true
+			}
+			prev = int(x)
+			if int(x) == reader {
+				if len(arena) == cap(arena) {
+					arena, start = make([]ledger.Counter, 0, min(2*keysLeft, 512)), 0
+				}
+				arena = append(arena, ledger.Counter{Region: tab[x], Inc: inc, Units: units})
+			}
+		}
+		if len(arena) == start {
+			return nil
+		}
+		return arena[start:len(arena):len(arena)]
 	}
 	nr := d.Count(minRule)
 	if nr > 0 {
@@ -668,6 +732,7 @@ func decode(data string, lists Lists) (Message, error) {
 				sum[j] = d.Byte()
 			}
 			rules, resolved, tab = nil, false, nil
+			reader, bad, arena = -1, false, nil
 			if d.Err() == nil {
 				if lists != nil {
 					rules = lists(rr.Rule)
@@ -678,7 +743,7 @@ func decode(data string, lists Lists) (Message, error) {
 				case rules.digest != sum:
 					rr.Err = fmt.Errorf("%w: rule %q, sender %q", ErrRegions, rr.Rule, m.From)
 				default:
-					resolved, tab = true, rules.names
+					resolved, tab, reader = true, rules.names, rules.reader-1
 				}
 			}
 		}
@@ -721,13 +786,16 @@ func decode(data string, lists Lists) (Message, error) {
 			for j := range r.Keys {
 				k := &r.Keys[j]
 				k.Key, k.Demand, k.Position = d.Str(), d.Varint(), d.Varint()
-				k.Gave = counters()
-				k.Applied = counters()
+				k.Gave = counters(nk - j)
+				k.Applied = counters(nk - j)
 				k.Retire = d.Uvarint()
 			}
 		}
 		if d.Err() != nil {
 			break
+		}
+		if bad && rr.Err == nil {
+			rr.Err = fmt.Errorf("%w: counters (a region out of order or twice, an incarnation 0 or negative units)", ledger.ErrMalformed)
 		}
 		if rr.Err != nil {
 			rr.Report = ledger.Report{From: m.From}

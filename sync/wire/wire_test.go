@@ -329,6 +329,8 @@ func FuzzDecode(f *testing.F) {
 		if (err == nil) != (erro == nil) || err != nil && err.Error() != erro.Error() || !reflect.DeepEqual(m, mo) {
 			t.Fatalf("Decode and DecodeOwned differ: %v, %v", err, erro)
 		}
+		// A reader's lists read what the ledger would accept alike.
+		checkReadBy(t, data, lists, "eu-west")
 		if err != nil {
 			if !errors.Is(err, ErrMalformed) {
 				t.Fatalf("error %v does not wrap ErrMalformed", err)
@@ -419,3 +421,181 @@ func typicalMessage(keys int) Message {
 var typicalRegions = mustRegions("ap-south", "eu-west", "us-east")
 
 func typicalLists(string) *Regions { return typicalRegions }
+
+// checkReadBy decodes data with lists and with lists read by reader
+// (Regions.ReadBy) and fails unless the two agree: the same error or none,
+// and per rule report either the same Err, or for a report resolved
+// without a reader, Err wrapping ledger.ErrMalformed if one of its
+// counters fails the ledger's checks, else the same report with only the
+// counters naming reader.
+func checkReadBy(t *testing.T, data []byte, lists Lists, reader string) {
+	t.Helper()
+	byReader := func(rule string) *Regions {
+		g := lists(rule)
+		if g == nil {
+			return nil
+		}
+		r, err := g.ReadBy(reader)
+		if err != nil {
+			return g // reader not in this list: read as before
+		}
+		return r
+	}
+	m, err := Decode(data, lists)
+	mr, errr := Decode(data, byReader)
+	if (err == nil) != (errr == nil) || err != nil && err.Error() != errr.Error() {
+		t.Fatalf("errors differ: %v, with a reader %v", err, errr)
+	}
+	if err != nil {
+		return
+	}
+	if len(m.Rules) != len(mr.Rules) || m.From != mr.From || m.Version != mr.Version {
+		t.Fatalf("messages differ: %d rules from %q, with a reader %d from %q", len(m.Rules), m.From, len(mr.Rules), mr.From)
+	}
+	for i, rr := range m.Rules {
+		got := mr.Rules[i]
+		if rr.Err != nil || rr.Regions == nil || rr.Regions.index(reader) < 0 || m.Version != 3 {
+			if (rr.Err == nil) != (got.Err == nil) || !reflect.DeepEqual(rr.Report, got.Report) {
+				t.Fatalf("rule %q: not read by %s alike: %v / %v", rr.Rule, reader, rr.Err, got.Err)
+			}
+			continue
+		}
+		ok := true
+		want := rr.Report
+		want.Keys = nil
+		for _, k := range rr.Report.Keys {
+			ok = ok && ledgerCountersOK(k.Gave, rr.Regions) && ledgerCountersOK(k.Applied, rr.Regions)
+			k.Gave, k.Applied = naming(k.Gave, reader), naming(k.Applied, reader)
+			want.Keys = append(want.Keys, k)
+		}
+		if !ok {
+			if !errors.Is(got.Err, ledger.ErrMalformed) || !reflect.DeepEqual(got.Report, ledger.Report{From: m.From}) {
+				t.Fatalf("rule %q: a counter the ledger refuses, read by %s: %v, %+v", rr.Rule, reader, got.Err, got.Report)
+			}
+			continue
+		}
+		if got.Err != nil || !reflect.DeepEqual(got.Report, want) {
+			t.Fatalf("rule %q read by %s: %v\n%+v\nwant %+v", rr.Rule, reader, got.Err, got.Report, want)
+		}
+	}
+}
+
+// ledgerCountersOK is ledger.Receive's check of one counter list: every
+// region in the list, sorted and unique, incarnations not 0, units not
+// negative.
+func ledgerCountersOK(cs []ledger.Counter, g *Regions) bool {
+	for j, c := range cs {
+		if g.index(c.Region) < 0 || c.Inc == 0 || c.Units < 0 || j > 0 && cs[j-1].Region >= c.Region {
+			return false
+		}
+	}
+	return true
+}
+
+func naming(cs []ledger.Counter, region string) []ledger.Counter {
+	var out []ledger.Counter
+	for _, c := range cs {
+		if c.Region == region {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// TestReadBy: random messages, some with counters the ledger refuses
+// (out of order, repeated, incarnation 0, negative units), read by every
+// region of the list and by one outside it.
+func TestReadBy(t *testing.T) {
+	rng := rand.New(rand.NewSource(9))
+	lists := func(string) *Regions { return testRegions }
+	for i := 0; i < 3000; i++ {
+		m := randMessage(rng)
+		m.Version = 3
+		for j := range m.Rules {
+			m.Rules[j].Regions = testRegions
+			for k := range m.Rules[j].Report.Keys {
+				kr := &m.Rules[j].Report.Keys[k]
+				for _, cs := range []*[]ledger.Counter{&kr.Gave, &kr.Applied} {
+					if rng.Intn(3) == 0 {
+						// Inc and Units as drawn (0 and negative at times);
+						// else valid ones, so that most reports pass.
+						continue
+					}
+					for n := range *cs {
+						(*cs)[n].Inc, (*cs)[n].Units = (*cs)[n].Inc+1, max(0, (*cs)[n].Units)
+					}
+					if len(*cs) > 1 && rng.Intn(20) == 0 {
+						(*cs)[0], (*cs)[1] = (*cs)[1], (*cs)[0]
+					} else if len(*cs) > 0 && rng.Intn(20) == 0 {
+						*cs = append(*cs, (*cs)[len(*cs)-1])
+					}
+				}
+			}
+		}
+		b, err := Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, reader := range append(slices.Clone(regionNames), "sa-east") {
+			checkReadBy(t, b, lists, reader)
+		}
+	}
+	if _, err := testRegions.ReadBy("sa-east"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("ReadBy of a region not in the list: %v, want ErrInvalid", err)
+	}
+}
+
+// BenchmarkDecode decodes a report of 1,000 keys as a receiver reads it
+// (DecodeOwned against its own list, Regions.ReadBy) and, for comparison,
+// whole (reader=none). At 3 regions each key has one gift counter and one
+// applied counter (typicalMessage); at 10 every key has a counter of each
+// kind for every peer (one hot key's shares moving among ten regions).
+//
+//	go test -run '^$' -bench Decode -benchmem ./sync/wire/
+func BenchmarkDecode(b *testing.B) {
+	ten := []string{"af-south", "ap-east", "ap-south", "eu-north", "eu-west", "me-south", "sa-east", "us-east", "us-west", "ca-central"}
+	for _, regions := range []int{3, 10} {
+		var m Message
+		var g *Regions
+		reader := "eu-west"
+		if regions == 3 {
+			m, g = typicalMessage(1000), typicalRegions
+		} else {
+			g = mustRegions(ten...)
+			r := ledger.Report{From: "us-east", Inc: 1, Seq: 12345, Base: 0}
+			var cs []ledger.Counter
+			for _, n := range g.Names() {
+				if n != "us-east" {
+					cs = append(cs, ledger.Counter{Region: n, Inc: 3, Units: 70000})
+				}
+			}
+			for i := 0; i < 1000; i++ {
+				r.Keys = append(r.Keys, ledger.KeyReport{Key: fmt.Sprintf("rl:{user:%06d}:orders", i), Demand: 300000, Position: 100000, Gave: cs, Applied: cs})
+			}
+			m = Message{From: "us-east", Rules: []RuleReport{{Rule: "orders-free", Regions: g, Report: r}}}
+		}
+		data, err := Encode(m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rg, err := g.ReadBy(reader)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, c := range []struct {
+			name string
+			g    *Regions
+		}{{"none", g}, {reader, rg}} {
+			b.Run(fmt.Sprintf("regions=%d/reader=%s", regions, c.name), func(b *testing.B) {
+				b.ReportAllocs()
+				lists := func(string) *Regions { return c.g }
+				for b.Loop() {
+					if _, err := DecodeOwned(data, lists); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(len(data))/1000, "wire-B/key")
+			})
+		}
+	}
+}
