@@ -695,12 +695,12 @@ func decode(data string, lists Lists) (Message, error) {
 		}
 		start, prev := len(arena), -1
 		for range c {
-			x, inc, units := d.Uvarint(), d.Uvarint(), d.Varint()
-			if d.Err() != nil {
-				return nil
+			x := d.Uvarint()
+			if d.Err() == nil && x >= uint64(len(tab)) {
+				d.Fail("region index %d of %d", x, len(tab)) // as name() fails
 			}
-			if x >= uint64(len(tab)) {
-				d.Fail("region index %d of %d", x, len(tab))
+			inc, units := d.Uvarint(), d.Varint()
+			if d.Err() != nil {
 				return nil
 			}
 			if int(x) <= prev || inc == 0 || units < 0 {
