@@ -70,20 +70,23 @@ func (l *Ledger) confirm(name string, v Version) bool {
 		k.confSeq = v.Seq
 	}
 	changed := false
-	n := 0
-	ps := k.snaps()
-	for _, s := range ps {
-		if v.Less(s.ver) {
-			ps[n] = s
-			n++
+	if k.pend == nil {
+		return false
+	}
+	// The snapshots above v stay, moved to the front in order.
+	ps, w, n := *k.pend, snapWidth(len(l.names)), 0
+	for off := 0; off+w <= len(ps); off += w {
+		s := snap(ps[off : off+w : off+w])
+		if v.Less(s.ver()) {
+			n += copy(ps[n:], s)
 			continue
 		}
 		for i := range l.names {
 			if i == l.self {
 				continue
 			}
-			if pr := l.pair(k, i); s.inc[i] == l.peers[i].inc && s.give[i] > pr.conf {
-				pr.conf = s.give[i]
+			if pr := l.pair(k, i); s.inc(i) == l.peers[i].inc && s.give(i) > pr.conf {
+				pr.conf = s.give(i)
 				changed = true
 			}
 		}

@@ -34,9 +34,7 @@ func (l *Ledger) Hold(now time.Duration, name string, units int64, until time.Du
 		if c := min(pr.give-pr.conf, short); c > 0 {
 			pr.give -= c
 			short -= c
-			for _, s := range k.snaps() { // give shares its array with k.pend's
-				s.give[i] = min(s.give[i], pr.give)
-			}
+			l.snaps(k, func(s snap) { s.setGive(i, min(s.give(i), pr.give)) })
 			k.dirty, k.gifted = true, true
 		}
 	}

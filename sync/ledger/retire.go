@@ -111,11 +111,11 @@ func (l *Ledger) rebase(k *key, i int, a, b int64) {
 	pr.conf -= a
 	pr.peerApplied = max(0, pr.peerApplied-a)
 	pr.recv -= b
-	for _, s := range k.snaps() {
-		if s.inc[i] == l.peers[i].inc {
-			s.give[i] = max(0, s.give[i]-a)
+	l.snaps(k, func(s snap) {
+		if s.inc(i) == l.peers[i].inc {
+			s.setGive(i, max(0, s.give(i)-a))
 		}
-	}
+	})
 	k.dirty = true
 }
 

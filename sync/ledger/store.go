@@ -21,16 +21,17 @@ func (l *Ledger) write(k *key, now time.Duration) (Write, bool) {
 	}
 	l.wseq++
 	v := Version{l.inc, l.wseq}
-	s := snap{ver: v, give: make([]int64, len(l.names)), inc: make([]uint64, len(l.names))}
-	for i := range l.names {
-		if s.inc[i] = l.peers[i].inc; i != l.self {
-			s.give[i] = l.pair(k, i).give
-		}
-	}
 	if k.pend == nil {
-		k.pend = new([]snap)
+		k.pend = new([]int64)
 	}
-	*k.pend = append(*k.pend, s)
+	*k.pend = append(*k.pend, int64(v.Inc), int64(v.Seq))
+	for i := range l.names {
+		var give int64
+		if i != l.self {
+			give = l.pair(k, i).give
+		}
+		*k.pend = append(*k.pend, give, int64(l.peers[i].inc))
+	}
 	k.gifted = false
 	if k.force {
 		k.rareState().reassert, k.force = v, false

@@ -523,7 +523,7 @@ func snapshot(l *Ledger) ledgerSnap {
 		kk.pairs = nil
 		s.pairs[n] = append([]pair(nil), l.pairsOf(k)...)
 		if k.pend != nil {
-			ps := append([]snap(nil), *k.pend...)
+			ps := append([]int64(nil), *k.pend...)
 			kk.pend = &ps
 		}
 		s.keys[n] = &kk
