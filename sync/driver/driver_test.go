@@ -101,22 +101,27 @@ func setup(t *testing.T, sync bool) (*Driver, *fakePorts, *Rule, *ledger.Ledger)
 	return d, p, r, led
 }
 
-// TestFlushSynchronous: the first tick writes the marker; a store that
-// confirms in Write gets the confirmations fed back in the same flush, and
-// the tick's reports leave in one message from the region.
+// TestFlushSynchronous: the start writes the marker, and a store that
+// confirms in Write gets the confirmation fed back in the same flush, so
+// the first report leaves at once (the Tick's report is built when the
+// batch leaves: ledger.DeferReports); a tick's writes are confirmed in its
+// flush too, and its reports leave in one message from the region.
 func TestFlushSynchronous(t *testing.T) {
 	d, p, r, _ := setup(t, true)
+	if len(p.msgs) != 1 || len(p.msgs[0].Rules) != 1 || p.msgs[0].Rules[0].Report.Seq != 1 {
+		t.Fatalf("published %+v at the start, want the first report (seq 1) once the marker is confirmed", p.msgs)
+	}
+	p.msgs = nil
 	p.now = 100 * time.Millisecond
 	d.Tick([]Usage{{Rule: "r1", Key: "k", Rate: 10, Admitted: 5}, {Rule: "nope", Key: "k", Rate: 10, Admitted: 5}})
 	if len(p.writes) == 0 || len(p.writes[0]["r1"]) == 0 {
 		t.Fatalf("no store writes after the first tick: %v", p.writes)
 	}
-	for i := 2; len(p.msgs) == 0 && i < 10; i++ {
-		p.now = time.Duration(i) * 100 * time.Millisecond
-		d.Tick(nil)
-	}
 	if len(p.msgs) != 1 || p.msgs[0].From != "a" || len(p.msgs[0].Rules) == 0 || p.msgs[0].Rules[0].Rule != "r1" {
 		t.Fatalf("published %+v, want one message from a with r1's report", p.msgs)
+	}
+	if rs := p.msgs[0].Rules; len(rs[len(rs)-1].Report.Keys) != 1 || rs[len(rs)-1].Report.Keys[0].Key != "k" {
+		t.Fatalf("the tick's message %+v does not report k", rs)
 	}
 	// The report names the rule's regions as the ledger lists them, and
 	// encodes (wire format 3 needs the list).

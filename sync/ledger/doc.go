@@ -95,7 +95,12 @@
 //     the next Tick's report after a peer is heard again after a silence
 //     of more than two report periods (two intervals and a half without
 //     a heartbeat: one lost report is not a silence), or acknowledges one
-//     of our reports after such a silence (a cut: Ledger.resync).
+//     of our reports after such a silence (a cut: Ledger.resync). With
+//     DeferReports (the driver's) a Tick owes its report instead of
+//     building it; OwedReport, or any report built first, builds it then,
+//     with the state and a sequence number of that moment: for the proof
+//     the Tick's report was lost and the later one carries what it would
+//     have (a report carries every key changed since the last one).
 //     ShareApplied
 //     returns an immediate report when it makes gifts durable, and Receive
 //     returns the raise write at once, so a gift takes about one RTT plus

@@ -270,7 +270,11 @@ type Ledger struct {
 	// reports until that many have carried it (Ledger.idleDone).
 	fullAt [idleFullReports]time.Duration
 	resync bool // a peer likely missed our reports (a silence, Receive): the next Tick sends a full report
-	stats  Stats
+	// Deferred reports (DeferReports): deferReports is set; repOwed, a Tick's report
+	// is due and not built yet; owedFull, it is a full one (owedResync:
+	// for a resync).
+	deferReports, repOwed, owedFull, owedResync bool
+	stats                                       Stats
 
 	retires uint64              // retirements started (retire.go)
 	closing map[closeID]closing // closures of peers' retirements, until acknowledged

@@ -109,8 +109,13 @@ func (l *Ledger) Tick(now time.Duration) Output {
 	}
 	if l.reportDue(now, changed || l.resync) {
 		l.treports++
-		out.Report = l.report(now, l.treports%l.cfg.FullEvery == 0 || l.resync)
-		l.resync = l.resync && out.Report == nil
+		full := l.treports%l.cfg.FullEvery == 0 || l.resync
+		if l.deferReports {
+			l.repOwed, l.owedFull, l.owedResync = true, l.owedFull || full, l.owedResync || l.resync
+		} else {
+			out.Report = l.report(now, full)
+			l.resync = l.resync && out.Report == nil
+		}
 	}
 	// Resend contributions the registry has not shown us yet.
 	if l.ticks%l.cfg.FullEvery == 0 {
@@ -296,9 +301,38 @@ func (l *Ledger) reportDue(now time.Duration, changed bool) bool {
 	return changed || hb <= l.cfg.Interval || now-l.lastSent >= hb || l.rseq == 0
 }
 
+// DeferReports makes Tick leave its report to be built later, when the
+// caller sends it: by the next report any call builds (every report
+// carries the keys that changed since the last one, so it carries the
+// Tick's too) or by OwedReport. A caller that sends a Tick's report only
+// with the store's answers to its writes (sync/driver, so that they leave
+// in one message) then holds no built report while the store answers,
+// and the report it sends has the state of the moment it is sent, with a
+// sequence number of that moment. For the ledger it is as if the Tick had
+// sent none (a lost report) and the next report carried it all.
+func (l *Ledger) DeferReports() { l.deferReports = true }
+
+// OwedReport builds the report a Tick deferred (DeferReports), if no
+// report was built since; nil if none is owed (or none can be sent yet:
+// before the first marker is confirmed, a report is owed until then).
+func (l *Ledger) OwedReport(now time.Duration) *Report {
+	if l.fenced || !l.repOwed {
+		return nil
+	}
+	return l.report(now, false)
+}
+
 func (l *Ledger) report(now time.Duration, full bool) *Report {
 	if !l.everOK {
 		return nil
+	}
+	// A report built while a Tick's is owed is that report too.
+	if l.repOwed {
+		full = full || l.owedFull
+		if l.owedResync {
+			l.resync = false
+		}
+		l.repOwed, l.owedFull, l.owedResync = false, false, false
 	}
 	l.rseq++
 	l.lastSent = now
