@@ -21,14 +21,12 @@
 //     are collected again, until no write is left. A store that answers
 //     later calls Confirmed, and the batch's reports wait for its answers
 //     (at most until the next Tick), so that with either store a tick's
-//     report and its writes' confirmations leave together. A tick's report
-//     is not built at the Tick (ledger.DeferReports): the ledger owes it,
-//     and it is built when the batch leaves (or is the confirmations'
-//     report, if one is built first), so no report of every key is held
-//     built while the store answers. Then every report of the batch
-//     leaves in one message (Ports.Publish), less what a later report of
-//     the same rule carries again (supersede: a key reported by a
-//     Receive's report and again later goes once).
+//     report and its writes' confirmations leave together. Neither is built
+//     when it is due (ledger.DeferReports): the ledger owes them, and one
+//     report carrying both is built when the batch leaves, so no report of
+//     every key is held built while the store answers. Then every report
+//     of the batch leaves in one message (Ports.Publish), less what a
+//     later report of the same rule carries again (supersede).
 //
 // Tick (TickFrom: the usage as a sequence) feeds the enforcers' usage of
 // the interval (every key with usage: a key is coordinated from its first
@@ -444,12 +442,11 @@ func (d *Driver) Flush() {
 
 // publish sends the pending reports in one message, less what a later
 // report of the same rule carries again (supersede). The reports the
-// ledgers' Ticks left to be built (ledger.DeferReports) are built now,
-// last: a tick's report is not held built while the store answers the
-// tick's writes (at 100,000 keys with every key written, about a second
-// of store calls and 70-270 B per key), and it has the state of the
-// moment it leaves (the confirmations' included) under a sequence number
-// of that moment.
+// ledgers owe (ledger.DeferReports: a Tick's, its confirmations') are
+// built now, one per ledger, last: no report is held built while the
+// store answers a tick's writes (at 100,000 keys with every key written,
+// about a second of store calls and 70-270 B per key), and it has the
+// state of the moment it leaves under a sequence number of that moment.
 func (d *Driver) publish() {
 	now := d.p.Now()
 	for _, id := range d.IDs() {

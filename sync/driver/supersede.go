@@ -15,7 +15,9 @@ import (
 // report of the same keys' confirmations, in one flush), and an earlier
 // report left with no key whose closures the later one carries too. The
 // batch is published as one message, so the receiver reads both anyway,
-// the later one last.
+// the later one last. (With ledger.DeferReports, which the driver sets,
+// each ledger's reports of a batch are built as one when it leaves, so
+// this finds nothing to drop; it stays for reports collected built.)
 //
 // Safety does not depend on it, because it is what the network may do:
 // an earlier report cut down to some of its keys is a report split into

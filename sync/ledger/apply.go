@@ -14,7 +14,7 @@ func (l *Ledger) ShareApplied(now time.Duration, name string, v Version) Output 
 	if !l.confirm(name, v) {
 		return Output{}
 	}
-	return Output{Report: l.report(now, false)}
+	return Output{Report: l.reportNow(now)}
 }
 
 // Confirmation is one store write the store confirmed: it holds Version
@@ -43,7 +43,19 @@ func (l *Ledger) SharesApplied(now time.Duration, cs []Confirmation) Output {
 	if !changed {
 		return Output{}
 	}
-	return Output{Report: l.report(now, false)}
+	return Output{Report: l.reportNow(now)}
+}
+
+// reportNow is a confirmation's report: built now, or with DeferReports
+// owed like a Tick's (built when the caller sends it, OwedReport), so
+// that no report is held built while more of the store's answers are
+// awaited.
+func (l *Ledger) reportNow(now time.Duration) *Report {
+	if l.deferReports {
+		l.repOwed = true
+		return nil
+	}
+	return l.report(now, false)
 }
 
 // confirm applies one confirmation; it reports whether a gift became

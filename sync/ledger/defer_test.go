@@ -2,10 +2,10 @@ package ledger
 
 import "testing"
 
-// TestDeferReports: with DeferReports a Tick builds no report but owes
-// one: OwedReport builds it (once) with the state of that moment, a
-// report built meanwhile (a confirmation's) is it, and a full report owed
-// (every FullEvery-th, or a resync) stays full when built later.
+// TestDeferReports: with DeferReports a Tick and a confirmation build no
+// report but owe one: OwedReport builds it (once) with the state of that
+// moment, and a full report owed (every FullEvery-th, or a resync) stays
+// full when built later.
 func TestDeferReports(t *testing.T) {
 	c := newCluster(t, 3)
 	for range 4 {
@@ -28,20 +28,19 @@ func TestDeferReports(t *testing.T) {
 	if again := l.OwedReport(c.now); again != nil {
 		t.Fatalf("a second owed report %+v", again)
 	}
-	// A confirmation's report built before OwedReport is the owed one.
+	// The confirmations of the Tick's writes owe theirs too: one report.
 	c.now += c.cfg.Interval
 	l.Usage(c.now, "k", 100, 5, 0)
 	out = l.Tick(c.now)
 	if out.Report != nil || len(out.Writes) == 0 {
 		t.Fatalf("tick: report %v, %d writes; want no report and writes", out.Report != nil, len(out.Writes))
 	}
-	conf := c.confirm(0, out)
-	if conf.Report != nil {
-		if l.OwedReport(c.now) != nil {
-			t.Fatal("owed report still owed after a confirmation's report")
-		}
-	} else if l.OwedReport(c.now) == nil {
-		t.Fatal("no owed report after a tick with a change")
+	seq = l.rseq
+	if conf := c.confirm(0, out); conf.Report != nil {
+		t.Fatalf("a deferring ledger's confirmation built report %+v", conf.Report)
+	}
+	if r := l.OwedReport(c.now); r == nil || r.Seq != seq+1 || l.OwedReport(c.now) != nil {
+		t.Fatalf("after a tick and its confirmations: owed report %+v, want one, seq %d", r, seq+1)
 	}
 	// A full report owed is built full: every active key, changed or not.
 	l.Usage(c.now, "other", 100, 5, 0)

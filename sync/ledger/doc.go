@@ -96,11 +96,12 @@
 //     of more than two report periods (two intervals and a half without
 //     a heartbeat: one lost report is not a silence), or acknowledges one
 //     of our reports after such a silence (a cut: Ledger.resync). With
-//     DeferReports (the driver's) a Tick owes its report instead of
-//     building it; OwedReport, or any report built first, builds it then,
-//     with the state and a sequence number of that moment: for the proof
-//     the Tick's report was lost and the later one carries what it would
-//     have (a report carries every key changed since the last one).
+//     DeferReports (the driver's) a Tick, and a confirmation below, owes
+//     its report instead of building it; OwedReport builds one report for
+//     all that are owed when the caller sends it, with the state and a
+//     sequence number of that moment: for the proof the owed reports were
+//     lost and the later one carries what they would have (a report
+//     carries every key changed since the last one).
 //     ShareApplied
 //     returns an immediate report when it makes gifts durable, and Receive
 //     returns the raise write at once, so a gift takes about one RTT plus

@@ -301,15 +301,16 @@ func (l *Ledger) reportDue(now time.Duration, changed bool) bool {
 	return changed || hb <= l.cfg.Interval || now-l.lastSent >= hb || l.rseq == 0
 }
 
-// DeferReports makes Tick leave its report to be built later, when the
-// caller sends it: by the next report any call builds (every report
-// carries the keys that changed since the last one, so it carries the
-// Tick's too) or by OwedReport. A caller that sends a Tick's report only
-// with the store's answers to its writes (sync/driver, so that they leave
-// in one message) then holds no built report while the store answers,
-// and the report it sends has the state of the moment it is sent, with a
-// sequence number of that moment. For the ledger it is as if the Tick had
-// sent none (a lost report) and the next report carried it all.
+// DeferReports makes Tick and the confirmations (ShareApplied,
+// SharesApplied) leave their report to be built later, when the caller
+// sends it: by OwedReport (every report carries the keys that changed
+// since the last one, so one report built then carries all that were
+// owed). A caller that sends a Tick's report only with the store's
+// answers to its writes (sync/driver, so that they leave in one message)
+// then holds no built report while the store answers, and the report it
+// sends has the state of the moment it is sent, with a sequence number of
+// that moment. For the ledger it is as if the owed reports had been lost
+// and the one built carried them all.
 func (l *Ledger) DeferReports() { l.deferReports = true }
 
 // OwedReport builds the report a Tick deferred (DeferReports), if no
