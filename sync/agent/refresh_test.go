@@ -185,8 +185,8 @@ func TestApplyWritesChunks(t *testing.T) {
 		for i := range n {
 			ws = append(ws, ledger.Write{Key: fmt.Sprintf("k%06d", i), Units: 10, Version: ledger.Version{Inc: 1, Seq: uint64(i + 1)}})
 		}
-		ws = append(ws, ledger.Write{Key: ledger.MarkerKey, Units: 10, Version: ledger.Version{Inc: 1, Seq: 1}, Create: true,
-			Lease: time.Second, RunID: fs.runID})
+		ws = append(ws, ledger.Write{Key: ledger.MarkerKey, Units: 10, Version: ledger.Version{Inc: 1, Seq: 1}, Marker: &ledger.MarkerWrite{Create: true,
+			Lease: time.Second, RunID: fs.runID}})
 		res := a.applyWrites(context.Background(), map[*driver.Rule][]ledger.Write{r: ws})[r]
 		wantCalls := []int{writeChunk, writeChunk, 5}
 		confirmed := n

@@ -50,7 +50,8 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			var res driver.Applied
+			// A confirmation per write, allocated once for the flush.
+			res := driver.Applied{Confirmations: make([]ledger.Confirmation, 0, len(j.ws))}
 			var markers []redisstore.Marker
 			// The records in chunks of writeChunk, in the ledger's order:
 			// only one chunk's store records exist at a time (a tick
@@ -80,9 +81,7 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 					}
 					break
 				}
-				c := driver.Confirmations(recs, vs, nil)
-				res.Confirmations = append(res.Confirmations, c.Confirmations...)
-				res.Refused = append(res.Refused, c.Refused...)
+				res.Add(recs, vs, nil)
 			}
 			var mvs []redisstore.Version
 			for _, m := range markers {
@@ -96,7 +95,7 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 				}
 				mvs = append(mvs, v)
 			}
-			res.Confirmations = append(res.Confirmations, driver.Confirmations(nil, nil, mvs).Confirmations...)
+			res.Add(nil, nil, mvs)
 			mu.Lock()
 			out[j.st.Rule] = res
 			mu.Unlock()

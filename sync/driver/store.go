@@ -53,8 +53,12 @@ func StoreWrites(ws []ledger.Write, p StoreRule) ([]redisstore.ShareRecord, []re
 	var markers []redisstore.Marker
 	for _, w := range ws {
 		if w.Key == ledger.MarkerKey {
+			var mw ledger.MarkerWrite
+			if w.Marker != nil {
+				mw = *w.Marker
+			}
 			markers = append(markers, redisstore.Marker{Inc: w.Version.Inc, Seq: w.Version.Seq, Units: w.Units,
-				Lease: w.Lease.Truncate(time.Millisecond), Create: w.Create, Boot: w.Boot, RunID: w.RunID})
+				Lease: mw.Lease.Truncate(time.Millisecond), Create: mw.Create, Boot: mw.Boot, RunID: mw.RunID})
 			continue
 		}
 		rec := base
@@ -97,19 +101,27 @@ func Versions(vs []redisstore.Version) []redisstore.WindowApplied {
 // the marker writes' versions.
 func Confirmations(recs []redisstore.ShareRecord, vs []redisstore.WindowApplied, markers []redisstore.Version) Applied {
 	var out Applied
+	out.Add(recs, vs, markers)
+	return out
+}
+
+// Add appends what Confirmations returns to a: a store call's answers added
+// to those of the flush's earlier calls (the agent writes a rule's records
+// in chunks; sized once for all of them, the confirmations of a flush
+// writing every key are not copied as they grow).
+func (a *Applied) Add(recs []redisstore.ShareRecord, vs []redisstore.WindowApplied, markers []redisstore.Version) {
 	for i, v := range vs {
 		if i >= len(recs) {
 			break
 		}
-		out.Confirmations = append(out.Confirmations, ledger.Confirmation{Key: recs[i].Key, Version: ledger.Version{Inc: v.Version.Inc, Seq: v.Version.Seq}})
+		a.Confirmations = append(a.Confirmations, ledger.Confirmation{Key: recs[i].Key, Version: ledger.Version{Inc: v.Version.Inc, Seq: v.Version.Seq}})
 		if v.Need > 0 {
-			out.Refused = append(out.Refused, Refusal{Key: recs[i].Key, Need: v.Need, Until: v.Until})
+			a.Refused = append(a.Refused, Refusal{Key: recs[i].Key, Need: v.Need, Until: v.Until})
 		}
 	}
 	for _, v := range markers {
-		out.Confirmations = append(out.Confirmations, ledger.Confirmation{Key: ledger.MarkerKey, Version: ledger.Version{Inc: v.Inc, Seq: v.Seq}})
+		a.Confirmations = append(a.Confirmations, ledger.Confirmation{Key: ledger.MarkerKey, Version: ledger.Version{Inc: v.Inc, Seq: v.Seq}})
 	}
-	return out
 }
 
 // WindowWait is how much longer than a token bucket's a survivor waits

@@ -5,7 +5,7 @@ import "testing"
 // markerCreate is the marker Create among out's writes (nil: none).
 func markerCreate(out Output) *Write {
 	for i, w := range out.Writes {
-		if w.Key == MarkerKey && w.Create {
+		if w.Create() {
 			return &out.Writes[i]
 		}
 	}
@@ -39,7 +39,7 @@ func TestBootFlag(t *testing.T) {
 	if l.inc == 1 {
 		t.Fatalf("setup: a second start got incarnation 1")
 	}
-	if w := markerCreate(l.Tick(c.now)); w == nil || w.Boot {
+	if w := markerCreate(l.Tick(c.now)); w == nil || w.Marker.Boot {
 		t.Fatalf("incarnation %d: want a marker Create not flagged Boot, got %+v", l.inc, w)
 	}
 
@@ -55,11 +55,11 @@ func TestBootFlag(t *testing.T) {
 	if first.inc != 1 {
 		t.Fatalf("setup: a fresh registry's first start got incarnation %d", first.inc)
 	}
-	if w := markerCreate(first.Tick(c.now)); w == nil || !w.Boot {
+	if w := markerCreate(first.Tick(c.now)); w == nil || !w.Marker.Boot {
 		t.Fatalf("first incarnation's first Create: want Boot, got %+v", w)
 	}
 	c.now += c.cfg.RetryWrite + c.cfg.Interval
-	if w := markerCreate(first.Tick(c.now)); w == nil || !w.Boot {
+	if w := markerCreate(first.Tick(c.now)); w == nil || !w.Marker.Boot {
 		t.Fatalf("first incarnation's retried Create: want Boot, got %+v", w)
 	}
 	first.StoreReset(c.now, "run2")
@@ -67,10 +67,10 @@ func TestBootFlag(t *testing.T) {
 	for range 3 {
 		c.now += c.cfg.RetryWrite + c.cfg.Interval
 		w := markerCreate(first.Tick(c.now))
-		if w != nil && w.Boot {
+		if w != nil && w.Marker.Boot {
 			t.Fatalf("Create after a store reset flagged Boot: %+v", w)
 		}
-		recreated = recreated || w != nil && w.RunID == "run2"
+		recreated = recreated || w != nil && w.Marker.RunID == "run2"
 	}
 	if !recreated { // the marker comes back after the reset, only without the flag
 		t.Fatal("no marker Create for the reset store (run2) within 3 retries")

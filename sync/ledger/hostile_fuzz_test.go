@@ -40,8 +40,8 @@ type hostileStore struct {
 func (s *hostileStore) apply(w Write, now time.Duration) bool {
 	if w.Key == MarkerKey {
 		m := s.marker
-		if w.Create {
-			if w.RunID != strconv.Itoa(s.runID) {
+		if w.Create() {
+			if w.Marker.RunID != strconv.Itoa(s.runID) {
 				return false
 			}
 			if m != nil && !m.ver.Less(w.Version) {
@@ -54,7 +54,7 @@ func (s *hostileStore) apply(w Write, now time.Duration) bool {
 			ver        Version
 			units      int64
 			leaseUntil time.Duration
-		}{w.Version, w.Units, now + w.Lease}
+		}{w.Version, w.Units, now + w.Marker.Lease}
 		return true
 	}
 	if x, ok := s.recs[w.Key]; ok && !x.ver.Less(w.Version) {

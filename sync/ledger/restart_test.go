@@ -35,7 +35,7 @@ func TestRestartNewIncarnation(t *testing.T) {
 	out := l.Tick(c.now)
 	var create *Write
 	for i, w := range out.Writes {
-		if w.Key == MarkerKey && w.Create {
+		if w.Create() {
 			create = &out.Writes[i]
 		}
 	}

@@ -496,20 +496,20 @@ func (s *sim) applyWrite(r *region, w Write) bool {
 	defer s.settle(r)
 	if w.Key == MarkerKey {
 		m := st.marker
-		if w.Create {
-			if w.RunID != strconv.Itoa(st.runID) {
+		if w.Create() {
+			if w.Marker.RunID != strconv.Itoa(st.runID) {
 				return false
 			}
 			if m != nil && !m.ver.Less(w.Version) {
 				return true
 			}
-			st.marker = &marker{ver: w.Version, units: w.Units, leaseUntil: now + int64(w.Lease)}
+			st.marker = &marker{ver: w.Version, units: w.Units, leaseUntil: now + int64(w.Marker.Lease)}
 			return true
 		}
 		if m == nil || m.ver.Inc != w.Version.Inc || !m.ver.Less(w.Version) {
 			return false
 		}
-		m.ver, m.units, m.leaseUntil = w.Version, w.Units, now+int64(w.Lease)
+		m.ver, m.units, m.leaseUntil = w.Version, w.Units, now+int64(w.Marker.Lease)
 		return true
 	}
 	if x := st.recs[w.Key]; x != nil && !(x.release && now >= x.expireAt) && !x.ver.Less(w.Version) {

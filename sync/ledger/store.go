@@ -89,7 +89,7 @@ func (l *Ledger) marker(now time.Duration) (Write, bool) {
 	lease = max(lease, 0)
 	if l.markerOK {
 		l.wseq++
-		return Write{Key: MarkerKey, Version: Version{l.inc, l.wseq}, Units: l.markerDefault(), Lease: lease}, true
+		return Write{Key: MarkerKey, Version: Version{l.inc, l.wseq}, Units: l.markerDefault(), Marker: &MarkerWrite{Lease: lease}}, true
 	}
 	if l.reset {
 		pending := false
@@ -112,7 +112,7 @@ func (l *Ledger) marker(now time.Duration) (Write, bool) {
 	// contract"). After a reset the store cannot tell an empty Redis from a
 	// first boot, so only the ledger can say.
 	boot := l.inc == 1 && !l.everOK && !l.wasReset
-	return Write{Key: MarkerKey, Version: l.creating, Units: l.markerDefault(), Create: true, Boot: boot, RunID: l.runID, Lease: lease}, true
+	return Write{Key: MarkerKey, Version: l.creating, Units: l.markerDefault(), Marker: &MarkerWrite{Create: true, Boot: boot, RunID: l.runID, Lease: lease}}, true
 }
 
 // Held calls fn, in name order, for every key whose last write is

@@ -63,7 +63,7 @@ func (c *cluster) start(i int) {
 	// Boot: the marker create, confirmed.
 	out := l.Tick(c.now)
 	for _, w := range out.Writes {
-		if w.Key == MarkerKey && w.Create {
+		if w.Create() {
 			l.ShareApplied(c.now, MarkerKey, w.Version)
 		}
 	}
@@ -251,7 +251,7 @@ func TestTraps(t *testing.T) {
 		}
 		c.now += c.cfg.Interval
 		for _, w := range c.l[0].Tick(c.now).Writes {
-			if w.Key == MarkerKey && w.Create {
+			if w.Create() {
 				t.Fatalf("marker re-created before the re-asserted share is confirmed")
 			}
 		}
@@ -259,11 +259,11 @@ func TestTraps(t *testing.T) {
 		c.now += c.cfg.Interval
 		var create *Write
 		for _, w := range c.l[0].Tick(c.now).Writes {
-			if w.Key == MarkerKey && w.Create {
+			if w.Create() {
 				create = &w
 			}
 		}
-		if create == nil || create.RunID != "2" || create.Units != c.l[0].Base() {
+		if create == nil || create.Marker.RunID != "2" || create.Units != c.l[0].Base() {
 			t.Fatalf("want a marker create for run 2 at the base, got %+v", create)
 		}
 	})
