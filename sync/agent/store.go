@@ -53,14 +53,18 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 			// A confirmation per write, allocated once for the flush.
 			res := driver.Applied{Confirmations: make([]ledger.Confirmation, 0, len(j.ws))}
 			var markers []redisstore.Marker
-			// The records in chunks of writeChunk, in the ledger's order:
-			// only one chunk's store records exist at a time (a tick
-			// writing every key held them all, about 130 B per key). A
-			// failed call ends the rule's writes for this flush: the
-			// ledger retries what was not confirmed.
+			// The records in chunks of writeChunk, in the ledger's order,
+			// through one buffer: only one chunk's store records exist at
+			// a time (a tick writing every key held them all, about 130 B
+			// per key; a buffer per chunk left them all to the next GC). The
+			// store does not keep recs past its call. A failed call ends
+			// the rule's writes for this flush: the ledger retries what
+			// was not confirmed.
+			var buf []redisstore.ShareRecord
 			for ws := j.ws; len(ws) > 0; {
 				n := min(len(ws), writeChunk)
-				recs, ms := driver.StoreWrites(ws[:n], j.sr)
+				recs, ms := driver.AppendStoreWrites(buf[:0], ws[:n], j.sr)
+				buf = recs
 				ws = ws[n:]
 				markers = append(markers, ms...)
 				if len(recs) == 0 {

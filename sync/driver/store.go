@@ -37,6 +37,14 @@ func (p StoreRule) IsWindow() bool {
 // to forget its use, plus a second: a token bucket's refill from empty, a
 // window's two windows.
 func StoreWrites(ws []ledger.Write, p StoreRule) ([]redisstore.ShareRecord, []redisstore.Marker) {
+	// Sized once (a marker or two too many): grown by append, a chunk of
+	// the agent's writes left its smaller copies to the next GC.
+	return AppendStoreWrites(make([]redisstore.ShareRecord, 0, len(ws)), ws, p)
+}
+
+// AppendStoreWrites is StoreWrites appending the records to recs: the agent
+// writes a flush's records in chunks through one buffer.
+func AppendStoreWrites(recs []redisstore.ShareRecord, ws []ledger.Write, p StoreRule) ([]redisstore.ShareRecord, []redisstore.Marker) {
 	base := redisstore.ShareRecord{Total: p.Total, Floor: p.Floor}
 	var ttl time.Duration
 	if p.IsWindow() {
@@ -47,9 +55,6 @@ func StoreWrites(ws []ledger.Write, p StoreRule) ([]redisstore.ShareRecord, []re
 		ttl = time.Duration(float64(base.Capacity) / float64(base.Rate) * float64(time.Second))
 	}
 	base.TTL = min(ttl+time.Second, 365*24*time.Hour)
-	// Sized once (a marker or two too many): grown by append, a chunk of
-	// the agent's writes left its smaller copies to the next GC.
-	recs := make([]redisstore.ShareRecord, 0, len(ws))
 	var markers []redisstore.Marker
 	for _, w := range ws {
 		if w.Key == ledger.MarkerKey {
