@@ -267,11 +267,16 @@ func (a *lagent) Publish(m wire.Message) {
 				if ag == nil {
 					return
 				}
-				msg, err := wire.Decode(p, ag.drv.Lists())
+				// As the agent reads a message: checked whole, then
+				// merged a window of keys at a time (p is not changed:
+				// the strings the decoded keys point into stay valid).
+				_, windows, err := wire.DecodeWindowsFromOwned(a.r.name, p, ag.drv.Lists(), driver.ReceiveWindow)
 				if err != nil {
 					return
 				}
-				ag.drv.Receive(msg)
+				for msg := range windows {
+					ag.drv.Receive(msg)
+				}
 			})
 		}
 	}

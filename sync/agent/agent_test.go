@@ -293,6 +293,12 @@ func TestAgentsWithContractStore(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	runScenario(t, contractStack(t))
+}
+
+// contractStack is a stack of agents on the in-memory contract store, with
+// its probe.
+func contractStack(t *testing.T) *stack {
 	w := &world{}
 	s := newStack(t, func(n string) (Store, *memStore) {
 		m := newMemStore(w, n)
@@ -300,7 +306,23 @@ func TestAgentsWithContractStore(t *testing.T) {
 	})
 	s.world = w
 	s.probe = memProbe{s: s, floors: floorsOf(s.regions["a"].agent.specOf(globalRule()))}
-	runScenario(t, s)
+	return s
+}
+
+// TestAgentsReceiveByWindows is TestAgentsWithContractStore with every
+// peer report merged one key at a time (receiveWindow 1): each window reads
+// as a part of a report split by its sender, and the scenario (shares
+// following demand, bad input dropped, a reclaim) holds alike.
+func TestAgentsReceiveByWindows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	// Restored by the first cleanup registered, so the last to run: after
+	// the stack's have stopped the agents.
+	old := receiveWindow
+	t.Cleanup(func() { receiveWindow = old })
+	receiveWindow = 1
+	runScenario(t, contractStack(t))
 }
 
 // runScenario puts a global rule, moves demand from a to b to c, injects

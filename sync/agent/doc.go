@@ -306,11 +306,14 @@
 //     coordinated keys for the gauge, every tenth tick (the gauge lags by
 //     up to ten intervals).
 //   - Reports wait for the loop in their encoded form, verified on the
-//     NATS goroutine and decoded by the loop one at a time (without a
-//     copy, wire.DecodeFromOwned: the report's strings point into the NATS
-//     message's buffer, so what is kept past it, a ledger's key names, the
-//     driver's last key per peer, is copied; of each key's counters only
-//     those naming this region are kept, wire.Regions.ReadBy), within a byte
+//     NATS goroutine and decoded by the loop one at a time, and a window
+//     of at most 4,096 keys at a time once the whole message is checked
+//     (receiveWindow, wire.DecodeWindowsFromOwned: each window is merged as
+//     a part of a report its sender split would be), without a copy (the
+//     report's strings point into the NATS message's buffer, so what is
+//     kept past it, a ledger's key names, the driver's last key per peer,
+//     is copied; of each key's counters only those naming this region are
+//     kept, wire.Regions.ReadBy), within a byte
 //     budget (inbox.go: per sender 5/4 of the largest report this agent
 //     published lately, at least 4 MiB; 1,024 messages at most); past it
 //     the oldest reports of the sender holding the most are dropped

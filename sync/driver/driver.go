@@ -57,6 +57,13 @@ const (
 	DefaultInterval     = 100 * time.Millisecond
 	DefaultRegistryPoll = 500 * time.Millisecond
 	DefaultEtcdTimeout  = 5 * time.Second
+	// ReceiveWindow is the most keys of a peer's report held decoded: the
+	// agent and the simulator decode a message a window of keys at a time
+	// (wire.DecodeWindowsFromOwned, each window read as a part of a report
+	// its sender split) and merge each with Receive. 4,096 keys decoded
+	// are about 620 KB at three regions; a part of NATS's default max
+	// payload (1 MiB) holds about 20,000.
+	ReceiveWindow = 4096
 )
 
 // Reasons a peer's rule report is dropped (Ports.Rejected).

@@ -5,9 +5,11 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"strings"
+	"unsafe"
 
 	"github.com/nats-io/nkeys"
 )
@@ -266,6 +268,48 @@ func DecodeFromOwned(from string, msg []byte, lists Lists) (Message, error) {
 		return Message{}, err
 	}
 	return checkFrom(from, m)
+}
+
+// DecodeWindowsFromOwned is DecodeFromOwned for a receiver that merges a
+// message a window of at most window keys at a time, so that a report of
+// many keys is never held decoded whole (a part of up to the max payload,
+// 1 MiB, holds about 20,000 keys: 3.5 MB decoded at three regions). It
+// checks the whole message first, as DecodeFromOwned does, keeping no key
+// (an error: nothing was read), and returns it without its keys (its
+// rules, each with its Err), and the sequence of its windows: one message
+// per rule report and window of keys, in order, each with the report's
+// header (sequence, acknowledgements, closures), so that each window reads
+// as a part of a report its sender split (EncodeParts); a report without
+// keys, or with Err, is one message. The sequence decodes the message
+// again as it is ranged over, reading lists anew, and reuses a window's
+// slices for the next: the consumer must not keep them (strings it keeps
+// must be copies, as with DecodeFromOwned, and msg must not change).
+func DecodeWindowsFromOwned(from string, msg []byte, lists Lists, window int) (Message, iter.Seq[Message], error) {
+	if err := precheck(msg); err != nil {
+		return Message{}, nil, err
+	}
+	window = max(window, 1)
+	data := unsafe.String(unsafe.SliceData(msg), len(msg))
+	m, err := decode(data, lists, &windows{size: window})
+	if err != nil {
+		return Message{}, nil, err
+	}
+	if m, err = checkFrom(from, m); err != nil {
+		return Message{}, nil, err
+	}
+	errs := make([]error, len(m.Rules))
+	for i := range m.Rules {
+		errs[i] = m.Rules[i].Err
+	}
+	version := m.Version
+	return m, func(yield func(Message) bool) {
+		one := make([]RuleReport, 1)
+		_, _ = decode(data, lists, &windows{size: window, errs: errs, emit: func(rr RuleReport) bool {
+			rr.Report.From = from
+			one[0] = rr
+			return yield(Message{From: from, Rules: one, Version: version})
+		}})
+	}, nil
 }
 
 // checkFrom fails a message from another sender than from.

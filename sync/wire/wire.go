@@ -15,7 +15,10 @@
 //     Decode returns a complete Message or an error wrapping ErrMalformed.
 //     Decode allocates at most a constant factor of its input, which is
 //     itself bounded by MaxMessageSize; every count is checked against the
-//     bytes left before anything is allocated.
+//     bytes left before anything is allocated. DecodeWindowsFromOwned
+//     checks the whole message the same way, keeping no key, before it
+//     yields any window of keys (FuzzDecode: the windows make the message
+//     Decode reads, and it refuses what Decode refuses).
 //   - A region index is read against the receiver's own region list of the
 //     rule, and only if that list's digest equals the one the sender wrote:
 //     a rule report whose sender lists the rule's regions otherwise (a rule
@@ -607,7 +610,7 @@ func Decode(data []byte, lists Lists) (Message, error) {
 	if err := precheck(data); err != nil {
 		return Message{}, err
 	}
-	return decode(string(data), lists)
+	return decode(string(data), lists, nil)
 }
 
 // DecodeOwned is Decode without the copy: the message's strings (keys,
@@ -619,7 +622,7 @@ func DecodeOwned(data []byte, lists Lists) (Message, error) {
 	if err := precheck(data); err != nil {
 		return Message{}, err
 	}
-	return decode(unsafe.String(unsafe.SliceData(data), len(data)), lists)
+	return decode(unsafe.String(unsafe.SliceData(data), len(data)), lists, nil)
 }
 
 // precheck is Decode's checks before parsing.
@@ -636,8 +639,26 @@ func precheck(data []byte) error {
 	return nil
 }
 
-// decode parses data, a message that passed precheck.
-func decode(data string, lists Lists) (Message, error) {
+// windows makes decode read each rule report's keys a window at a time
+// into one reused slice (DecodeWindowsFromOwned).
+type windows struct {
+	size int // keys per window, > 0
+	// emit receives every rule report in message order, one per window of
+	// its keys (a report without keys, or with Err, once); nil: validate
+	// only (decode returns the reports without their keys). It returns
+	// false to stop.
+	emit func(RuleReport) bool
+	// errs are the first pass's Err per rule report: a report read with
+	// an error there is emitted once, with its error, not by windows.
+	errs []error
+}
+
+// errStopped ends decode when windows.emit returned false.
+var errStopped = errors.New("wire: stopped")
+
+// decode parses data, a message that passed precheck; with w, a window of
+// keys at a time (windows).
+func decode(data string, lists Lists, w *windows) (Message, error) {
 	d := bincode.New(data, 1, ErrMalformed, MaxStringLen)
 	m := Message{Version: 3}
 	v2 := data[0] == magicV2
@@ -781,15 +802,36 @@ func decode(data string, lists Lists) (Message, error) {
 				c.Region, c.Inc, c.Retire = region(), d.Uvarint(), d.Uvarint()
 			}
 		}
+		last := 0 // with w: the keys of the last window
 		if nk := d.Count(minKey); nk > 0 {
-			r.Keys = make([]ledger.KeyReport, nk)
-			for j := range r.Keys {
-				k := &r.Keys[j]
+			n := nk
+			if w != nil {
+				n = min(nk, w.size)
+			}
+			r.Keys = make([]ledger.KeyReport, n)
+			for j := range nk {
+				k := &r.Keys[j%n] // j itself without w (n == nk)
 				k.Key, k.Demand, k.Position = d.Str(), d.Varint(), d.Varint()
 				k.Gave = counters(nk - j)
 				k.Applied = counters(nk - j)
 				k.Retire = d.Uvarint()
+				if w == nil || (j+1)%n != 0 || j+1 == nk || d.Err() != nil {
+					continue
+				}
+				// A whole window, not the last: emitted (a report the
+				// first pass read without error), then its slice and
+				// counters are used again.
+				if w.emit != nil && w.errs[i] == nil && rr.Err == nil && !bad {
+					part := *rr
+					part.Regions = rules
+					if !w.emit(part) {
+						return Message{}, errStopped
+					}
+				}
+				clear(r.Keys)
+				arena = arena[:0]
 			}
+			last = (nk-1)%n + 1
 		}
 		if d.Err() != nil {
 			break
@@ -801,6 +843,20 @@ func decode(data string, lists Lists) (Message, error) {
 			rr.Report = ledger.Report{From: m.From}
 		} else {
 			rr.Regions = rules
+		}
+		if w != nil {
+			if w.emit == nil {
+				r.Keys = nil // validated: the second pass reads them
+				continue
+			}
+			part := *rr
+			if part.Err == nil && last > 0 {
+				part.Report.Keys = r.Keys[:last]
+			}
+			if !w.emit(part) {
+				return Message{}, errStopped
+			}
+			*rr = RuleReport{} // emitted: the message keeps none of it
 		}
 	}
 	if d.Err() == nil && d.Rest() != 0 {

@@ -331,6 +331,12 @@ func FuzzDecode(f *testing.F) {
 		}
 		// A reader's lists read what the ledger would accept alike.
 		checkReadBy(t, data, lists, "eu-west")
+		// Read a window of keys at a time, the message reads the same.
+		for _, ls := range []Lists{lists, readBy(lists, "eu-west")} {
+			for _, size := range []int{1, 2, 3, 1000} {
+				checkWindows(t, data, ls, size)
+			}
+		}
 		if err != nil {
 			if !errors.Is(err, ErrMalformed) {
 				t.Fatalf("error %v does not wrap ErrMalformed", err)
@@ -430,17 +436,7 @@ func typicalLists(string) *Regions { return typicalRegions }
 // counters naming reader.
 func checkReadBy(t *testing.T, data []byte, lists Lists, reader string) {
 	t.Helper()
-	byReader := func(rule string) *Regions {
-		g := lists(rule)
-		if g == nil {
-			return nil
-		}
-		r, err := g.ReadBy(reader)
-		if err != nil {
-			return g // reader not in this list: read as before
-		}
-		return r
-	}
+	byReader := readBy(lists, reader)
 	m, err := Decode(data, lists)
 	mr, errr := Decode(data, byReader)
 	if (err == nil) != (errr == nil) || err != nil && err.Error() != errr.Error() {
@@ -597,5 +593,74 @@ func BenchmarkDecode(b *testing.B) {
 				b.ReportMetric(float64(len(data))/1000, "wire-B/key")
 			})
 		}
+	}
+}
+
+// readBy is lists as region reader reads them (Regions.ReadBy), each list
+// that does not name reader as it is.
+func readBy(lists Lists, reader string) Lists {
+	return func(rule string) *Regions {
+		g := lists(rule)
+		if g == nil {
+			return nil
+		}
+		r, err := g.ReadBy(reader)
+		if err != nil {
+			return g // reader not in this list: read as before
+		}
+		return r
+	}
+}
+
+// checkWindows checks that DecodeWindowsFromOwned, windows of size keys,
+// refuses what DecodeFromOwned refuses, and otherwise yields each rule
+// report in order, by windows of at most size keys with the report's
+// header, whose keys make the report's keys.
+func checkWindows(t *testing.T, data []byte, lists Lists, size int) {
+	t.Helper()
+	from := "x"
+	if m, err := Decode(data, lists); err == nil {
+		from = m.From
+	}
+	own := append([]byte(nil), data...)
+	want, err := DecodeFromOwned(from, own, lists)
+	own2 := append([]byte(nil), data...)
+	head, seq, errw := DecodeWindowsFromOwned(from, own2, lists, size)
+	if (err == nil) != (errw == nil) || err != nil && err.Error() != errw.Error() {
+		t.Fatalf("window %d: errors differ: %v, by windows %v", size, err, errw)
+	}
+	if err != nil {
+		return
+	}
+	if head.From != want.From || head.Version != want.Version || len(head.Rules) != len(want.Rules) {
+		t.Fatalf("window %d: header differs", size)
+	}
+	i, j := 0, 0 // the rule report, and its keys yielded so far
+	for m := range seq {
+		if len(m.Rules) != 1 || m.From != want.From || m.Version != want.Version || i >= len(want.Rules) {
+			t.Fatalf("window %d: a window of %d rules from %q after %d reports", size, len(m.Rules), m.From, i)
+		}
+		got, rr := m.Rules[0], want.Rules[i]
+		if head.Rules[i].Rule != rr.Rule || (head.Rules[i].Err == nil) != (rr.Err == nil) || head.Rules[i].Report.Keys != nil {
+			t.Fatalf("window %d: rule %q: the first pass read %+v", size, rr.Rule, head.Rules[i])
+		}
+		if got.Rule != rr.Rule || !reflect.DeepEqual(got.Regions, rr.Regions) || (got.Err == nil) != (rr.Err == nil) || got.Err != nil && got.Err.Error() != rr.Err.Error() {
+			t.Fatalf("window %d: rule %q read as %q (%v, want %v)", size, rr.Rule, got.Rule, got.Err, rr.Err)
+		}
+		h, wh := got.Report, rr.Report
+		h.Keys, wh.Keys = nil, nil
+		if !reflect.DeepEqual(h, wh) {
+			t.Fatalf("window %d: rule %q: header %+v, want %+v", size, rr.Rule, h, wh)
+		}
+		n := len(got.Report.Keys)
+		if n > size || n == 0 && len(rr.Report.Keys) > 0 || j+n > len(rr.Report.Keys) || !reflect.DeepEqual(got.Report.Keys, rr.Report.Keys[j:j+n:j+n]) && n > 0 {
+			t.Fatalf("window %d: rule %q: %d keys at %d of %d, or other keys", size, rr.Rule, n, j, len(rr.Report.Keys))
+		}
+		if j += n; j == len(rr.Report.Keys) {
+			i, j = i+1, 0
+		}
+	}
+	if i != len(want.Rules) {
+		t.Fatalf("window %d: %d of %d rule reports yielded", size, i, len(want.Rules))
 	}
 }
