@@ -730,7 +730,14 @@ func decode(data string, lists Lists, w *windows) (Message, error) {
 			prev = int(x)
 			if int(x) == reader {
 				if len(arena) == cap(arena) {
-					arena, start = make([]ledger.Counter, 0, min(2*keysLeft, 512)), 0
+					// A window's keys read at most two counters
+					// each (one of each kind names the reader):
+					// with w, one array per window, used again.
+					size := 512
+					if w != nil {
+						size = 2 * w.size
+					}
+					arena, start = make([]ledger.Counter, 0, min(2*keysLeft, size)), 0
 				}
 				arena = append(arena, ledger.Counter{Region: tab[x], Inc: inc, Units: units})
 			}
