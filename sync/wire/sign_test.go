@@ -267,6 +267,13 @@ func BenchmarkOpen(b *testing.B) {
 				}
 			}
 		})
+		b.Run(fmt.Sprintf("keys=%d/verify", n), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := v.Verify("us-east", sealed); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 		b.Run(fmt.Sprintf("keys=%d/seal", n), func(b *testing.B) {
 			for b.Loop() {
 				s.Seal(msg)
