@@ -26,7 +26,9 @@
 //     report carrying both is built when the batch leaves, so no report of
 //     every key is held built while the store answers. Then every report
 //     of the batch leaves in one message (Ports.Publish), less what a
-//     later report of the same rule carries again (supersede).
+//     later report of the same rule carries again (supersede); an owed
+//     report of more than SendWindow keys is built and sent a part at a
+//     time, each part a message of its own after the others.
 //
 // Tick (TickFrom: the usage as a sequence) feeds the enforcers' usage of
 // the interval (every key with usage: a key is coordinated from its first
@@ -64,6 +66,11 @@ const (
 	// are about 620 KB at three regions; a part of NATS's default max
 	// payload (1 MiB) holds about 20,000.
 	ReceiveWindow = 4096
+	// SendWindow is the most keys of a report built at once (publish):
+	// about 650 KB encoded at three regions, within one part of NATS's
+	// default max payload, so a report is cut about as wire.EncodeParts
+	// would cut it.
+	SendWindow = 16384
 )
 
 // Reasons a peer's rule report is dropped (Ports.Rejected).
@@ -94,6 +101,8 @@ type Ports interface {
 	// and calls Confirmed.
 	Write(writes map[*Rule][]ledger.Write) map[*Rule]Applied
 	// Publish sends one message with the batch's reports to every peer.
+	// It must not keep m's slices past its return: the part of a report
+	// built a part at a time is reused for the next (publish).
 	Publish(m wire.Message)
 	// Contribute adds a frozen incarnation's contributions to r's registry
 	// and then calls Contributed with the records it got (none on failure).
@@ -454,6 +463,12 @@ func (d *Driver) Flush() {
 // store answers a tick's writes (at 100,000 keys with every key written,
 // about a second of store calls and 70-270 B per key), and it has the
 // state of the moment it leaves under a sequence number of that moment.
+//
+// An owed report of more than SendWindow keys is built and sent a part of
+// SendWindow keys at a time (ledger.OwedReportParts; each part is a message
+// of its own, after the pending reports, and is sent before the next is
+// built, whose slices it reuses), so that no report of every key is held
+// built while it is encoded and sent.
 func (d *Driver) publish() {
 	now := d.p.Now()
 	for _, id := range d.IDs() {
@@ -461,10 +476,26 @@ func (d *Driver) publish() {
 		if r.Led == nil {
 			continue
 		}
-		if rep := r.Led.OwedReport(now); rep != nil {
-			d.reports = append(d.reports, wire.RuleReport{Rule: r.ID, Regions: r.regions, Report: *rep})
+		split := false
+		for rep, more := range r.Led.OwedReportParts(now, SendWindow) {
+			rr := wire.RuleReport{Rule: r.ID, Regions: r.regions, Report: *rep}
+			if !more && !split {
+				d.reports = append(d.reports, rr)
+				continue
+			}
+			if !split {
+				split = true
+				d.sendPending()
+			}
+			d.p.Publish(wire.Message{From: d.region, Rules: []wire.RuleReport{rr}})
 		}
 	}
+	d.sendPending()
+}
+
+// sendPending publishes the pending reports in one message, less what a
+// later report of the same rule carries again (supersede).
+func (d *Driver) sendPending() {
 	if len(d.reports) > 0 {
 		rs := supersede(d.reports)
 		d.reports = nil

@@ -50,7 +50,20 @@ func (f *fakePorts) Write(ws map[*Rule][]ledger.Write) map[*Rule]Applied {
 	return out
 }
 
-func (f *fakePorts) Publish(m wire.Message)                       { f.msgs = append(f.msgs, m) }
+// Publish keeps a copy of m: a report built a part at a time reuses a
+// part's slices for the next (Ports.Publish).
+func (f *fakePorts) Publish(m wire.Message) {
+	m.Rules = slices.Clone(m.Rules)
+	for i := range m.Rules {
+		ks := slices.Clone(m.Rules[i].Report.Keys)
+		for j := range ks {
+			ks[j].Gave, ks[j].Applied = slices.Clone(ks[j].Gave), slices.Clone(ks[j].Applied)
+		}
+		m.Rules[i].Report.Keys = ks
+	}
+	f.msgs = append(f.msgs, m)
+}
+
 func (f *fakePorts) Contribute(r *Rule, cs []ledger.Contribution) { f.contribs++ }
 func (f *fakePorts) Close(r *Rule, by ledger.Incarnation)         {}
 func (f *fakePorts) Start(r *Rule)                                { f.starts = append(f.starts, r.ID) }

@@ -130,3 +130,50 @@ func TestReceiveByWindows(t *testing.T) {
 	t.Logf("k00: whole a=%d b=%d, by windows a=%d b=%d; %d windows merged against %d messages",
 		units(whole, "a")["k00"], units(whole, "b")["k00"], a, b, byWin.windows, whole.windows)
 }
+
+// TestPublishParts: an owed report of more than SendWindow keys leaves a
+// part of SendWindow keys at a time, each part a message of its own with
+// the report's sequence number, the keys in name order across the parts;
+// a smaller one leaves in one message.
+func TestPublishParts(t *testing.T) {
+	d, p, _, _ := setup(t, true)
+	keys := SendWindow + SendWindow/4
+	p.msgs = nil
+	p.now = 100 * time.Millisecond
+	us := make([]Usage, keys)
+	for i := range us {
+		us[i] = Usage{Rule: "r1", Key: fmt.Sprintf("k%06d", i), Rate: 100, Admitted: 5}
+	}
+	d.Tick(us)
+	var seq uint64
+	n, last := 0, ""
+	for i, m := range p.msgs {
+		if len(m.Rules) != 1 || m.Rules[0].Rule != "r1" {
+			t.Fatalf("message %d: %d rule reports", i, len(m.Rules))
+		}
+		r := m.Rules[0].Report
+		if i == 0 {
+			seq = r.Seq
+		}
+		if r.Seq != seq || len(r.Keys) > SendWindow {
+			t.Fatalf("message %d: seq %d (first %d), %d keys", i, r.Seq, seq, len(r.Keys))
+		}
+		for _, k := range r.Keys {
+			if k.Key <= last {
+				t.Fatalf("message %d: key %q after %q", i, k.Key, last)
+			}
+			last = k.Key
+			n++
+		}
+	}
+	if len(p.msgs) != 2 || n != keys {
+		t.Fatalf("%d messages with %d keys, want 2 with %d", len(p.msgs), n, keys)
+	}
+	// A report of fewer keys: one message.
+	p.msgs = nil
+	p.now += 100 * time.Millisecond
+	d.Tick(us[:10])
+	if len(p.msgs) != 1 {
+		t.Fatalf("a report of 10 keys in %d messages", len(p.msgs))
+	}
+}

@@ -101,7 +101,10 @@
 //     all that are owed when the caller sends it, with the state and a
 //     sequence number of that moment: for the proof the owed reports were
 //     lost and the later one carries what they would have (a report
-//     carries every key changed since the last one).
+//     carries every key changed since the last one). OwedReportParts
+//     builds it a part of keys at a time, each part with the header and
+//     the sequence number: a report split into parts, as the wire splits
+//     one into messages.
 //     ShareApplied
 //     returns an immediate report when it makes gifts durable, and Receive
 //     returns the raise write at once, so a gift takes about one RTT plus

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"iter"
 	"sort"
 	"time"
 )
@@ -323,9 +324,38 @@ func (l *Ledger) OwedReport(now time.Duration) *Report {
 	return l.report(now, false)
 }
 
+// OwedReportParts is OwedReport built a part of at most maxKeys keys at a
+// time, so that a report of every key is never held built whole: each
+// part has the report's header (sequence number, acknowledgements,
+// closures) and the next keys in name order, as wire.EncodeParts would
+// cut the report (a receiver merges the parts of one sequence number as
+// one report). more is true while parts follow; a part's slices are used
+// again for the next, so the caller must be done with a part (sent it)
+// before it asks for the next. A caller that stops early leaves the keys
+// not yet reported to the next report.
+func (l *Ledger) OwedReportParts(now time.Duration, maxKeys int) iter.Seq2[*Report, bool] {
+	return func(yield func(*Report, bool) bool) {
+		if l.fenced || !l.repOwed {
+			return
+		}
+		l.reportParts(now, false, maxKeys, yield)
+	}
+}
+
 func (l *Ledger) report(now time.Duration, full bool) *Report {
+	var out *Report
+	l.reportParts(now, full, 0, func(r *Report, _ bool) bool {
+		out = r
+		return true
+	})
+	return out
+}
+
+// reportParts builds the report, a part of at most maxKeys keys at a time
+// (0: one part), and yields each part and whether more follow.
+func (l *Ledger) reportParts(now time.Duration, full bool, maxKeys int, yield func(*Report, bool) bool) {
 	if !l.everOK {
-		return nil
+		return
 	}
 	// A report built while a Tick's is owed is that report too.
 	if l.repOwed {
@@ -372,30 +402,50 @@ func (l *Ledger) report(now time.Duration, full bool) *Report {
 			n++
 		}
 	}
+	// Closures do not depend on the keys: computed before them, every
+	// part carries them.
+	r.Closes = l.closures(r.Seq)
 	// The keys' counters share one array, cut as it fills (a report of n
 	// keys is a few allocations, not 2n); peers in name order
 	// (Ledger.order), so each key's counters come out sorted by region.
+	// With parts, a part's keys and its array are used again for the next.
+	part := n
+	if maxKeys > 0 {
+		part = min(n, maxKeys)
+	}
 	var arena []Counter
-	r.Keys = make([]KeyReport, 0, n)
+	r.Keys = make([]KeyReport, 0, part)
+	left := n
 	for _, k := range l.sorted {
 		if !due(k) {
 			continue
 		}
+		if len(r.Keys) == part && left > 0 { // a whole part, more to come
+			if !yield(r, true) {
+				return
+			}
+			clear(r.Keys)
+			r.Keys, arena = r.Keys[:0], arena[:0]
+		}
+		left--
 		k.dirty = false
 		kr := KeyReport{Key: k.name, Demand: k.reported(), Position: l.position(k), Retire: k.retireSeq()}
 		if cap(arena)-len(arena) < 2*len(l.order) {
-			arena = make([]Counter, 0, 2*len(l.order)*min(n, 512))
+			size := min(part, 512)
+			if maxKeys > 0 {
+				size = part // one array a part
+			}
+			arena = make([]Counter, 0, 2*len(l.order)*size)
 		}
 		kr.Gave, arena = l.counters(k, arena, true)
 		kr.Applied, arena = l.counters(k, arena, false)
 		r.Keys = append(r.Keys, kr)
 	}
-	r.Closes = l.closures(r.Seq)
 	if full { // after the keys: this report counts for idleDone from now on
 		copy(l.fullAt[:], l.fullAt[1:])
 		l.fullAt[len(l.fullAt)-1] = now
 	}
-	return r
+	yield(r, false)
 }
 
 // counters appends k's nonzero confirmed gifts (gave) or applied receipts
