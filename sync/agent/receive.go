@@ -81,8 +81,9 @@ var errOverflow = errors.New("report queue over its byte budget: the sender's ol
 
 // receiveWindow is the most keys of a report the agent holds decoded
 // (driver.ReceiveWindow; BenchmarkAgent100kKeys: a report decoded whole,
-// about 20,000 keys a part, was the largest part of its samples above 500
-// B per key at 20,000 keys). A variable for the tests (one key per window).
+// at 20,000 keys all of them in one part, was the largest part of its
+// samples above 500 B per key there). A variable for the tests (one key
+// per window).
 var receiveWindow = driver.ReceiveWindow
 
 // receive decodes a queued report on the loop goroutine and merges it into

@@ -63,11 +63,13 @@ const (
 	// agent and the simulator decode a message a window of keys at a time
 	// (wire.DecodeWindowsFromOwned, each window read as a part of a report
 	// its sender split) and merge each with Receive. 4,096 keys decoded
-	// are about 620 KB at three regions; a part of NATS's default max
-	// payload (1 MiB) holds about 20,000.
+	// are about 520 KB at three regions (BenchmarkDecode in sync/wire,
+	// reader eu-west: 127 KB per 1,000 keys); a part of NATS's default max
+	// payload (1 MiB) holds about 24,000 (42 B a key, BenchmarkEncode).
 	ReceiveWindow = 4096
 	// SendWindow is the most keys of a report built at once (publish):
-	// about 650 KB encoded at three regions, within one part of NATS's
+	// about 690 KB encoded at three regions (42 B a key, BenchmarkEncode
+	// in sync/wire), within one part of NATS's
 	// default max payload, so a report is cut about as wire.EncodeParts
 	// would cut it.
 	SendWindow = 16384

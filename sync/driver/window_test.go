@@ -14,9 +14,9 @@ import (
 // one Receive, in the other it is merged a window of 3 keys at a time
 // (wire.DecodeWindowsFromOwned, as the agent and the simulator read
 // messages). Each window reads as a part of a report its sender split, so
-// both worlds move the shares to the same place: every key ends where the
-// allocator puts it, in both, and the regions' units never sum above the
-// limit in either.
+// both worlds move the shares to the same place: every key ends with the
+// same units in both (within Hysteresis), a holding more than b as its
+// demand asks, and the regions' units never sum above the limit in either.
 func TestReceiveByWindows(t *testing.T) {
 	const keys, window = 20, 3
 	cfg := ledger.DefaultConfig()

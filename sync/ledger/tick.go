@@ -415,19 +415,19 @@ func (l *Ledger) reportParts(now time.Duration, full bool, maxKeys int, yield fu
 	}
 	var arena []Counter
 	r.Keys = make([]KeyReport, 0, part)
-	left := n
 	for _, k := range l.sorted {
 		if !due(k) {
 			continue
 		}
-		if len(r.Keys) == part && left > 0 { // a whole part, more to come
+		// A whole part, and k is due: more to come (without parts, part is
+		// every due key, so this never holds).
+		if len(r.Keys) == part {
 			if !yield(r, true) {
 				return
 			}
 			clear(r.Keys)
 			r.Keys, arena = r.Keys[:0], arena[:0]
 		}
-		left--
 		k.dirty = false
 		kr := KeyReport{Key: k.name, Demand: k.reported(), Position: l.position(k), Retire: k.retireSeq()}
 		if cap(arena)-len(arena) < 2*len(l.order) {
