@@ -136,7 +136,8 @@ type Config struct {
 	// the rest: the start of an average and silence). Default 40; 0 disables.
 	DemandTokens float64
 	// Quantum is the number of units per whole token of the limit's capacity
-	// (Units/capacity), when the agent knows it; 0 (the default) means none.
+	// (Units/capacity rounded up: QuantumOf), when the agent knows it; 0 (the
+	// default) means none.
 	// With it, targets are rounded so that regions hold whole tokens
 	// (allocation.WholeTokens): a region whose capacity is below one token
 	// cannot admit anything.
@@ -326,12 +327,18 @@ func (c Config) Validate() error {
 const WholeTokensUpTo = 100
 
 // QuantumOf returns the Quantum for a limit of capacity tokens over units:
-// units/capacity for a capacity of 1 to WholeTokensUpTo tokens, else 0.
+// units/capacity rounded up, for a capacity of 1 to WholeTokensUpTo tokens,
+// else 0. Rounded up, because the store enforces the capacity of u units
+// rounded down (floor(capacity*u/units), in thousandths of a token): with
+// units/capacity rounded down, a region holding one quantum of a capacity
+// that does not divide units (3 of 1,000,000: 333,333 units) would
+// enforce 0.999 of a token and admit nothing.
 func QuantumOf(units int64, capacity float64) int64 {
 	if !(capacity >= 1) || capacity > WholeTokensUpTo {
 		return 0
 	}
-	return int64(float64(units) / math.Floor(capacity))
+	c := int64(math.Floor(capacity))
+	return (units + c - 1) / c
 }
 
 // ReclaimAfter is how long, on a survivor's clock, a peer incarnation must be
