@@ -354,3 +354,48 @@ func checkName(s string, max int) string {
 	}
 	return ""
 }
+
+// CheckFloors refuses a coordinated global rule (Coordinated) in which some
+// region can never hold one whole token of the limit (a token bucket's
+// capacity, a window's limit): the floors of the other regions (min_share x
+// their weight share, never lent) leave it less than one even when it holds
+// everything else, and a region holding less than one token admits nothing.
+// With a capacity of 1, any min_share above 0 does that to every region:
+// the rule admits nothing anywhere. It is a check for new rules: the rule
+// store runs it on every put, after Validate, and rlctl rules validate with
+// it; rules already stored are not refused when read (Validate does not run
+// it).
+func (r Rule) CheckFloors() error {
+	if !r.Coordinated() || r.MinShare <= 0 {
+		return nil
+	}
+	limit, field := r.Limit, "limit"
+	if r.Algorithm == TokenBucket {
+		limit, field = r.Capacity, "capacity"
+	}
+	if limit < 1 {
+		return nil
+	}
+	var sum float64
+	names := slices.Sorted(maps.Keys(r.Regions))
+	for _, n := range names {
+		sum += r.Regions[n]
+	}
+	worst, most, others := "", 0.0, 0.0
+	for _, n := range names {
+		rest := 1 - r.Regions[n]/sum // the other regions' weight share
+		if best := float64(limit) * (1 - r.MinShare*rest); best < 1-1e-9 && (worst == "" || best < most) {
+			worst, most, others = n, best, rest
+		}
+	}
+	if worst == "" {
+		return nil
+	}
+	fix := "use min_share 0"
+	if below := (1 - 1/float64(limit)) / others; below > 0 {
+		fix = fmt.Sprintf("use a min_share below %.4g (or 0)", below)
+	}
+	return &FieldError{RuleID: r.ID, Field: "min_share", Msg: fmt.Sprintf(
+		"%v leaves region %s at most %.3g of a token of the %s of %d (the other regions' floors, min_share x their weight share, are never lent), and a region holding less than one whole token admits nothing: %s",
+		r.MinShare, worst, most, field, limit, fix)}
+}

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -255,5 +256,76 @@ func TestDurationString(t *testing.T) {
 		if got := Duration(in).String(); got != want {
 			t.Errorf("Duration(%v).String() = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestCheckFloors: a coordinated global rule in which some region could
+// never hold one whole token, however the rest is shared, is refused naming
+// min_share, with a min_share that would pass; the others pass.
+func TestCheckFloors(t *testing.T) {
+	two := map[string]float64{"us-east": 1, "eu-west": 1}
+	g := func(capacity int64, minShare float64, regions map[string]float64) Rule {
+		r := tokenRule()
+		r.Scope, r.Capacity, r.MinShare, r.Regions = Global, capacity, minShare, regions
+		return r
+	}
+	window := func(limit int64, minShare float64) Rule {
+		r := windowRule()
+		r.Scope, r.Limit, r.MinShare, r.Regions = Global, limit, minShare, two
+		return r
+	}
+	uneven := map[string]float64{"a": 100, "b": 1}
+	for _, tc := range []struct {
+		name string
+		r    Rule
+		want string // "" when it passes; else in the message
+	}{
+		{"capacity 1, min_share 0.1", g(1, 0.1, two), "at most 0.95 of a token of the capacity of 1"},
+		{"capacity 1, min_share 0", g(1, 0, two), ""},
+		{"capacity 1, one region", g(1, 0.5, map[string]float64{"us-east": 1}), ""},
+		{"capacity 2, static split", g(2, 1, two), ""},
+		{"the README's example", globalRule(), ""},
+		{"a region of a tiny weight, static split", g(50, 1, uneven), "region b"},
+		{"a region of a tiny weight, some floor", g(50, 0.5, uneven), ""},
+		{"window of 1, min_share 0.2", window(1, 0.2), "limit of 1"},
+		{"window of 10, min_share 0.2", window(10, 0.2), ""},
+		{"regional", tokenRule(), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.r.Validate(); err != nil {
+				t.Fatalf("Validate: %v (CheckFloors is for valid rules)", err)
+			}
+			err := tc.r.CheckFloors()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			var fe *FieldError
+			if !errors.As(err, &fe) || fe.Field != "min_share" || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want a min_share FieldError with %q", err, tc.want)
+			}
+			t.Log(err)
+		})
+	}
+	// The min_share the message offers passes.
+	r := g(50, 1, uneven)
+	err := r.CheckFloors()
+	i := strings.Index(err.Error(), "below ")
+	if i < 0 {
+		t.Fatalf("no min_share offered: %v", err)
+	}
+	var below float64
+	if _, serr := fmt.Sscanf(err.Error()[i:], "below %g", &below); serr != nil || below <= 0 {
+		t.Fatalf("%v: %v", err, serr)
+	}
+	r.MinShare = below * 0.999
+	if err := r.CheckFloors(); err != nil {
+		t.Fatalf("min_share %v, just below what the message offered: %v", r.MinShare, err)
+	}
+	r.MinShare = math.Min(1, below*1.01)
+	if err := r.CheckFloors(); err == nil {
+		t.Fatalf("min_share %v, above what the message offered, passed", r.MinShare)
 	}
 }

@@ -222,6 +222,7 @@ func TestValidateOffline(t *testing.T) {
 		{"unknown field", strings.Replace(ordersRule, `"shadow"`, `"shadw"`, 1), "shadw"},
 		{"bad window", `{"id":"w","algorithm":"fixed_window","limit":1,"window":"abc"}`, "window"},
 		{"unknown algorithm", strings.Replace(ordersRule, "token_bucket", "magic", 1), "algorithm"},
+		{"stranded floors", `{"id":"one","algorithm":"token_bucket","capacity":1,"refill_per_second":1,"scope":"global","regions":{"a":1,"b":1},"min_share":0.1}`, "min_share"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rlctl(t, "rules", "validate", "-f", write(tc.name+".json", tc.doc)).must(t, exitFailure, tc.field)

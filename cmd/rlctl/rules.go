@@ -240,6 +240,9 @@ func (c *cli) rulesValidateCmd() *cobra.Command {
 			}
 			ids := make([]string, len(rs))
 			for i, r := range rs {
+				if err := r.CheckFloors(); err != nil { // as the store checks a put
+					return fmt.Errorf("%s: %w", file, err)
+				}
 				ids[i] = r.ID
 			}
 			if c.structured() {

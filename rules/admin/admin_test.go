@@ -221,6 +221,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"zero refill", strings.Replace(goodDoc, `"refill_per_second":10`, `"refill_per_second":0`, 1), nil, 400, "refill_per_second", "refill_per_second"},
 		{"unknown algorithm", strings.Replace(goodDoc, `"token_bucket"`, `"magic_bucket"`, 1), nil, 400, "algorithm", "algorithm"},
 		{"window abc", `{"id":"orders","algorithm":"fixed_window","limit":5,"window":"abc"}`, nil, 400, "window", "abc"},
+		{"stranded floors", `{"id":"orders","algorithm":"token_bucket","capacity":1,"refill_per_second":1,"scope":"global","regions":{"a":1,"b":1},"min_share":0.1}`, nil, 400, "min_share", "whole token"},
 		{"id disagrees with path", strings.Replace(goodDoc, `"id":"orders"`, `"id":"other"`, 1), nil, 400, "id", "does not match"},
 		{"10 MB document", big, nil, 413, "", "limit"},
 		{"invalid JSON", `{"id":"orders",`, nil, 400, "", "JSON"},

@@ -210,7 +210,8 @@ func (s *Store) List(ctx context.Context) ([]rules.Rule, int64, error) {
 	return out, resp.Header.Revision, nil
 }
 
-// Put normalizes and validates r and stores its canonical JSON. ifMatch is
+// Put normalizes and validates r (Validate, and CheckFloors: a new rule
+// must not strand whole tokens) and stores its canonical JSON. ifMatch is
 // Unconditional (0), MustNotExist (-1: create only), or the ModRevision the
 // stored rule must still have. A failed precondition returns ErrConflict; an
 // invalid rule returns its *rules.FieldError and writes nothing. Put returns
@@ -218,6 +219,9 @@ func (s *Store) List(ctx context.Context) ([]rules.Rule, int64, error) {
 func (s *Store) Put(ctx context.Context, r rules.Rule, ifMatch int64) (int64, error) {
 	r.Normalize()
 	if err := r.Validate(); err != nil {
+		return 0, err
+	}
+	if err := r.CheckFloors(); err != nil {
 		return 0, err
 	}
 	if err := checkID(r.ID); err != nil {

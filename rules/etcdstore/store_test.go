@@ -188,6 +188,35 @@ func TestStoreRefusesChangingAGlobalSplit(t *testing.T) {
 	}
 }
 
+// A global rule in which a region could never hold a whole token
+// (rules.Rule.CheckFloors) is refused naming min_share, new or as a change
+// of a stored rule's capacity, and nothing is written.
+func TestStoreRefusesStrandedFloors(t *testing.T) {
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	g := testRule("g", 1)
+	g.Scope, g.Regions, g.MinShare = rules.Global, map[string]float64{"a": 1, "b": 1}, 0.1
+	var fe *rules.FieldError
+	if _, err := s.Put(ctx, g, Unconditional); !errors.As(err, &fe) || fe.Field != "min_share" {
+		t.Fatalf("err = %v, want a FieldError naming min_share", err)
+	}
+	if keys := rawKeys(t, c); len(keys) != 0 {
+		t.Fatalf("a refused rule wrote %v", keys)
+	}
+	g.Capacity = 10
+	if _, err := s.Put(ctx, g, Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	before := rawKeys(t, c)
+	g.Capacity = 1
+	if _, err := s.Put(ctx, g, Unconditional); !errors.As(err, &fe) || fe.Field != "min_share" {
+		t.Fatalf("capacity 10 -> 1: err = %v, want a FieldError naming min_share", err)
+	}
+	if after := rawKeys(t, c); !reflect.DeepEqual(after, before) {
+		t.Fatalf("store changed: %v -> %v", before, after)
+	}
+}
+
 func TestStoreInvalidDocumentInEtcd(t *testing.T) {
 	s, c, _ := newStore(t)
 	ctx := context.Background()

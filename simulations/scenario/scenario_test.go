@@ -97,6 +97,7 @@ func TestBadFilesNameTheLine(t *testing.T) {
 		{"unknown shape", "    level: 1.5\n", "    level: 1.5\n    shape: square\n", "line 15", "unknown shape"},
 		{"unknown region in demand", "{a: 0.7, b: 0.3}", "{a: 0.7, c: 0.3}", "line 13", `unknown region "c"`},
 		{"demand band out of range", "    level: 1.5\n", "    level: 1.5\nsync:\n  demand_band: 1.5\n", "line 16", "sync.demand_band"},
+		{"a region that can never hold a whole token", "  rate: 100\n", "  rate: 100\n  burst: 1\n  min_share: 0.1\n", "line 12", "rule.min_share: 0.1 leaves region a at most 0.95 of a token"},
 		{"negative heartbeat", "    level: 1.5\n", "    level: 1.5\nsync:\n  heartbeat: -1s\n", "line 16", "sync.heartbeat"},
 	}
 	for _, c := range cases {

@@ -1,10 +1,13 @@
 package scenario
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sort"
 	"time"
+
+	"github.com/apportion/apportion/rules"
 )
 
 func bad(field, format string, args ...any) error {
@@ -112,6 +115,16 @@ func (sc *Scenario) Validate() error {
 	}
 	if math.Abs(sum-1) > 1e-6 {
 		return bad("rule.weights", "weights add up to %.6g, not 1", sum)
+	}
+	// As the rule store refuses such a rule (rules.Rule.CheckFloors): a
+	// region that could never hold a whole token.
+	rr := rules.Rule{ID: "scenario", Scope: rules.Global, Algorithm: rules.TokenBucket, Capacity: int64(r.Burst), MinShare: r.MinShare, Regions: r.Weights}
+	if r.Window > 0 {
+		rr.Algorithm, rr.Capacity, rr.Limit = rules.FixedWindow, 0, int64(r.Burst)
+	}
+	var fe *rules.FieldError
+	if err := rr.CheckFloors(); errors.As(err, &fe) {
+		return bad("rule.min_share", "%s", fe.Msg)
 	}
 	// Sync.
 	s := &sc.Sync
