@@ -46,6 +46,12 @@ const natsMaxPayload = 1 << 20
 // Every key with usage reaches the ledger, as in the agent. Targets come
 // from allocation.SplitUnits with the rule's allocation.
 type Ledger struct {
+	// ReceiveWindow and SendWindow, when set, replace driver.ReceiveWindow
+	// (the most keys of a peer's report merged at once) and
+	// driver.SendWindow (the most keys of a report built and sent at once):
+	// tests set them low so that every message leaves and is read in parts.
+	ReceiveWindow, SendWindow int
+
 	env     *sim.Env
 	cfg     ledger.Config
 	specs   []ledger.RegionSpec
@@ -162,9 +168,20 @@ func (s *Ledger) startAgent(r *lregion) {
 	}
 	a := &lagent{s: s, r: r, used: map[int]*[2]int64{}, lastPoll: -time.Hour}
 	a.drv = driver.New(r.name, a)
+	if s.SendWindow > 0 {
+		a.drv.SetSendWindow(s.SendWindow)
+	}
 	a.rule = a.drv.Add(ruleID)
 	r.ag = a
 	s.env.AgentAfter(r.idx, 0, a.tick)
+}
+
+// receiveWindow is ReceiveWindow, or driver.ReceiveWindow if unset.
+func (s *Ledger) receiveWindow() int {
+	if s.ReceiveWindow > 0 {
+		return s.ReceiveWindow
+	}
+	return driver.ReceiveWindow
 }
 
 func (a *lagent) alive() bool { return a.r.ag == a }
@@ -270,7 +287,7 @@ func (a *lagent) Publish(m wire.Message) {
 				// As the agent reads a message: checked whole, then
 				// merged a window of keys at a time (p is not changed:
 				// the strings the decoded keys point into stay valid).
-				_, windows, err := wire.DecodeWindowsFromOwned(a.r.name, p, ag.drv.Lists(), driver.ReceiveWindow)
+				_, windows, err := wire.DecodeWindowsFromOwned(a.r.name, p, ag.drv.Lists(), s.receiveWindow())
 				if err != nil {
 					return
 				}

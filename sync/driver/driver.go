@@ -169,12 +169,20 @@ type Driver struct {
 	// the report of its writes' confirmations leave in one message, as they
 	// do with a store that answers in Write.
 	waiting int
+	// sendWindow is the most keys of a report built at once (SendWindow
+	// unless SetSendWindow changed it).
+	sendWindow int
 }
 
 // New returns a driver for region with no rules.
 func New(region string, p Ports) *Driver {
-	return &Driver{region: region, p: p, rules: map[string]*Rule{}}
+	return &Driver{region: region, p: p, rules: map[string]*Rule{}, sendWindow: SendWindow}
 }
+
+// SetSendWindow sets the most keys of a report built and sent at once
+// (default SendWindow; n < 1 means 1). Tests and the simulator's
+// fault tests set it low, so that every report leaves in parts.
+func (d *Driver) SetSendWindow(n int) { d.sendWindow = max(n, 1) }
 
 // Add returns the rule with id, adding it (without a ledger) if absent.
 func (d *Driver) Add(id string) *Rule {
@@ -466,8 +474,8 @@ func (d *Driver) Flush() {
 // about a second of store calls and 70-270 B per key), and it has the
 // state of the moment it leaves under a sequence number of that moment.
 //
-// An owed report of more than SendWindow keys is built and sent a part of
-// SendWindow keys at a time (ledger.OwedReportParts; each part is a message
+// An owed report of more than SendWindow keys (SetSendWindow) is built
+// and sent a part of SendWindow keys at a time (ledger.OwedReportParts; each part is a message
 // of its own, after the pending reports, and is sent before the next is
 // built, whose slices it reuses), so that no report of every key is held
 // built while it is encoded and sent.
@@ -479,7 +487,7 @@ func (d *Driver) publish() {
 			continue
 		}
 		split := false
-		for rep, more := range r.Led.OwedReportParts(now, SendWindow) {
+		for rep, more := range r.Led.OwedReportParts(now, d.sendWindow) {
 			rr := wire.RuleReport{Rule: r.ID, Regions: r.regions, Report: *rep}
 			if !more && !split {
 				d.reports = append(d.reports, rr)

@@ -176,4 +176,17 @@ func TestPublishParts(t *testing.T) {
 	if len(p.msgs) != 1 {
 		t.Fatalf("a report of 10 keys in %d messages", len(p.msgs))
 	}
+	// SetSendWindow(3): a report of 10 keys in parts of 3, 3, 3 and 1.
+	d, p, _, _ = setup(t, true)
+	d.SetSendWindow(3)
+	p.msgs = nil
+	p.now = 100 * time.Millisecond
+	d.Tick(us[:10])
+	var sizes []int
+	for _, m := range p.msgs {
+		sizes = append(sizes, len(m.Rules[0].Report.Keys))
+	}
+	if fmt.Sprint(sizes) != "[3 3 3 1]" {
+		t.Fatalf("with a send window of 3, a report of 10 keys left as parts of %v keys", sizes)
+	}
 }

@@ -1,0 +1,190 @@
+package simulations_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apportion/apportion/simulations/scenario"
+	"github.com/apportion/apportion/simulations/sim"
+	"github.com/apportion/apportion/simulations/strategy"
+)
+
+// watched wraps a strategy and, from the time after on, counts what it
+// admits per key and samples every key's shares (their sum over the
+// regions, and the partitioned region's own) every 100 ms.
+type watched struct {
+	sim.Strategy
+	env      *sim.Env
+	after    time.Duration
+	admitted []int64   // per key, from after on
+	minSum   []float64 // per key: the least sum of the regions' shares from after on
+	cutShare []float64 // per key: the least share of region cut from after on
+	cut      int
+}
+
+func (w *watched) Start(env *sim.Env) error {
+	if err := w.Strategy.Start(env); err != nil {
+		return err
+	}
+	w.env = env
+	n := len(env.Keys())
+	w.admitted = make([]int64, n)
+	w.minSum, w.cutShare = make([]float64, n), make([]float64, n)
+	for k := range n {
+		w.minSum[k], w.cutShare[k] = 2, 2
+	}
+	if _, ok := w.Strategy.(sim.Sharer); ok {
+		env.After(w.after, w.sample)
+	}
+	return nil
+}
+
+func (w *watched) sample() {
+	sh := w.Strategy.(sim.Sharer)
+	for k := range w.env.Keys() {
+		sum := 0.0
+		for r := range w.env.Regions() {
+			s := sh.Share(r, k)
+			sum += s
+			if r == w.cut {
+				w.cutShare[k] = min(w.cutShare[k], s)
+			}
+		}
+		w.minSum[k] = min(w.minSum[k], sum)
+	}
+	w.env.After(100*time.Millisecond, w.sample)
+}
+
+func (w *watched) Admit(region, key int, cost int64) bool {
+	ok := w.Strategy.Admit(region, key, cost)
+	if ok && w.env.Now() >= w.after {
+		w.admitted[key] += cost
+	}
+	return ok
+}
+
+// splitScenario: n regions 40 ms apart, keys keys each sent at 0.5x the
+// limit by r0 and 0.3x by the other regions together; r1 cut off from the
+// others and from the registry from 20 s to 35 s (five leases).
+func splitScenario(t *testing.T, n int, rate float64, keys int) *scenario.Scenario {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "name: split-%d-%g\nseed: 1\nduration: 60s\nregions:\n", n, rate)
+	for i := range n {
+		fmt.Fprintf(&b, "  - name: r%d\n", i)
+	}
+	b.WriteString("network:\n  delay_ms:\n")
+	for i := range n - 1 {
+		fmt.Fprintf(&b, "    r%d: {", i)
+		for j := i + 1; j < n; j++ {
+			if j > i+1 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "r%d: 40", j)
+		}
+		b.WriteString("}\n")
+	}
+	minShare := 0.1
+	if rate < 10 {
+		minShare = 0 // a floor of a fraction of a token strands the limit (rules.Rule.CheckFloors)
+	}
+	fmt.Fprintf(&b, "  jitter_ms: 2\n  loss: 0.01\nrule:\n  rate: %g\n  burst: %g\n  min_share: %g\nsync:\n  lease: 3s\ndemand:\n", rate, rate, minShare)
+	for k := range keys {
+		fmt.Fprintf(&b, "  - {region: r0, key: k%d, level: 0.5}\n", k)
+		b.WriteString("  - {split: {")
+		for i := 1; i < n; i++ {
+			if i > 1 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "r%d: %g", i, 1/float64(n-1))
+		}
+		fmt.Fprintf(&b, "}, key: k%d, level: 0.3}\n", k)
+	}
+	b.WriteString("events:\n  - {kind: partition, regions: [r1], at: 20s, for: 15s}\n")
+	sc, err := scenario.Parse("split", []byte(b.String()))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, b.String())
+	}
+	return sc
+}
+
+// splitLiveBound is how long after the heal TestPartitionSplitMessages
+// gives the shares to come back (measured: 5 s is not always enough at ten
+// regions with reports in parts of two keys, r1 then holding 0.017 of the
+// limit, half its demand).
+const splitLiveBound = 10 * time.Second
+
+// TestPartitionSplitMessages runs a partition of one region for five
+// leases, at 2 and 10 regions and at 1 and 10,000 requests per second,
+// with every report of more than two keys built and sent in parts of two
+// keys and every message merged a key at a time (the agent's windows,
+// driver.SendWindow and driver.ReceiveWindow, at their smallest), against
+// the same run with the production windows. Safety: neither overshoots in
+// any window. Liveness, from splitLiveBound after the heal to the end: at
+// 10,000/s every key admits what the ideal admits, the regions' shares sum
+// to at least 0.95 of the limit at every sample and r1 holds at least its
+// demand; at 1/s (burst 1: one whole token) some region holds the token at
+// every sample and the keys admit at least 40% of what the ideal does.
+func TestPartitionSplitMessages(t *testing.T) {
+	const keys = 6
+	heal := 35 * time.Second
+	for _, n := range []int{2, 10} {
+		for _, rate := range []float64{1, 10_000} {
+			t.Run(fmt.Sprintf("regions=%d/rate=%g", n, rate), func(t *testing.T) {
+				t.Parallel()
+				sc := splitScenario(t, n, rate, keys)
+				after := heal + splitLiveBound
+				ideal := &watched{Strategy: &strategy.Ideal{}, after: after, cut: 1}
+				whole := &watched{Strategy: &strategy.Ledger{}, after: after, cut: 1}
+				split := &watched{Strategy: &strategy.Ledger{ReceiveWindow: 1, SendWindow: 2}, after: after, cut: 1}
+				res, err := sim.Run(context.Background(), sc, []sim.Strategy{ideal, whole, split}, sim.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				led := res.Strategies[1:]
+				for _, s := range led {
+					t.Logf("%s: utilization %.4f, overshoot %v, %d sync bytes", s.Name, s.Utilization, s.Overshoot, s.SyncBytes)
+					for i, o := range s.Overshoot {
+						if o > 0 {
+							t.Errorf("overshoot %.4f%% in the %v window", 100*o, sim.Windows[i])
+						}
+					}
+				}
+				if led[1].SyncBytes <= led[0].SyncBytes {
+					t.Errorf("split: %d sync bytes, whole: %d: the reports did not leave in parts", led[1].SyncBytes, led[0].SyncBytes)
+				}
+				if led[1].Utilization < led[0].Utilization-0.05 {
+					t.Errorf("utilization %.4f in parts against %.4f whole", led[1].Utilization, led[0].Utilization)
+				}
+				var idealSum, splitSum int64
+				for k := range keys {
+					t.Logf("k%d from %v: admitted ideal %d whole %d split %d; least sum of shares whole %.3f split %.3f; least r1 whole %.3f split %.3f",
+						k, after, ideal.admitted[k], whole.admitted[k], split.admitted[k], whole.minSum[k], split.minSum[k], whole.cutShare[k], split.cutShare[k])
+					idealSum, splitSum = idealSum+ideal.admitted[k], splitSum+split.admitted[k]
+					if rate == 1 {
+						// One whole token: some region holds it at every sample.
+						if split.minSum[k] < 1-1e-9 {
+							t.Errorf("k%d: the regions held %.3f of the one token at a sample", k, split.minSum[k])
+						}
+						continue
+					}
+					if float64(split.admitted[k]) < 0.999*float64(ideal.admitted[k]) {
+						t.Errorf("k%d: admitted %d, the ideal %d", k, split.admitted[k], ideal.admitted[k])
+					}
+					if split.minSum[k] < 0.95 {
+						t.Errorf("k%d: the regions held %.3f of the limit at a sample", k, split.minSum[k])
+					}
+					if want := 0.3 / float64(n-1); split.cutShare[k] < want {
+						t.Errorf("k%d: r1 held %.3f of the limit at a sample, below its demand %.3f", k, split.cutShare[k], want)
+					}
+				}
+				if rate == 1 && float64(splitSum) < 0.4*float64(idealSum) {
+					t.Errorf("admitted %d from %v, the ideal %d", splitSum, after, idealSum)
+				}
+			})
+		}
+	}
+}
