@@ -475,10 +475,10 @@ func (d *Driver) Flush() {
 // state of the moment it leaves under a sequence number of that moment.
 //
 // An owed report of more than SendWindow keys (SetSendWindow) is built
-// and sent a part of SendWindow keys at a time (ledger.OwedReportParts; each part is a message
-// of its own, after the pending reports, and is sent before the next is
-// built, whose slices it reuses), so that no report of every key is held
-// built while it is encoded and sent.
+// and sent a part of SendWindow keys at a time (ledger.OwedReportParts;
+// each part is a message of its own, after the pending reports, and is
+// sent before the next is built, whose slices it reuses), so that no
+// report of every key is held built while it is encoded and sent.
 func (d *Driver) publish() {
 	now := d.p.Now()
 	for _, id := range d.IDs() {
