@@ -73,10 +73,11 @@ type Agent struct {
 	rulesCh chan []rules.Rule // latest rule set, capacity 1
 	inbox   *inbox            // peers' reports for the loop (inbox.go)
 	results chan func(context.Context)
-	// peakPublished is the largest report message published lately (all
-	// its parts), decaying (tick): the inbox's budget follows it.
+	// peakPublished is the most report bytes published in one tick lately
+	// (every part of every message), decaying (tick): the inbox's budget
+	// follows it.
 	peakPublished atomic.Int64
-	published     int64 // the largest of this tick (loop)
+	published     int64 // the bytes published since the last tick (loop)
 
 	snapMu sync.Mutex
 	incs   map[string]uint64 // rule -> incarnation (0: none), guarded by snapMu

@@ -314,8 +314,9 @@
 //     kept past it, a ledger's key names, the driver's last key per peer,
 //     is copied; of each key's counters only those naming this region are
 //     kept, wire.Regions.ReadBy), within a byte
-//     budget (inbox.go: per sender 5/4 of the largest report this agent
-//     published lately, at least 4 MiB; 1,024 messages at most); past it
+//     budget (inbox.go: per sender 5/4 of the most report bytes this agent
+//     published in one tick lately, every part counted, at least 4 MiB;
+//     1,024 messages at most); past it
 //     the oldest reports of the sender holding the most are dropped
 //     (reason overflow), never a sender's newest unless past the count. Reports are cumulative, so a drop costs time only:
 //     what it said comes back with the sender's next full report, within

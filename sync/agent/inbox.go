@@ -21,10 +21,11 @@ import "sync"
 // also keeps the acknowledgements the loop reads fresh, which is what
 // holds the peers' leases (ledger.Tick fences on a lapsed lease).
 //
-// The budget (limit): per sender with messages queued, 5/4 of the largest report message
-// this agent published recently (all parts of one, peakPublished: a peer
-// of the same rules sends reports of about the same size, so a full report
-// of each sender fits with a partial one behind it), and at least
+// The budget (limit): per sender with messages queued, 5/4 of the most
+// report bytes this agent published in one tick recently (every part of
+// every message, peakPublished: a peer of the same rules sends reports of
+// about the same size, so a full report of each sender fits with a partial
+// one behind it, also when it comes as a message per part), and at least
 // minQueueBytes per sender.
 type inbox struct {
 	mu      sync.Mutex

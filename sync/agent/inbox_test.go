@@ -2,8 +2,13 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"testing"
+	"time"
+
+	"github.com/apportion/apportion/sync/ledger"
+	"github.com/apportion/apportion/sync/wire"
 )
 
 // TestInboxBudget: past its budget the inbox drops the oldest messages of
@@ -75,5 +80,52 @@ func TestInboxSenders(t *testing.T) {
 	}
 	if len(b.senders) != 0 || b.queued() != 0 {
 		t.Fatalf("%d senders, %d bytes left", len(b.senders), b.queued())
+	}
+}
+
+// TestPublishedCountsEveryMessage: the inbox's budget follows the bytes the
+// agent published in a tick, every message counted. A report of more than
+// driver.SendWindow keys leaves as one Publish per part; when only the
+// largest message counted, the budget stayed at its 4 MiB minimum where a
+// full report at 1,000,000 keys is about 42 MB, and the peers dropped its
+// parts (BenchmarkAgent1MKeys: 1,946 report messages dropped as overflow,
+// 84 before reports were sent a part at a time).
+func TestPublishedCountsEveryMessage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: starts a NATS super-cluster, etcd and the agents")
+	}
+	s := contractStack(t)
+	a := s.regions["a"].agent
+	lists, err := wire.NewRegions(s.names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A rule no peer knows: they drop it (unknown_rule), nothing changes.
+	msg := func(keys int) wire.Message {
+		rep := ledger.Report{From: "a", Inc: 1, Seq: 1}
+		for i := range keys {
+			rep.Keys = append(rep.Keys, ledger.KeyReport{Key: fmt.Sprintf("k%03d", i), Demand: 1, Position: 1})
+		}
+		return wire.Message{From: "a", Rules: []wire.RuleReport{{Rule: "no-such-rule", Regions: lists, Report: rep}}}
+	}
+	type result struct{ published, sent int64 }
+	done := make(chan result, 1)
+	// On the agent's loop, as the driver publishes: two messages in a row.
+	a.post(context.Background(), func(context.Context) {
+		a.published = 0
+		before := metricValue(a.m.bytes.WithLabelValues("sent"))
+		p := ports{a}
+		p.Publish(msg(40))
+		p.Publish(msg(3))
+		done <- result{a.published, int64(metricValue(a.m.bytes.WithLabelValues("sent")) - before)}
+	})
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the agent's loop did not run the publish")
+	}
+	if r.sent <= 0 || r.published != r.sent {
+		t.Fatalf("counted %d bytes published for the inbox's budget, %d sent in the two messages", r.published, r.sent)
 	}
 }

@@ -43,8 +43,11 @@ func (p ports) Publish(m wire.Message) {
 		a.logs.Log(slog.LevelError, "encode", "cannot encode reports", logKeyErr, err)
 		return
 	}
+	// Every byte of this tick's reports counts towards the inbox's budget:
+	// a report of more than driver.SendWindow keys comes as one Publish
+	// per part, and the peers' inboxes must hold all of one.
 	var total int64
-	defer func() { a.published = max(a.published, total) }()
+	defer func() { a.published += total }()
 	for part := range parts {
 		if a.cfg.Signer != nil {
 			part = a.cfg.Signer.Seal(part)

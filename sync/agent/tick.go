@@ -59,8 +59,9 @@ func (a *Agent) tick(ctx context.Context) {
 			}
 		}
 	})
-	// The inbox's budget: the largest report published lately, decaying by
-	// 1/64 a tick (a full report every FullEvery ticks keeps it up).
+	// The inbox's budget: the most bytes published in one tick lately,
+	// decaying by 1/64 a tick (a full report every FullEvery ticks keeps it
+	// up).
 	peak := a.peakPublished.Load()
 	a.peakPublished.Store(max(peak-peak/64, a.published))
 	a.published = 0
