@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -305,4 +306,54 @@ func allValidUTF8(m proto.Message) bool {
 		}
 	}
 	return true
+}
+
+// TestSetRulesWarnsOfStrandedFloors: a global rule stored before the rule
+// store refused it (rules.Rule.CheckFloors: a capacity of 1 with
+// min_share 0.1, no region can ever hold the token) is still loaded and
+// enforced, and its load is logged as a warning naming it; a rule that
+// passes the check is not named.
+func TestSetRulesWarnsOfStrandedFloors(t *testing.T) {
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { client.Close() })
+	st, err := redisstore.New(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	var logs bytes.Buffer
+	cfg := DefaultConfig()
+	cfg.Region = "us-east"
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	cfg.Metrics = NewMetrics(prometheus.NewRegistry(), cfg.Region)
+	enf, err := New(cfg, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranded := tokenBucket("stranded", 1, 1)
+	stranded.Scope, stranded.Regions, stranded.MinShare = rules.Global, map[string]float64{"us-east": 1, "eu-west": 1}, 0.1
+	fine := tokenBucket("fine", 100, 1)
+	fine.Scope, fine.Regions, fine.MinShare = rules.Global, map[string]float64{"us-east": 1, "eu-west": 1}, 0.1
+	for _, r := range []*rules.Rule{&stranded, &fine} {
+		r.Normalize()
+		if err := r.Validate(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := enf.SetRules([]rules.Rule{stranded, fine}); err != nil {
+		t.Fatalf("SetRules refused a stored rule: %v", err)
+	}
+	if _, ok := enf.index.Load().params["stranded"]; !ok {
+		t.Fatal("the stranded rule is not enforced")
+	}
+	var warned []string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "can never hold a whole token") {
+			warned = append(warned, line)
+		}
+	}
+	if len(warned) != 1 || !strings.Contains(warned[0], "rule=stranded") || !strings.Contains(warned[0], "min_share") {
+		t.Fatalf("want one warning, naming the stranded rule and min_share; got %q", warned)
+	}
 }

@@ -129,6 +129,13 @@ func (e *Enforcer) SetRules(rs []rules.Rule) error {
 			p.invalid = err
 			e.log.Error("the store cannot hold this rule's bucket in this region; its checks are answered by its failure_mode", "rule", r.ID, "error", err)
 		}
+		if p.global != nil {
+			// Refused when put since 4 December 2026; one stored before is
+			// enforced as it is, and said so.
+			if err := r.CheckFloors(); err != nil {
+				e.log.Warn("global rule in which a region can never hold a whole token (its floors strand the limit); put it again with the min_share the error gives", "rule", r.ID, "error", err)
+			}
+		}
 		c.params[r.ID] = p
 	}
 	e.index.Store(c)

@@ -364,7 +364,7 @@ func checkName(s string, max int) string {
 // the rule admits nothing anywhere. It is a check for new rules: the rule
 // store runs it on every put, after Validate, and rlctl rules validate with
 // it; rules already stored are not refused when read (Validate does not run
-// it).
+// it): the enforcer loads them and logs a warning naming each.
 func (r Rule) CheckFloors() error {
 	if !r.Coordinated() || r.MinShare <= 0 {
 		return nil
