@@ -29,9 +29,8 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// miniEnforcer is an enforcer over the real store on an embedded
-// miniredis, with one token bucket keyed by client key.
-func miniEnforcer(t testing.TB) (*Enforcer, *miniredis.Miniredis) {
+// miniStore is the real store on an embedded miniredis.
+func miniStore(t testing.TB) (*redisstore.Store, *miniredis.Miniredis) {
 	t.Helper()
 	mr := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -41,6 +40,14 @@ func miniEnforcer(t testing.TB) (*Enforcer, *miniredis.Miniredis) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
+	return st, mr
+}
+
+// miniEnforcer is an enforcer over the real store on an embedded
+// miniredis, with one token bucket keyed by client key.
+func miniEnforcer(t testing.TB) (*Enforcer, *miniredis.Miniredis) {
+	t.Helper()
+	st, mr := miniStore(t)
 	cfg := DefaultConfig()
 	cfg.Region = "us-east"
 	cfg.Timeout = time.Second // the CI machine is small and shared; a fail-open answer stores nothing
@@ -314,14 +321,7 @@ func allValidUTF8(m proto.Message) bool {
 // enforced, and its load is logged as a warning naming it; a rule that
 // passes the check is not named.
 func TestSetRulesWarnsOfStrandedFloors(t *testing.T) {
-	mr := miniredis.RunT(t)
-	client := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { client.Close() })
-	st, err := redisstore.New(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st, _ := miniStore(t)
 	var logs bytes.Buffer
 	cfg := DefaultConfig()
 	cfg.Region = "us-east"
