@@ -235,8 +235,10 @@
 // its records (a newer incarnation seen, or Close). Its store lease then
 // protects nothing, and a region cut off from its only peer keeps its
 // position for the whole cut instead of its floor (a dead agent's store
-// still falls to the floor a Lease after the last renewal). Among three
-// regions or more the other side of a cut may be a live majority that
+// still falls to the floor a Lease after the last renewal, and what it
+// held stays unused: the survivor of a region lost for good keeps only its
+// own position, TestTwoRegionLossKeepsPositions and the simulations'
+// two-region-loss). Among three regions or more the other side of a cut may be a live majority that
 // acknowledges itself and must be able to reclaim what the silent region
 // held, so that region has to be at its floor by ReclaimAfter: a cut-off
 // region of three or more keeps only its floor, whatever it held (see

@@ -75,13 +75,16 @@ func TestConvergenceAfterShift(t *testing.T) {
 	t.Logf("%d seeds: worst convergence %v after the demand shift (interval %v)", seeds, worst, simConfig().Interval)
 }
 
+// TestRegionLossReclaimed: region 0 of 3, 4, 5 or 10 is cut off for good
+// while every region has demand; it fences within the lease and the
+// survivors reclaim what it held within ReclaimAfter + 1 s, nothing lost.
 func TestRegionLossReclaimed(t *testing.T) {
 	seeds := 40
 	if testing.Short() {
 		seeds = 5
 	}
 	for seed := int64(1); seed <= int64(seeds); seed++ {
-		n := 3 + int(seed%3)
+		n := []int{3, 4, 5, 10}[seed%4]
 		s := calmSim(t, seed, n)
 		setDemand(s, 0)
 		s.run(int64(3 * time.Second))
@@ -124,6 +127,54 @@ func TestRegionLossReclaimed(t *testing.T) {
 			if sum != s.cfg.Units {
 				t.Errorf("seed %d key %s: survivors + r0's floor = %d, want %d", seed, k.name, sum, s.cfg.Units)
 			}
+		}
+	}
+}
+
+// TestTwoRegionLossKeepsPositions: with two regions nothing tells a dead
+// region from a cut-off one (the package doc, invariant 3), so when r0 is
+// cut off for good neither fences nor reclaims: r1 keeps exactly the
+// position it held at the cut for ten reclaim times, and the units of the
+// two still sum to Units (the simulations' two-region-loss scenario shows
+// what this costs). A change that reclaims between two regions must change
+// this test and the proof with it.
+func TestTwoRegionLossKeepsPositions(t *testing.T) {
+	for seed := int64(1); seed <= 5; seed++ {
+		s := calmSim(t, seed, 2)
+		for _, r := range s.regions {
+			for k := range s.keys {
+				r.demand[k] = s.keys[k].rate
+			}
+		}
+		s.run(int64(5 * time.Second))
+		cut := s.now
+		held := map[string][2]int64{}
+		for _, k := range s.keys {
+			held[k.name] = [2]int64{s.regions[0].led.Position(k.name).Units, s.regions[1].led.Position(k.name).Units}
+		}
+		s.cut[0][1], s.cut[1][0] = true, true
+		s.run(cut + 10*int64(s.cfg.ReclaimAfter()))
+		if s.violation != "" {
+			t.Fatalf("seed %d: %s", seed, s.violation)
+		}
+		if len(s.fencedAt) != 0 || len(s.reclaimedAt) != 0 {
+			t.Fatalf("seed %d: fenced %v, reclaimed %v: between two regions nobody fences or reclaims by silence", seed, s.fencedAt, s.reclaimedAt)
+		}
+		if d := time.Duration(s.now - cut); d < 10*s.cfg.ReclaimAfter() {
+			t.Fatalf("seed %d: ran %v after the cut", seed, d)
+		}
+		for _, k := range s.keys {
+			a, b := s.regions[0].led.Position(k.name).Units, s.regions[1].led.Position(k.name).Units
+			if a != held[k.name][0] || b != held[k.name][1] {
+				t.Errorf("seed %d key %s: positions %d, %d after the cut, %d, %d at it", seed, k.name, a, b, held[k.name][0], held[k.name][1])
+			}
+			if b <= s.floor[1] || a+b > s.cfg.Units {
+				t.Errorf("seed %d key %s: r1 holds %d (floor %d), the two %d of %d", seed, k.name, b, s.floor[1], a+b, s.cfg.Units)
+			}
+		}
+		if seed == 1 {
+			k := s.keys[0].name
+			t.Logf("%v after the cut: r0 %d, r1 %d units of %d (floors %d, %d)", time.Duration(s.now-cut), s.regions[0].led.Position(k).Units, s.regions[1].led.Position(k).Units, s.cfg.Units, s.floor[0], s.floor[1])
 		}
 	}
 }
