@@ -21,8 +21,8 @@ type watched struct {
 	after    time.Duration
 	until    time.Duration // the end of the count of admitted (0: the run's end)
 	admitted []int64       // per key, from after (until until)
-	minSum   []float64 // per key: the least sum of the regions' shares from after on
-	cutShare []float64 // per key: the least share of region cut from after on
+	minSum   []float64     // per key: the least sum of the regions' shares from after on
+	cutShare []float64     // per key: the least share of region cut from after on
 	cut      int
 }
 
