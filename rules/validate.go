@@ -376,14 +376,10 @@ func (r Rule) CheckFloors() error {
 	if limit < 1 {
 		return nil
 	}
-	var sum float64
-	names := slices.Sorted(maps.Keys(r.Regions))
-	for _, n := range names {
-		sum += r.Regions[n]
-	}
 	worst, most, others := "", 0.0, 0.0
-	for _, n := range names {
-		rest := 1 - r.Regions[n]/sum // the other regions' weight share
+	for _, n := range slices.Sorted(maps.Keys(r.Regions)) {
+		share, _ := r.StaticShare(n)
+		rest := 1 - share // the other regions' weight share
 		if best := float64(limit) * (1 - r.MinShare*rest); best < 1-1e-9 && (worst == "" || best < most) {
 			worst, most, others = n, best, rest
 		}
