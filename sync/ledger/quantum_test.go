@@ -19,6 +19,21 @@ import (
 // even demand) the ledger admitted 18% of the ideal, 47% rounded up.
 func TestQuantumAdmitsAToken(t *testing.T) {
 	const units = allocation.DefaultUnits
+	g := redisstore.Global{Rule: "r", Units: units}
+	// admits reports whether a region holding u units (its marker's
+	// default) admits one request of b in a fresh store.
+	admits := func(u int64, b redisstore.Bucket) bool {
+		t.Helper()
+		m := redisstore.NewModel(0)
+		if _, err := m.WriteMarker(0, "r", redisstore.Marker{Inc: 1, Seq: 1, Units: u, Lease: time.Minute, Create: true, RunID: m.RunID()}); err != nil {
+			t.Fatal(err)
+		}
+		ok, _, err := m.Check(1, 1, []redisstore.Bucket{b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
 	for c := int64(1); c <= WholeTokensUpTo; c++ {
 		q := QuantumOf(units, float64(c))
 		if q <= 0 || q > units {
@@ -29,31 +44,17 @@ func TestQuantumAdmitsAToken(t *testing.T) {
 		if holders, want := units/q, c-min(units%c, 1); holders < want {
 			t.Errorf("capacity %d: %d regions can hold a whole token, want %d", c, holders, want)
 		}
-		g := redisstore.Global{Rule: "r", Units: units}
 		for _, b := range []redisstore.Bucket{
 			{Key: "tb", Algorithm: rules.TokenBucket, Capacity: c * 1000, Rate: c * 1000, Global: &g},
 			{Key: "fw", Algorithm: rules.FixedWindow, Limit: c, Window: time.Minute, Global: &g},
 		} {
-			m := redisstore.NewModel(0)
-			if _, err := m.WriteMarker(0, "r", redisstore.Marker{Inc: 1, Seq: 1, Units: q, Lease: time.Minute, Create: true, RunID: m.RunID()}); err != nil {
-				t.Fatal(err)
-			}
-			ok, _, err := m.Check(1, 1, []redisstore.Bucket{b})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !ok {
+			if !admits(q, b) {
 				t.Errorf("capacity %d, %s: one Quantum (%d units) admits no request", c, b.Algorithm, q)
 			}
 		}
 	}
 	// The rounding it replaces: at 3, a region of 333,333 units admits nothing.
-	m := redisstore.NewModel(0)
-	if _, err := m.WriteMarker(0, "r", redisstore.Marker{Inc: 1, Seq: 1, Units: units / 3, Lease: time.Minute, Create: true, RunID: m.RunID()}); err != nil {
-		t.Fatal(err)
-	}
-	g := redisstore.Global{Rule: "r", Units: units}
-	if ok, _, _ := m.Check(1, 1, []redisstore.Bucket{{Key: "tb", Algorithm: rules.TokenBucket, Capacity: 3000, Rate: 3000, Global: &g}}); ok {
+	if admits(units/3, redisstore.Bucket{Key: "tb", Algorithm: rules.TokenBucket, Capacity: 3000, Rate: 3000, Global: &g}) {
 		t.Errorf("%d units of a capacity of 3 admitted a token: the store rounds up, and this test no longer shows the case", units/3)
 	}
 }
