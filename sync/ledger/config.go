@@ -52,6 +52,15 @@ type Config struct {
 	// see the package doc, invariant 3); the marker's store lease is at most L
 	// (default 3s). Must exceed RTT + 2 Interval + StoreTimeout comfortably.
 	Lease time.Duration
+	// WitnessLease is W, the witness's lease between two regions (witness.go;
+	// the package doc, Two regions and the witness): a renewal of this
+	// region's witness key keeps the incarnation's lease for W after it was
+	// sent, without a peer's acknowledgement, and a peer silent with its key
+	// unchanged for W(1+Rho)/(1-Rho) + Margin is frozen and reclaimed.
+	// 0 (the default here; the agent's is driver.DefaultWitnessLease): no
+	// witness, and a two-region incarnation never fences on silence nor is
+	// reclaimed. At least Lease when set.
+	WitnessLease time.Duration
 	// Rho bounds every clock's rate error: rates are within [1-Rho, 1+Rho] (default 0.01).
 	Rho float64
 	// Margin is added to the reclaim wait L(1+Rho)/(1-Rho) (default 500ms).
@@ -289,6 +298,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: StoreTimeout and Margin must not be negative", ErrConfig)
 	case float64(c.Lease)*(1-c.Rho)/(1+c.Rho) <= float64(c.StoreTimeout+c.Interval):
 		return fmt.Errorf("%w: Lease must exceed Interval+StoreTimeout with the clock margin", ErrConfig)
+	case c.WitnessLease < 0 || c.WitnessLease > 0 && c.WitnessLease < c.Lease:
+		return fmt.Errorf("%w: WitnessLease %v must be 0 or at least Lease %v", ErrConfig, c.WitnessLease, c.Lease)
 	case c.RetryWrite <= 0:
 		return fmt.Errorf("%w: RetryWrite must be positive", ErrConfig)
 	case c.FullEvery <= 0:

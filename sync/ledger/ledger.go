@@ -214,6 +214,12 @@ type peer struct {
 	pending   map[uint64]Contribution // contributions not yet seen in the registry
 	wanted    map[uint64]bool         // incarnations the registry needs our contribution for
 	heardOf   []heard                 // per region index: its newest report this peer acknowledged (Ledger.consistent)
+	// The peer's witness key (witness.go): its revision, when we first saw
+	// it at that revision, and whether we have seen it at all.
+	wRev   int64
+	wAt    time.Duration
+	wKnown bool
+	asked  int64 // the revision of the last take asked for (Output.Take)
 }
 
 // heard is a report (incarnation, sequence) a peer acknowledged.
@@ -223,7 +229,11 @@ type heard struct{ inc, seq uint64 }
 // methods take the agent's local monotonic time and return what to do. A Ledger
 // is not safe for concurrent use; one goroutine of the agent owns it.
 type Ledger struct {
-	cfg     Config
+	cfg Config
+	// The witness (witness.go): the lease its renewals give, and whether
+	// this region's key was taken.
+	wUntil  time.Duration
+	wLost   bool
 	self    int
 	inc     uint64
 	names   []string

@@ -103,15 +103,7 @@ func TestRegionLossReclaimed(t *testing.T) {
 		if s.violation != "" {
 			t.Fatalf("seed %d: %s", seed, s.violation)
 		}
-		of := Incarnation{"r0", 1}
-		fenced, ok1 := s.fencedAt[of]
-		reclaimed, ok2 := s.reclaimedAt[of]
-		if !ok1 || !ok2 {
-			t.Fatalf("seed %d: fenced %v reclaimed %v", seed, ok1, ok2)
-		}
-		if fenced >= reclaimed {
-			t.Fatalf("seed %d: r0 fenced at %v, after its reclaim was applied at %v", seed, time.Duration(fenced), time.Duration(reclaimed))
-		}
+		fenced, reclaimed := fencedThenReclaimed(t, s, seed, Incarnation{"r0", 1})
 		if d := time.Duration(fenced - cut); d > time.Duration(float64(s.cfg.Lease)*1.1)+s.cfg.Interval {
 			t.Errorf("seed %d: fenced %v after the cut, lease %v", seed, d, s.cfg.Lease)
 		}
@@ -131,13 +123,27 @@ func TestRegionLossReclaimed(t *testing.T) {
 	}
 }
 
-// TestTwoRegionLossKeepsPositions: with two regions nothing tells a dead
-// region from a cut-off one (the package doc, invariant 3), so when r0 is
-// cut off for ten reclaim times neither fences nor reclaims: r1 keeps
-// exactly the position it held at the cut, and the units of the two still
-// sum to Units (the simulations' two-region-loss scenario shows what a
-// loss for good costs). A change that reclaims between two regions must
-// change this test and the proof with it. When r0 returns with all the
+// fencedThenReclaimed returns when incarnation of fenced and when its
+// reclaim was first applied, failing t unless both happened, in that order.
+func fencedThenReclaimed(t *testing.T, s *sim, seed int64, of Incarnation) (fenced, reclaimed int64) {
+	t.Helper()
+	fenced, ok1 := s.fencedAt[of]
+	reclaimed, ok2 := s.reclaimedAt[of]
+	if !ok1 || !ok2 {
+		t.Fatalf("seed %d: %v fenced %v reclaimed %v", seed, of, ok1, ok2)
+	}
+	if fenced >= reclaimed {
+		t.Fatalf("seed %d: %v fenced at %v, after its reclaim was applied at %v", seed, of, time.Duration(fenced), time.Duration(reclaimed))
+	}
+	return fenced, reclaimed
+}
+
+// TestTwoRegionLossKeepsPositions: with two regions and no witness
+// (Config.WitnessLease 0) nothing tells a dead region from a cut-off one
+// (the package doc, invariant 3), so when r0 is cut off for ten reclaim
+// times neither fences nor reclaims: r1 keeps exactly the position it
+// held at the cut, and the units of the two still sum to Units. With a
+// witness, TestTwoRegionLossReclaimedByWitness. When r0 returns with all the
 // demand, the shares reach the targets within twoRegionReturnBound.
 func TestTwoRegionLossKeepsPositions(t *testing.T) {
 	for seed := int64(1); seed <= 5; seed++ {

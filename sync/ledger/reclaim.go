@@ -12,11 +12,18 @@ func (l *Ledger) fence() Output {
 
 // leaseDeadline is D, the end of the store lease this incarnation may
 // write (the package doc, invariant 3): the ack deadline among three
-// regions or more. With one or two regions it never comes: no peer can
-// freeze us by silence (see ackDeadline), so nobody can reclaim what we
-// hold while we live, and a cut-off region keeps its position instead of
-// fencing to its floor.
+// regions or more. With one region, or two without a witness, it never
+// comes: no peer can freeze us by silence (see ackDeadline), so nobody can
+// reclaim what we hold while we live, and a cut-off region keeps its
+// position instead of fencing to its floor. With two regions and a
+// witness it is the later of the ack deadline and the witness's
+// (witness.go): a peer freezes us only once our witness key has been
+// unchanged for WitnessReclaimAfter, and our acknowledgements stopped as
+// long ago.
 func (l *Ledger) leaseDeadline() time.Duration {
+	if l.witnessed() {
+		return max(l.ackDeadline(), l.witnessDeadline())
+	}
 	if len(l.names) <= 2 {
 		return math.MaxInt64
 	}
@@ -29,7 +36,7 @@ func (l *Ledger) leaseDeadline() time.Duration {
 // deadline). With two regions that peer is us: the ack that set its
 // ackDeadline came in a report of ours it heard at or after that send time,
 // so it has heard from us within Lease < ReclaimAfter, and it cannot freeze
-// us by silence.
+// us by silence (only through the witness, after WitnessReclaimAfter).
 func (l *Ledger) ackDeadline() time.Duration {
 	d := l.started
 	for i := range l.peers {
@@ -56,11 +63,15 @@ func (l *Ledger) holdsMore() bool {
 }
 
 // joined reports whether a peer has acknowledged one of our reports within
-// the lease: only then does the ledger take reclaim payments, since holding
-// more than the floor without a lease would make it fence at once.
+// the lease (or, between two regions, the witness's lease holds): only then
+// does the ledger take reclaim payments, since holding more than the floor
+// without a lease would make it fence at once.
 func (l *Ledger) joined(now time.Duration) bool {
 	if len(l.names) == 1 {
 		return true
+	}
+	if l.witnessed() && now < l.witnessDeadline() {
+		return true // the witness stands for the peer (witness.go)
 	}
 	acked := false
 	for i := range l.peers {

@@ -31,6 +31,7 @@ type simOpts struct {
 	noRestart  bool          // a fenced or crashed agent stays down
 	restart    time.Duration // a fenced agent restarts after this (default 200ms + up to 2s)
 	churn      bool          // keys come and go: a dead key has no demand anywhere (retire_test.go)
+	witness    time.Duration // with two regions: a witness of this lease (witness_test.go), whose etcd chaos cuts regions off from
 }
 
 type event struct {
@@ -130,6 +131,7 @@ type sim struct {
 	regSize               int    // largest registry state seen, JSON bytes
 	alive                 []bool // churn: keys with demand (nil: every key)
 	held                  heldStats
+	wit                   *witnessModel // the witness keys in etcd (witness_test.go), or nil
 }
 
 func (s *sim) logf(format string, args ...any) {
@@ -157,6 +159,9 @@ func newSim(tb testing.TB, seed int64, o simOpts) *sim {
 		fencedAt: map[Incarnation]int64{}, reclaimedAt: map[Incarnation]int64{}}
 	if o.config != nil {
 		o.config(&s.cfg)
+	}
+	if o.witness > 0 {
+		s.cfg.WitnessLease = o.witness
 	}
 	for i := 0; i < o.regions; i++ {
 		s.specs = append(s.specs, RegionSpec{Name: "r" + strconv.Itoa(i), Weight: float64(1 + s.rng.Intn(3))})
@@ -189,6 +194,9 @@ func newSim(tb testing.TB, seed int64, o simOpts) *sim {
 		s.regions = append(s.regions, r)
 		s.shiftDemand(r)
 		s.start(r)
+	}
+	if o.witness > 0 {
+		s.withWitness()
 	}
 	return s
 }
@@ -239,6 +247,7 @@ func (s *sim) start(r *region) {
 		s.tb.Fatal(err)
 	}
 	r.led, r.inc, r.lastTick = l, st.Inc, s.now
+	s.feedWitness(r)
 	s.logf("%s starts inc %d known %v", r.name, st.Inc, st.Known)
 	s.scheduleTick(r, r.inc)
 }
@@ -296,6 +305,9 @@ func (s *sim) handle(r *region, inc uint64, out Output) {
 			s.publishRecords()
 		})
 	}
+	if out.Take.Region != "" {
+		s.takeWitness(r, inc, out.Take)
+	}
 	if out.Close != (Incarnation{}) {
 		by := out.Close
 		s.at(s.dur(200*time.Millisecond), func() {
@@ -337,6 +349,9 @@ func (s *sim) publishRecords() {
 	s.regSize = max(s.regSize, registrySize(s.tb, s.reg))
 	for _, to := range s.regions {
 		to := to
+		if s.wit != nil && s.wit.cut[to.idx] {
+			continue // cut off from etcd
+		}
 		s.at(s.dur(200*time.Millisecond), func() {
 			for _, rec := range recs {
 				s.deliverRecord(to, rec)
@@ -668,22 +683,32 @@ func (s *sim) chaos() {
 			}
 		})
 	case x < 0.205 && s.o.resets: // Redis restarts empty
-		s.settle(r)
-		r.st = &store{runID: r.st.runID + 1, recs: map[string]*rec{}, buckets: r.st.buckets}
-		run := strconv.Itoa(r.st.runID)
-		s.at(s.dur(500*time.Millisecond), func() {
-			// (A notice of an earlier reset is stale: the agent reports the
-			// store's current run.)
-			if r.led != nil && strconv.Itoa(r.st.runID) == run {
-				inc := r.inc
-				s.handle(r, inc, r.led.StoreReset(s.local(r), run))
-			}
-		})
+		s.resetStore(r)
+	case x < 0.23 && s.wit != nil: // cut off from etcd, or back
+		s.wit.cut[r.idx] = !s.wit.cut[r.idx]
 	}
+}
+
+// resetStore restarts region r's Redis empty.
+func (s *sim) resetStore(r *region) {
+	s.settle(r)
+	r.st = &store{runID: r.st.runID + 1, recs: map[string]*rec{}, buckets: r.st.buckets}
+	run := strconv.Itoa(r.st.runID)
+	s.at(s.dur(500*time.Millisecond), func() {
+		// (A notice of an earlier reset is stale: the agent reports the
+		// store's current run.)
+		if r.led != nil && strconv.Itoa(r.st.runID) == run {
+			inc := r.inc
+			s.handle(r, inc, r.led.StoreReset(s.local(r), run))
+		}
+	})
 }
 
 func (s *sim) heal() {
 	s.calm = true
+	if s.wit != nil {
+		clear(s.wit.cut)
+	}
 	for i := range s.cut {
 		for j := range s.cut[i] {
 			s.cut[i][j] = false
@@ -876,6 +901,9 @@ func runSim(tb testing.TB, seed int64, o simOpts) simResult {
 			}
 		}
 	})
+	if s.wit != nil {
+		witnessTakes += s.wit.takes
+	}
 	res := simResult{steps: s.steps, fences: s.fences, reclaims: s.reclaims, rejected: s.rejected, raises: s.raises, violation: s.violation, healedIn: healedIn, strayed: strayed}
 	if s.violation == "" {
 		if ok, why := s.convergedWith(int64(o.regions), true); !ok {
@@ -966,8 +994,12 @@ func randomized(t *testing.T, seeds, regions int) {
 		seeds, steps, float64(steps)/float64(seeds), raises, fences, reclaims, rejected, time.Since(start).Round(time.Millisecond))
 	t.Logf("from the heal to the targets: worst %v (seed %d), per region count %v, bound %v; small limits (whole tokens): worst %v",
 		worst, worstSeed, byRegions, randomHealBound(simConfig()), worstTokens)
-	t.Logf("key churn: %s", held)
+	t.Logf("key churn: %s; witness keys taken (two regions): %d", held, witnessTakes)
 }
+
+// witnessTakes counts the witness keys taken in runSim's runs (a count for
+// the log: the randomized tests run one seed at a time).
+var witnessTakes int
 
 func s0cfg(o simOpts) Config {
 	c := simConfig()
@@ -1016,6 +1048,10 @@ func randomOpts(seed int64) simOpts {
 	}
 	churn := rng.Intn(2) == 0 && o.config == nil
 	o.config = withEnv(o.config)
+	if o.regions == 2 && seed%2 == 0 {
+		// Half the two-region seeds have a witness, and etcd cuts.
+		o.witness = 2 * time.Second
+	}
 	if churn {
 		// Keys come and go (retire_test.go), in about a third of the seeds.
 		// (Not with whole tokens: their swings are a liveness matter of

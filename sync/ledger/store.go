@@ -55,7 +55,9 @@ func (l *Ledger) storeLease(now time.Duration) time.Duration {
 	if v <= 0 {
 		return 0
 	}
-	return time.Duration(v)
+	// At most Lease (a witness's deadline is WitnessLease away), so that a
+	// dead agent's store falls to its floor a Lease after its last renewal.
+	return min(time.Duration(v), l.cfg.Lease)
 }
 
 // markerDefault is the marker's default units: the base, once every key

@@ -50,10 +50,18 @@ func (l *Ledger) Tick(now time.Duration) Output {
 	// no live peer could not take a reclaim payment anyway (see joined), and
 	// reclaiming the other side of a partition would only make it start a
 	// new life. A newer incarnation seen in a report freezes at once (Receive).
+	// Between two regions with a witness, a silent peer is frozen only
+	// through its witness key (witness.go): ask for the take.
 	joined := l.joined(now)
 	for i := range l.peers {
 		p := &l.peers[i]
-		if i != l.self && joined && p.mayFreeze && now-p.heard >= l.cfg.ReclaimAfter() {
+		switch {
+		case i == l.self:
+		case l.witnessed():
+			if l.takeable(i, now) {
+				out.Take, p.asked = Take{Region: p.name, Rev: p.wRev}, p.wRev
+			}
+		case joined && p.mayFreeze && now-p.heard >= l.cfg.ReclaimAfter():
 			out.Contributions = append(out.Contributions, l.freeze(i, p.inc, now)...)
 		}
 	}

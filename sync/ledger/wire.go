@@ -76,6 +76,9 @@ type Output struct {
 	// its region is at its floor for good. Repeated until a Record with
 	// Closer set for this incarnation reaches ReclaimRecorded.
 	Close Incarnation
+	// Take, when its Region is set, asks the agent to take a silent
+	// peer's witness key (witness.go) and call WitnessTaken if it did.
+	Take Take
 }
 
 // Report is one region's periodic message. All slices are sorted (Acks by
