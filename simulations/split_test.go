@@ -23,6 +23,7 @@ type watched struct {
 	inCut    int64     // in region cut, from after on
 	minSum   []float64 // per key: the least sum of the regions' shares from after on
 	cutShare []float64 // per key: the least share of region cut from after on
+	minLive  []float64 // per key: the least sum of the other regions' shares from after on
 	cut      int
 }
 
@@ -36,9 +37,9 @@ func (w *watched) Start(env *sim.Env) error {
 	w.env = env
 	n := len(env.Keys())
 	w.admitted = make([]int64, n)
-	w.minSum, w.cutShare = make([]float64, n), make([]float64, n)
+	w.minSum, w.cutShare, w.minLive = make([]float64, n), make([]float64, n), make([]float64, n)
 	for k := range n {
-		w.minSum[k], w.cutShare[k] = 2, 2
+		w.minSum[k], w.cutShare[k], w.minLive[k] = 2, 2, 2
 	}
 	if _, ok := w.Strategy.(sim.Sharer); ok {
 		env.After(w.after, w.sample)
@@ -49,15 +50,17 @@ func (w *watched) Start(env *sim.Env) error {
 func (w *watched) sample() {
 	sh := w.Strategy.(sim.Sharer)
 	for k := range w.env.Keys() {
-		sum := 0.0
+		sum, cut := 0.0, 0.0
 		for r := range w.env.Regions() {
 			s := sh.Share(r, k)
 			sum += s
 			if r == w.cut {
-				w.cutShare[k] = min(w.cutShare[k], s)
+				cut = s
 			}
 		}
+		w.cutShare[k] = min(w.cutShare[k], cut)
 		w.minSum[k] = min(w.minSum[k], sum)
+		w.minLive[k] = min(w.minLive[k], sum-cut)
 	}
 	w.env.After(100*time.Millisecond, w.sample)
 }

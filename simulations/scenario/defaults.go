@@ -71,6 +71,10 @@ func (sc *Scenario) defaults() {
 	if s.DemandBand == nil {
 		s.DemandBand = fptr(lc.DemandBand)
 	}
+	if s.WitnessLease == nil {
+		w := Duration(driver.DefaultWitnessLease)
+		s.WitnessLease = &w
+	}
 	for i := range sc.Demand {
 		d := &sc.Demand[i]
 		if d.Shape == "" {

@@ -159,6 +159,13 @@ type Sync struct {
 	// (default 0.25, the agent's; 0: every change). A move past a tenth
 	// of it is reported within the ledger's DemandRefresh (3 s).
 	DemandBand *float64 `yaml:"demand_band"`
+	// WitnessLease is the ledger's WitnessLease, between two regions: a
+	// region cut off from its peer and from etcd keeps its position this
+	// long after its last renewal of its witness key in etcd, and a region
+	// silent that long (times (1+clock_error)/(1-clock_error), plus the
+	// margin) is reclaimed by the other (default 1m, the agent's; 0s: no
+	// witness, and neither of two regions is ever reclaimed).
+	WitnessLease *Duration `yaml:"witness_lease"`
 }
 
 // Demand is one stream of requests. Levels are multiples of rule.rate.

@@ -134,6 +134,9 @@ func (sc *Scenario) Validate() error {
 	if *s.Heartbeat < 0 {
 		return bad("sync.heartbeat", "must not be negative")
 	}
+	if w := *s.WitnessLease; w < 0 || w > 0 && w < s.Lease {
+		return bad("sync.witness_lease", "%v must be 0s or at least the lease %v", w.D(), s.Lease.D())
+	}
 	if !(*s.DemandBand >= 0 && *s.DemandBand < 1) {
 		return bad("sync.demand_band", "must be in [0, 1)")
 	}

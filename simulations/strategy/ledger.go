@@ -63,6 +63,10 @@ type Ledger struct {
 	poll    time.Duration
 	timeout time.Duration
 	srule   driver.StoreRule // the rule as the store needs it (Floor set per region)
+	// The witness keys in etcd (sync/driver witness.go): per region, its
+	// key's revision (0: none), from one revision counter.
+	witness []int64
+	wrev    int64
 }
 
 // lregion is one region: its store and its agent (nil while down).
@@ -90,6 +94,10 @@ type lagent struct {
 	polling   bool
 	lastPoll  time.Duration
 	pollFails int
+
+	wMine     int64         // the revision of the witness key this life wrote last (0: none yet)
+	renewing  bool          // a renewal is in flight
+	lastRenew time.Duration // real time of the last renewal sent
 }
 
 func (s *Ledger) Name() string { return "ledger" }
@@ -107,6 +115,7 @@ func ledgerConfig(env *sim.Env) (ledger.Config, []ledger.RegionSpec) {
 	cfg.HalfLife = sc.Sync.HalfLife.D()
 	cfg.HeartbeatEvery = sc.Sync.Heartbeat.D()
 	cfg.DemandBand = *sc.Sync.DemandBand
+	cfg.WitnessLease = sc.Sync.WitnessLease.D()
 	cfg.Quantum = ledger.QuantumOf(cfg.Units, sc.Rule.Burst)
 	if w := sc.Rule.Window.D(); w > 0 {
 		cfg.Margin += driver.WindowWait(w, cfg.Rho) // as the agent's ledger of a window rule
@@ -144,6 +153,7 @@ func (s *Ledger) Start(env *sim.Env) error {
 		}
 		s.buckets = append(s.buckets, b)
 	}
+	s.witness = make([]int64, len(s.specs))
 	for i, sp := range s.specs {
 		r := &lregion{idx: i, name: sp.Name}
 		s.newStore(r)
@@ -212,6 +222,7 @@ func (a *lagent) tick() {
 	}
 	clear(a.used)
 	a.drv.Tick(us)
+	a.renewWitness()
 	a.pollRegistry()
 	if a.alive() {
 		env.AgentAfter(a.r.idx, s.cfg.Interval, a.tick)
@@ -411,8 +422,16 @@ func (a *lagent) pollRegistry() {
 	a.polling, a.lastPoll = true, s.env.Now()
 	a.registry(func() func() {
 		recs := map[string]driver.RuleRecords{ruleID: {Revision: s.rev, Records: s.reg.Records()}}
+		keys := slices.Clone(s.witness) // the agent's watch of the witness keys
 		return func() {
 			a.polling, a.pollFails = false, 0
+			if s.cfg.WitnessLease > 0 {
+				for j, rev := range keys {
+					if j != a.r.idx {
+						a.drv.WitnessSeen(s.specs[j].Name, rev)
+					}
+				}
+			}
 			a.drv.Records(recs)
 		}
 	}, func() {
@@ -491,3 +510,45 @@ func (s *Ledger) RegionBack(region int) {
 func (s *Ledger) AgentDown(region int) { s.rs[region].ag = nil }
 
 func (s *Ledger) AgentUp(region int) { s.startAgent(s.rs[region]) }
+
+// renewWitness renews this region's witness key every WitnessLease/4, as
+// the agent does: by compare-and-swap on the revision this life wrote
+// last; a key found at another revision (taken by the peer) is reported
+// lost and written again. The first renewal of a life takes the key over
+// from whatever is there (the agent reads it first).
+func (a *lagent) renewWitness() {
+	s := a.s
+	w := s.cfg.WitnessLease
+	if w <= 0 || a.renewing || s.env.Now()-a.lastRenew < w/4 && a.wMine != 0 {
+		return
+	}
+	a.renewing, a.lastRenew = true, s.env.Now()
+	sent := a.Now()
+	a.registry(func() func() {
+		lost := a.wMine != 0 && s.witness[a.r.idx] != a.wMine
+		s.wrev++
+		s.witness[a.r.idx] = s.wrev
+		mine := s.wrev
+		return func() {
+			a.renewing, a.wMine = false, mine
+			if lost {
+				a.drv.WitnessLost()
+			}
+			a.drv.WitnessRenewed(sent)
+		}
+	}, func() { a.renewing = false })
+}
+
+// Take implements driver.Ports: the peer's witness key, by compare-and-swap.
+func (a *lagent) Take(region string, rev int64) {
+	s := a.s
+	j := slices.IndexFunc(s.specs, func(sp ledger.RegionSpec) bool { return sp.Name == region })
+	a.registry(func() func() {
+		ok := j >= 0 && s.witness[j] == rev
+		if ok {
+			s.wrev++
+			s.witness[j] = s.wrev
+		}
+		return func() { a.drv.Taken(region, rev, ok) }
+	}, func() { a.drv.Taken(region, rev, false) })
+}

@@ -95,7 +95,8 @@ type Agent struct {
 	reclaimed  map[string]bool // rule + "/" + incarnation: completed reclaims counted
 	everRules  bool
 	fencedSeen bool
-	snapshots  int // publishSnapshot calls
+	snapshots  int          // publishSnapshot calls
+	wit        witnessState // this region's witness key (witness.go)
 }
 
 type usageCounts struct{ admitted, rejected int64 }
@@ -183,6 +184,11 @@ func New(cfg Config, store Store, nc *nats.Conn, reg Registry, src rules.Source)
 		// default payload), so a server with a smaller max_payload still
 		// leaves room for keys.
 		a.lcfg.MaxClosureBytes = min(a.lcfg.MaxClosureBytes, max(1, int(mp)/4))
+	}
+	if wk, ok := reg.(witnessKeys); ok && a.lcfg.WitnessLease > 0 {
+		a.wit.keys = wk
+	} else {
+		a.lcfg.WitnessLease = 0 // renewals are what keep a two-region lease with a witness
 	}
 	a.drv = driver.New(cfg.Region, ports{a})
 	a.m = newMetrics(cfg.Region, cfg.Metrics, a)

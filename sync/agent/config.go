@@ -10,6 +10,7 @@ import (
 	"github.com/apportion/apportion/allocation"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/regional/usage"
+	"github.com/apportion/apportion/sync/driver"
 	"github.com/apportion/apportion/sync/ledger"
 	"github.com/apportion/apportion/sync/wire"
 	"github.com/prometheus/client_golang/prometheus"
@@ -81,6 +82,15 @@ type Config struct {
 	// same utilization (simulations/README.md).
 	Heartbeat  time.Duration
 	DemandBand float64
+	// WitnessLease is the witness's lease between two regions (default
+	// driver.DefaultWitnessLease, 1m; 0: no witness; at least Lease): the
+	// agent renews a key of its region's in etcd every quarter of it, a
+	// region that hears neither its peer nor etcd keeps its position of a
+	// two-region rule this long after its last renewal and then falls to
+	// its floor, and the peer of a region silent that long (times
+	// (1+Rho)/(1-Rho), plus Margin) takes its key and reclaims its share
+	// (the sync/ledger package doc, Two regions and the witness).
+	WitnessLease time.Duration
 	// Signer signs every report this agent publishes (wire.NewSigner from
 	// the region's NKey seed). Required unless InsecureUnsigned; its region
 	// must be Region.
@@ -132,6 +142,7 @@ func DefaultConfig() Config {
 		HalfLife:     lc.HalfLife,
 		Heartbeat:    lc.HeartbeatEvery,
 		DemandBand:   lc.DemandBand,
+		WitnessLease: driver.DefaultWitnessLease,
 	}
 }
 
@@ -180,6 +191,7 @@ func (c Config) LedgerConfig() ledger.Config {
 	lc.Units, lc.Interval, lc.Lease, lc.Rho, lc.Margin, lc.StoreTimeout = c.Units, c.Interval, c.Lease, c.Rho, c.Margin, c.StoreTimeout
 	lc.Hysteresis = max(1, c.Units/10000)
 	lc.HalfLife, lc.HeartbeatEvery, lc.DemandBand = c.HalfLife, c.Heartbeat, c.DemandBand
+	lc.WitnessLease = c.WitnessLease
 	f, _ := allocation.ByName(c.Strategy)
 	lc.Allocate = ledger.AllocatorOf(f)
 	return lc

@@ -83,6 +83,15 @@
 //     incarnations of the region for the reclaims); every agent reads the
 //     whole prefix every RegistryPoll and feeds the records of a document
 //     whose revision changed to ReclaimRecorded.
+//   - Witness keys (witness.go; the sync/ledger package doc, Two regions
+//     and the witness): one key per region (and shard group) under
+//     /ratelimit/registry.witness/, which the agent renews by compare-and-
+//     swap every WitnessLease/4 (driver.WitnessRenewed; a key found at
+//     another revision was taken by the peer: driver.WitnessLost, then it
+//     is written again), reads with every registry poll
+//     (driver.WitnessSeen), and takes from a silent peer when a ledger of
+//     a two-region rule asks (driver.Ports.Take). Only the revisions
+//     count; the values say who wrote them and when, for people.
 //
 // # Time and goroutines
 //

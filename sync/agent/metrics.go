@@ -38,6 +38,8 @@ type metrics struct {
 	tickDuration prometheus.Histogram
 	usageDropped prometheus.Counter
 	storeErrors  prometheus.Counter
+	witness      *prometheus.CounterVec
+	witnessTakes prometheus.Counter
 }
 
 func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
@@ -70,6 +72,13 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 			Help: "Usage deltas dropped (buffer full or undecodable).", ConstLabels: cl}),
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_store_errors_total",
 			Help: "Failed Redis calls (writes and run id reads).", ConstLabels: cl}),
+		witness: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_witness_renewals_total",
+			Help: "Renewals of this region's witness key in etcd (two-region rules), by result: renewed, taken (the peer had taken it: written again), error.", ConstLabels: cl}, []string{"result"}),
+		witnessTakes: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_witness_takes_total",
+			Help: "Witness keys of silent peer regions this agent took (their shares of two-region rules reclaimed).", ConstLabels: cl}),
+	}
+	for _, r := range []string{"renewed", "taken", "error"} {
+		m.witness.WithLabelValues(r)
 	}
 	for _, r := range reasons {
 		m.rejected.WithLabelValues(r)
@@ -83,7 +92,7 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reports, m.bytes, m.rejected, m.peersSeen, m.peerLag, m.coordinated, m.closures, m.gifts, m.fenced,
-			m.reclaims, m.tickDuration, m.usageDropped, m.storeErrors, newShareCollector(a, region))
+			m.reclaims, m.tickDuration, m.usageDropped, m.storeErrors, m.witness, m.witnessTakes, newShareCollector(a, region))
 		if er, ok := a.reg.(*EtcdRegistry); ok {
 			reg.MustRegister(
 				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apportion_sync_registry_document_bytes",

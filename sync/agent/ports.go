@@ -126,7 +126,8 @@ func (p ports) Reclaimed(r *driver.Rule, rec ledger.Record) {
 	}
 }
 
-// pollRegistry reads every rule's registry and feeds changed ones to the ledgers.
+// pollRegistry reads every rule's registry and feeds changed ones to the
+// ledgers, and the peers' witness keys (witness.go).
 func (a *Agent) pollRegistry(ctx context.Context) {
 	if a.polling || time.Since(a.lastPoll) < a.cfg.RegistryPoll*time.Duration(1<<min(a.pollFails, 4)) {
 		return
@@ -136,8 +137,13 @@ func (a *Agent) pollRegistry(ctx context.Context) {
 		cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
 		recs, err := a.reg.Records(cctx)
 		cancel()
+		revs, werr := a.readWitness(ctx)
 		a.post(ctx, func(context.Context) {
 			a.polling = false
+			if werr != nil {
+				a.logs.Log(slog.LevelWarn, "witness-read", "reading the peers' witness keys failed", logKeyErr, werr)
+			}
+			a.feedWitness(revs)
 			if errors.Is(err, ErrLayout) {
 				a.layoutLost(err)
 			}

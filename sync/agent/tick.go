@@ -66,6 +66,7 @@ func (a *Agent) tick(ctx context.Context) {
 	a.peakPublished.Store(max(peak-peak/64, a.published))
 	a.published = 0
 	a.refreshHeld(ctx)
+	a.renewWitness(ctx)
 	a.pollRegistry(ctx)
 	a.publishSnapshot()
 	a.m.tickDuration.Observe(time.Since(t0).Seconds())

@@ -51,6 +51,7 @@ type options struct {
 	maxUsageKeys   int
 	wireVersion    int
 	heartbeat      time.Duration
+	witnessLease   time.Duration
 	demandBand     float64
 	seedFile       string
 	peerKeys       string
@@ -78,6 +79,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.recordHold, "record-hold", def.RecordHold, "TTL of a held share record in Redis, written again every half of it (never below 4 x (lease + interval + 100ms)): the records of an agent gone for good expire after it")
 	fs.IntVar(&o.maxUsageKeys, "max-usage-keys", def.MaxUsageKeys, "distinct keys of usage buffered between two sync intervals; the usage of further keys is dropped (apportion_sync_usage_dropped_total) and their demand goes unseen: raise it above the keys of global rules in use per interval (about 80 B of heap each while buffered)")
 	fs.DurationVar(&o.heartbeat, "heartbeat", def.Heartbeat, "a report goes out at least this often when nothing changed (capped by the lease: 685ms at 3s); 0: a report every interval")
+	fs.DurationVar(&o.witnessLease, "witness-lease", def.WitnessLease, "two-region rules: a region cut off from its peer and from etcd keeps its share this long after its last renewal of its witness key in etcd, then its floor; a peer silent that long (x (1+rho)/(1-rho), + margin) is reclaimed; 0: no witness (a lost region's share of a two-region rule stays unused until it returns); at least --lease")
 	fs.Float64Var(&o.demandBand, "demand-band", def.DemandBand, "a key's demand counts as changed only when it moved past this fraction of the value last reported (a move past a tenth of it is still reported within 3s); 0: every move")
 	fs.IntVar(&o.wireVersion, "wire-version", 3, "format of the reports this agent publishes, 3 or 2: agents read both, agents before format 3 read only 2; to upgrade such a deployment run every region with 2, then switch to 3")
 	fs.BoolVar(&o.standby, "standby", false, "campaign for the region's agent role in etcd and act only while leader")
@@ -207,7 +209,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cfg := agent.DefaultConfig()
 	cfg.Region, cfg.Interval, cfg.Lease, cfg.Rho, cfg.Logger = o.region, o.interval, o.lease, o.rho, log
 	cfg.HalfLife, cfg.RecordHold, cfg.MaxUsageKeys, cfg.WireVersion = o.halfLife, o.recordHold, o.maxUsageKeys, o.wireVersion
-	cfg.Heartbeat, cfg.DemandBand = o.heartbeat, o.demandBand
+	cfg.Heartbeat, cfg.DemandBand, cfg.WitnessLease = o.heartbeat, o.demandBand, o.witnessLease
 	cfg.InsecureUnsigned = true // the keys are checked next, once the rest is valid
 	if err := cfg.Validate(); err != nil {
 		return err

@@ -141,6 +141,7 @@ func TestRunCommandFlags(t *testing.T) {
 		{"bad max usage keys", []string{"--region", "a", "--etcd-endpoints", "x", "--max-usage-keys", "0"}, "MaxUsageKeys"},
 		{"bad demand band", []string{"--region", "a", "--etcd-endpoints", "x", "--demand-band", "1"}, "DemandBand 1"},
 		{"negative heartbeat", []string{"--region", "a", "--etcd-endpoints", "x", "--heartbeat", "-1s"}, "HeartbeatEvery -1s"},
+		{"witness lease below the lease", []string{"--region", "a", "--etcd-endpoints", "x", "--witness-lease", "1s"}, "WitnessLease 1s must be 0 or at least Lease 3s"},
 		{"bad wire version", []string{"--region", "a", "--etcd-endpoints", "x", "--wire-version", "4"}, "WireVersion 4"},
 		{"bad demand half-life", []string{"--region", "a", "--etcd-endpoints", "x", "--demand-half-life", "-1s"}, "HalfLife"},
 		{"redis cert without key", []string{"--region", "a", "--etcd-endpoints", "x", "--redis-cert", "c.pem"}, "--redis-cert"},

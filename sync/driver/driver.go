@@ -6,12 +6,13 @@
 // the same Driver and differ only in their Ports.
 //
 // The sequence, for every call that feeds a ledger (Tick, Receive,
-// Confirmed, Contributed, Records, StoreReset):
+// Confirmed, Contributed, Records, StoreReset, Taken):
 //
 //  1. collect: each ledger Output is split into its parts. Store writes and
 //     reports wait in the pending batch; contributions go to
 //     Ports.Contribute and a close request to Ports.Close (at most one of
-//     each in flight per rule: the ledger repeats them until recorded); a
+//     each in flight per rule: the ledger repeats them until recorded), a
+//     take of a peer's witness key to Ports.Take (one per peer region); a
 //     fenced ledger is dropped and Ports.Fenced starts a new incarnation.
 //  2. flush: the batch's writes go to Ports.Write. What it returns (a store
 //     that answers synchronously) is fed back per rule: first every window
@@ -124,6 +125,10 @@ type Ports interface {
 	// Reclaimed tells that a completed reclaim record names r's incarnation
 	// among its recipients (called each time such a record is fed).
 	Reclaimed(r *Rule, rec ledger.Record)
+	// Take replaces peer region's witness key by compare-and-swap, if it
+	// is still at revision rev, then calls Taken (witness.go). At most one
+	// per region is in flight.
+	Take(region string, rev int64)
 }
 
 // Rule is one coordinated rule as the driver holds it.
@@ -172,6 +177,8 @@ type Driver struct {
 	// sendWindow is the most keys of a report built at once (SendWindow
 	// unless SetSendWindow changed it).
 	sendWindow int
+	// w is what the port told of the witness keys (witness.go).
+	w witnessState
 }
 
 // New returns a driver for region with no rules.
@@ -217,6 +224,7 @@ func (d *Driver) Started(r *Rule, led *ledger.Ledger) bool {
 		return false
 	}
 	r.Led, r.fedRev = led, 0
+	d.feedWitness(r)
 	led.DeferReports() // a Tick's report is built when the batch leaves (publish)
 	// An error leaves nil: the rule's reports then fail to encode
 	// (wire.ErrInvalid, Ports.Publish's to report) and its peers' are not
@@ -425,6 +433,9 @@ func (d *Driver) collect(r *Rule, out ledger.Output) {
 	if out.Close != (ledger.Incarnation{}) && !r.closing {
 		r.closing = true
 		d.p.Close(r, out.Close)
+	}
+	if out.Take.Region != "" {
+		d.take(out.Take.Region, out.Take.Rev)
 	}
 	if out.Fenced {
 		inc := r.Led.Incarnation()

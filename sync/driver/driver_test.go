@@ -2,6 +2,7 @@ package driver
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -25,6 +26,7 @@ type fakePorts struct {
 	// does (Need units, Until holdFor); its confirmation still comes.
 	refuse  map[string]int64
 	holdFor time.Duration
+	takes   []string // region@rev of every Take
 }
 
 func (f *fakePorts) Now() time.Duration { return f.now }
@@ -72,6 +74,9 @@ func (f *fakePorts) Rejected(reason, peer, rule string, err error) {
 	f.rejected = append(f.rejected, reason)
 }
 func (f *fakePorts) Reclaimed(r *Rule, rec ledger.Record) {}
+func (f *fakePorts) Take(region string, rev int64) {
+	f.takes = append(f.takes, fmt.Sprintf("%s@%d", region, rev))
+}
 
 func newLedger(t *testing.T, self string, reg *ledger.Registry, cfg ledger.Config, specs []ledger.RegionSpec, now time.Duration) *ledger.Ledger {
 	t.Helper()

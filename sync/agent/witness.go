@@ -1,0 +1,197 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The witness keys (the sync/ledger package doc: Two regions and the
+// witness). Each agent renews a key of its own in etcd by compare-and-swap
+// every WitnessLease/4, reads its peers' keys with every registry poll,
+// and takes a silent peer's key when a ledger asks (driver.Ports.Take).
+// Only the keys' revisions count: their values (who wrote them, when) are
+// for people reading etcd and are never parsed.
+
+// witnessKeys is the etcd side of the witness: EtcdRegistry implements it.
+// An agent whose registry does not runs without a witness (WitnessLease 0).
+type witnessKeys interface {
+	// renewWitness writes region's key by compare-and-swap at rev, or over
+	// whatever is there if rev is 0 (the agent's first write). It returns
+	// the key's new revision; taken reports that the key was not at rev
+	// (another writer took it), in which case it was written again over
+	// the taker's revision.
+	renewWitness(ctx context.Context, region string, rev int64, value string) (newRev int64, taken bool, err error)
+	// readWitness returns the revision of every witness key of this
+	// agent's shard group, by region.
+	readWitness(ctx context.Context) (map[string]int64, error)
+	// takeWitness replaces region's key if it is at rev.
+	takeWitness(ctx context.Context, region string, rev int64, value string) (bool, error)
+}
+
+// WitnessPrefix returns the prefix of the witness keys: the registry prefix
+// with ".witness/" in place of its final "/" (the default:
+// /ratelimit/registry.witness/). A key is the prefix and the region's name,
+// and for a sharded agent "#" and its group's token.
+func (r *EtcdRegistry) WitnessPrefix() string {
+	return strings.TrimSuffix(r.prefix, "/") + ".witness/"
+}
+
+func (r *EtcdRegistry) witnessKey(region string) string {
+	if r.shard.plain() {
+		return r.WitnessPrefix() + region
+	}
+	return r.WitnessPrefix() + region + "#" + r.shard.token()
+}
+
+func (r *EtcdRegistry) renewWitness(ctx context.Context, region string, rev int64, value string) (int64, bool, error) {
+	key := r.witnessKey(region)
+	put := clientv3.OpPut(key, value)
+	if rev != 0 {
+		tr, err := r.kv.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(put).Commit()
+		if err != nil {
+			return 0, false, err
+		}
+		if tr.Succeeded {
+			return tr.Header.Revision, false, nil
+		}
+	}
+	// The first write, or the key was taken: write over what is there now.
+	g, err := r.kv.Get(ctx, key)
+	if err != nil {
+		return 0, false, err
+	}
+	var cur int64
+	if len(g.Kvs) > 0 {
+		cur = g.Kvs[0].ModRevision
+	}
+	tr, err := r.kv.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", cur)).Then(put).Commit()
+	if err != nil {
+		return 0, false, err
+	}
+	if !tr.Succeeded {
+		return 0, false, fmt.Errorf("%w: witness key %s changed while it was written; tried again at the next renewal", ErrRegistry, key)
+	}
+	return tr.Header.Revision, rev != 0, nil
+}
+
+func (r *EtcdRegistry) readWitness(ctx context.Context) (map[string]int64, error) {
+	g, err := r.kv.Get(ctx, r.WitnessPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int64, len(g.Kvs))
+	for _, kv := range g.Kvs {
+		name := strings.TrimPrefix(string(kv.Key), r.WitnessPrefix())
+		region, token, sharded := strings.Cut(name, "#")
+		if sharded != !r.shard.plain() || sharded && token != r.shard.token() {
+			continue // another shard group's
+		}
+		out[region] = kv.ModRevision
+	}
+	return out, nil
+}
+
+func (r *EtcdRegistry) takeWitness(ctx context.Context, region string, rev int64, value string) (bool, error) {
+	key := r.witnessKey(region)
+	tr, err := r.kv.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(clientv3.OpPut(key, value)).Commit()
+	if err != nil {
+		return false, err
+	}
+	return tr.Succeeded, nil
+}
+
+// witnessState is the loop goroutine's state of this region's key.
+type witnessState struct {
+	keys     witnessKeys // nil: no witness
+	mine     int64       // the revision this agent wrote last (0: none yet)
+	renewing bool
+	last     time.Time // when the last renewal was sent
+}
+
+// renewWitness renews this region's key every WitnessLease/4 (at once
+// while it has none), off the loop goroutine; the result is fed to the
+// driver on the loop: WitnessLost first if the key had been taken, then
+// the renewal.
+func (a *Agent) renewWitness(ctx context.Context) {
+	w := &a.wit
+	if w.keys == nil || w.renewing || w.mine != 0 && time.Since(w.last) < a.lcfg.WitnessLease/4 {
+		return
+	}
+	w.renewing, w.last = true, time.Now()
+	sent, mine := a.now(), w.mine
+	a.goOwned(func() {
+		cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
+		rev, taken, err := w.keys.renewWitness(cctx, a.cfg.Region, mine, a.witnessValue("renewed by"))
+		cancel()
+		a.post(ctx, func(context.Context) {
+			w.renewing = false
+			if err != nil {
+				a.m.witness.WithLabelValues("error").Inc()
+				a.logs.Log(slog.LevelWarn, "witness-renew", "renewing this region's witness key in etcd failed", logKeyErr, err)
+				return
+			}
+			w.mine = rev
+			if taken {
+				a.m.witness.WithLabelValues("taken").Inc()
+				a.log.Warn("this region's witness key was taken by its peer (it had heard nothing from us); the ledgers alive then will start new incarnations")
+				a.drv.WitnessLost()
+			} else {
+				a.m.witness.WithLabelValues("renewed").Inc()
+			}
+			a.drv.WitnessRenewed(sent)
+		})
+	})
+}
+
+// readWitness reads the peers' keys (with the registry poll) and feeds
+// their revisions to the driver on the loop.
+func (a *Agent) readWitness(ctx context.Context) (map[string]int64, error) {
+	if a.wit.keys == nil {
+		return nil, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
+	defer cancel()
+	return a.wit.keys.readWitness(cctx)
+}
+
+func (a *Agent) feedWitness(revs map[string]int64) {
+	for region, rev := range revs {
+		if region != a.cfg.Region {
+			a.drv.WitnessSeen(region, rev)
+		}
+	}
+}
+
+// Take takes a silent peer's witness key (a ledger asked: the peer has
+// been silent, and its key unchanged, for the witness's reclaim wait).
+func (p ports) Take(region string, rev int64) {
+	a, ctx := p.a, p.a.ctx
+	if a.wit.keys == nil {
+		return // no witness: the ledgers' WitnessLease is 0 and never ask
+	}
+	a.goOwned(func() {
+		cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
+		ok, err := a.wit.keys.takeWitness(cctx, region, rev, a.witnessValue("taken by"))
+		cancel()
+		if err != nil {
+			a.logs.Log(slog.LevelWarn, "witness-take", "taking a silent peer's witness key failed; it is retried", "peer", region, logKeyErr, err)
+		}
+		a.post(ctx, func(context.Context) {
+			if ok {
+				a.m.witnessTakes.Inc()
+				a.log.Warn("took a silent peer's witness key: its share is reclaimed", "peer", region)
+			}
+			a.drv.Taken(region, rev, ok)
+		})
+	})
+}
+
+// witnessValue is the informational value written to a witness key.
+func (a *Agent) witnessValue(what string) string {
+	return fmt.Sprintf("%s %s at %s", what, a.cfg.Region, time.Now().UTC().Format(time.RFC3339))
+}
