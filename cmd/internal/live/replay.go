@@ -95,6 +95,7 @@ func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []s
 	}
 	st, err := stack.Start(ctx, stack.Config{RegionNames: names, Delay: delay, Rules: rulesYAML(sc),
 		SyncInterval: sc.Sync.Interval.D(), SyncLease: sc.Sync.Lease.D(), LogWriter: opt.LogWriter,
+		SyncWitnessLease: sc.Sync.WitnessLease.D(), NoWitness: sc.Sync.WitnessLease.D() == 0,
 		Partitionable: len(sc.Events) > 0,
 		// The run measures the ledger, not a busy machine's latency: a
 		// generous store timeout keeps failure-policy answers out of it.

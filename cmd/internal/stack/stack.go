@@ -70,6 +70,10 @@ type Config struct {
 	// SyncInterval and SyncLease are the sync agents' --interval and
 	// --lease (default: the agent's defaults).
 	SyncInterval, SyncLease time.Duration
+	// SyncWitnessLease is the sync agents' --witness-lease, if set
+	// (default: the agent's); NoWitness passes --witness-lease 0.
+	SyncWitnessLease time.Duration
+	NoWitness        bool
 }
 
 // Region is one running region.
@@ -265,6 +269,9 @@ func (s *Stack) startAgent(ctx, runCtx context.Context, r *Region) error {
 	}
 	if s.cfg.SyncLease > 0 {
 		args = append(args, "--lease", s.cfg.SyncLease.String())
+	}
+	if s.cfg.SyncWitnessLease > 0 || s.cfg.NoWitness {
+		args = append(args, "--witness-lease", s.cfg.SyncWitnessLease.String())
 	}
 	m, err := s.runDaemon(ctx, runCtx, "sync agent "+r.Name, r.Name+"/agent", agentReadyRE, args, agentd.RunCommand)
 	if err != nil {
