@@ -211,19 +211,23 @@ func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []s
 }
 
 // playEvents cuts and heals the partitioned regions at the events' times
-// (since t0) until ctx is done, with a line to progress (if not nil) for each. Only partition events of one region reach
-// it (unsupported refuses the rest); one with no For lasts to the end.
+// (since t0) until ctx is done, with a line to progress (if not nil) for
+// each. Only partition and region_loss events of one region reach it
+// (unsupported refuses the rest); a partition with no For lasts to the
+// end, a region_loss always does: its region is cut off and its sync agent
+// stopped.
 func playEvents(ctx context.Context, st *stack.Stack, events []scenario.Event, t0 time.Time, progress io.Writer) error {
 	type change struct {
 		at     time.Duration
 		region string
 		cut    bool
+		lost   bool
 	}
 	var todo []change
 	for _, e := range events {
-		todo = append(todo, change{e.At.D(), e.Regions[0], true})
+		todo = append(todo, change{e.At.D(), e.Regions[0], true, e.Kind == "region_loss"})
 		if e.For > 0 {
-			todo = append(todo, change{e.At.D() + e.For.D(), e.Regions[0], false})
+			todo = append(todo, change{e.At.D() + e.For.D(), e.Regions[0], false, false})
 		}
 	}
 	slices.SortStableFunc(todo, func(a, b change) int { return cmp.Compare(a.at, b.at) })
@@ -238,9 +242,17 @@ func playEvents(ctx context.Context, st *stack.Stack, events []scenario.Event, t
 		if err := st.Partition(c.region, c.cut); err != nil {
 			return fmt.Errorf("live: %w", err)
 		}
+		if c.lost {
+			if err := st.StopAgent(c.region); err != nil {
+				return fmt.Errorf("live: %w", err)
+			}
+		}
 		if progress != nil {
 			what := "healed"
-			if c.cut {
+			switch {
+			case c.lost:
+				what = "lost (cut off, its sync agent stopped)"
+			case c.cut:
 				what = "cut off from the other regions"
 			}
 			fmt.Fprintf(progress, "live: %v: %s %s\n", time.Since(t0).Round(time.Millisecond), c.region, what)

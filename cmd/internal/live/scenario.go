@@ -77,20 +77,27 @@ func PeakLoad(sc *scenario.Scenario) float64 {
 // region are played (the stack cuts its gateways), other events are
 // refused, the rest are notes in the report.
 func unsupported(sc *scenario.Scenario) (notes []string, err error) {
-	partitions := false
+	partitions, losses := false, false
 	for i, e := range sc.Events {
 		switch {
-		case e.Kind != "partition":
-			return nil, fmt.Errorf("%w: events[%d] is a %s event: only partition events are played live; run the scenario without it or use 'rlsim run'",
+		case e.Kind != "partition" && e.Kind != "region_loss":
+			return nil, fmt.Errorf("%w: events[%d] is a %s event: only partition and region_loss events are played live; run the scenario without it or use 'rlsim run'",
 				ErrUnsupported, i, e.Kind)
 		case len(e.Regions) != 1:
-			return nil, fmt.Errorf("%w: events[%d] partitions a group (%s): live, a partition cuts one region off from all the others",
-				ErrUnsupported, i, strings.Join(e.Regions, ", "))
+			return nil, fmt.Errorf("%w: events[%d] is a %s of a group (%s): live, an event cuts one region off from all the others",
+				ErrUnsupported, i, e.Kind, strings.Join(e.Regions, ", "))
+		case e.Kind == "region_loss" && e.For > 0:
+			return nil, fmt.Errorf("%w: events[%d] loses %s for %v: live, a region is lost for good (for: 0)",
+				ErrUnsupported, i, e.Regions[0], e.For.D())
 		}
-		partitions = true
+		partitions = partitions || e.Kind == "partition"
+		losses = losses || e.Kind == "region_loss"
 	}
 	if partitions {
 		notes = append(notes, "partition: live, the NATS gateway connections between the region and every other region are cut (the proxies drop them and refuse new ones until the end of the event); the registry (etcd) stays reachable for every region, while in the simulator a partitioned region also loses the registry")
+	}
+	if losses {
+		notes = append(notes, "region_loss: live, the region's gateways are cut and its sync agent stopped for good (its reports and witness renewals end); its Redis and enforcer keep running, but its requests are gone as in the simulator")
 	}
 	if sc.Network.JitterMs > 0 || sc.Network.Loss > 0 {
 		notes = append(notes, fmt.Sprintf("network jitter (%g ms) and loss (%g) are not injected live: the gateways are TCP, the proxy adds the fixed one-way delay only",

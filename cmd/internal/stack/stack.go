@@ -110,6 +110,8 @@ type Stack struct {
 	mu          sync.Mutex
 	errs        []error // guarded by mu
 	closed      sync.Once
+	// stopAgent stops a region's sync agent and waits for it (StopAgent).
+	stopAgent map[string]func()
 }
 
 // Start brings the stack up and returns once every enforcer serves. On error
@@ -273,10 +275,23 @@ func (s *Stack) startAgent(ctx, runCtx context.Context, r *Region) error {
 	if s.cfg.SyncWitnessLease > 0 || s.cfg.NoWitness {
 		args = append(args, "--witness-lease", s.cfg.SyncWitnessLease.String())
 	}
-	m, err := s.runDaemon(ctx, runCtx, "sync agent "+r.Name, r.Name+"/agent", agentReadyRE, args, agentd.RunCommand)
+	agentCtx, cancel := context.WithCancel(runCtx)
+	stopped := make(chan struct{})
+	run := func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+		defer close(stopped)
+		return agentd.RunCommand(ctx, args, stdout, stderr)
+	}
+	m, err := s.runDaemon(ctx, agentCtx, "sync agent "+r.Name, r.Name+"/agent", agentReadyRE, args, run)
 	if err != nil {
+		cancel()
 		return err
 	}
+	s.mu.Lock()
+	if s.stopAgent == nil {
+		s.stopAgent = map[string]func(){}
+	}
+	s.stopAgent[r.Name] = func() { cancel(); <-stopped }
+	s.mu.Unlock()
 	r.AgentHTTPAddr = m[2]
 	return nil
 }
@@ -409,6 +424,21 @@ func (s *Stack) LimitsShowCommand() string {
 	}
 	return fmt.Sprintf("go run ./cmd/rlctl --admin-url http://%s --token %s limits show %s --agents %s",
 		s.Regions[0].AdminAddr, s.AdminToken, GlobalRule, strings.Join(agents, ","))
+}
+
+// StopAgent stops region's sync agent for good (as in a region lost: its
+// reports and its witness renewals stop; its Redis and enforcer keep
+// running) and returns once it has stopped.
+func (s *Stack) StopAgent(region string) error {
+	s.mu.Lock()
+	stop := s.stopAgent[region]
+	delete(s.stopAgent, region)
+	s.mu.Unlock()
+	if stop == nil {
+		return fmt.Errorf("stack: no sync agent running in region %q", region)
+	}
+	stop()
+	return nil
 }
 
 // ErrNoProxy: Partition was asked to cut a gateway link that has no proxy
