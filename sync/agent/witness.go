@@ -86,9 +86,10 @@ func (r *EtcdRegistry) readWitness(ctx context.Context) (map[string]int64, error
 	}
 	out := make(map[string]int64, len(g.Kvs))
 	for _, kv := range g.Kvs {
-		name := strings.TrimPrefix(string(kv.Key), r.WitnessPrefix())
-		region, token, sharded := strings.Cut(name, "#")
-		if sharded != !r.shard.plain() || sharded && token != r.shard.token() {
+		// A region name has no "#" (rules.Validate): a key with one is a
+		// shard group's, its token after the "#".
+		region, token, sharded := strings.Cut(strings.TrimPrefix(string(kv.Key), r.WitnessPrefix()), "#")
+		if sharded == r.shard.plain() || sharded && token != r.shard.token() {
 			continue // another shard group's
 		}
 		out[region] = kv.ModRevision

@@ -98,3 +98,53 @@ func TestTwoRegionLossWitness(t *testing.T) {
 // wait: a registry poll to see b's key, the take, the contribution and the
 // registry's record (etcd round trips each), a tick, a store write.
 const witnessSlack = 5 * time.Second
+
+// TestWitnessKeys: the etcd side of the witness against an embedded etcd.
+// A first renewal writes the key over whatever is there; later ones go by
+// compare-and-swap on the revision written last; a take succeeds only at
+// the revision it names, after which the owner's renewal reports the key
+// taken and writes it again. Each shard group reads only its own keys.
+func TestWitnessKeys(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: starts etcd")
+	}
+	ec := testutil.StartEtcd(t).Client(t)
+	ctx := context.Background()
+	reg := NewEtcdRegistry(ec, "", ledger.DefaultConfig())
+	other := reg.forShard(Shard{Index: 1, Count: 2, Epoch: 1})
+	rev, taken, err := reg.renewWitness(ctx, "a", 0, "renewed by a")
+	if err != nil || taken || rev == 0 {
+		t.Fatalf("first renewal: rev %d taken %v err %v", rev, taken, err)
+	}
+	rev2, taken, err := reg.renewWitness(ctx, "a", rev, "renewed by a")
+	if err != nil || taken || rev2 <= rev {
+		t.Fatalf("renewal at %d: rev %d taken %v err %v", rev, rev2, taken, err)
+	}
+	if _, _, err := other.renewWitness(ctx, "a", 0, "shard 1 of a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := reg.renewWitness(ctx, "b", 0, "renewed by b"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := reg.readWitness(ctx)
+	if err != nil || len(got) != 2 || got["a"] != rev2 || got["b"] == 0 {
+		t.Fatalf("read %v (%v), want a at %d and b", got, err, rev2)
+	}
+	if got, _ := other.readWitness(ctx); len(got) != 1 || got["a"] == 0 || got["a"] == rev2 {
+		t.Fatalf("shard 1 read %v, want only its own key of a", got)
+	}
+	// b takes a's key: not at a stale revision, at the current one.
+	if ok, err := reg.takeWitness(ctx, "a", rev, "taken by b"); err != nil || ok {
+		t.Fatalf("take at the stale revision %d: ok %v err %v", rev, ok, err)
+	}
+	if ok, err := reg.takeWitness(ctx, "a", rev2, "taken by b"); err != nil || !ok {
+		t.Fatalf("take at %d: ok %v err %v", rev2, ok, err)
+	}
+	rev3, taken, err := reg.renewWitness(ctx, "a", rev2, "renewed by a")
+	if err != nil || !taken || rev3 <= rev2 {
+		t.Fatalf("renewal after the take: rev %d taken %v err %v, want taken and written again", rev3, taken, err)
+	}
+	if got, _ := reg.readWitness(ctx); got["a"] != rev3 {
+		t.Fatalf("a's key at %d after it was written again, want %d", got["a"], rev3)
+	}
+}
