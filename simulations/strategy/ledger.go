@@ -344,7 +344,7 @@ func (a *lagent) Start(r *driver.Rule) {
 		return
 	}
 	a.starting = true
-	runID := a.runID
+	runID, sent := a.runID, a.Now()
 	var st ledger.Start
 	var err error
 	a.registry(func() func() {
@@ -358,7 +358,7 @@ func (a *lagent) Start(r *driver.Rule) {
 				a.failStart()
 				return
 			}
-			st.RunID = runID
+			st.RunID, st.Sent = runID, sent
 			led, err := ledger.New(s.cfg, a.r.name, s.specs, st, a.Now())
 			if err != nil {
 				a.failStart()

@@ -134,11 +134,12 @@ func (a *Agent) maybeStart(ctx context.Context, st *ruleState) {
 		return
 	}
 	st.starting = true
-	id, spec := st.ID, a.specOf(st.rule)
+	id, spec, sent := st.ID, a.specOf(st.rule), a.now()
 	a.goOwned(func() {
 		cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
 		start, used, err := a.reg.Start(cctx, id, spec, a.cfg.Region)
 		cancel()
+		start.Sent = sent // the life's lease counts from before its allocation (ledger.Start)
 		a.post(ctx, func(ctx context.Context) { a.started(ctx, st, start, used, err) })
 	})
 }

@@ -18,6 +18,10 @@ var (
 	ErrFrozenIncarnation = errors.New("ledger: incarnation frozen for reclaim")
 	ErrBackwards         = errors.New("ledger: counter went backwards")
 	ErrFenced            = errors.New("ledger: fenced; restart under a new incarnation")
+	// ErrLapsed is New's answer to a first life whose own lease (Lease
+	// from Start.Sent) ended before New was called: it would fence at its
+	// first Tick, holding a part it may not enforce. Start another.
+	ErrLapsed = errors.New("ledger: the registry's answer came after the life's lease; start another")
 )
 
 // Want is one region's input to an Allocator: its weight and its demand

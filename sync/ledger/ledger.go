@@ -27,6 +27,13 @@ type Start struct {
 	Live []Incarnation
 	// RunID identifies the current contents of the local store (Redis run id).
 	RunID string
+	// Sent is when, on the agent's clock, the request that obtained this
+	// life was sent (0: when New is called). The life's own lease, before
+	// any acknowledgement, counts from it: a peer that learns of the life
+	// from the registry, or from the Live list of its own start, learns
+	// of it after it was allocated, so after Sent, and its wait for
+	// silence then outlasts that lease (the package doc, invariant 3).
+	Sent time.Duration
 }
 
 // Share is the ledger's view of one key.
@@ -363,6 +370,30 @@ func New(cfg Config, self string, regions []RegionSpec, st Start, now time.Durat
 			return nil, fmt.Errorf("%w: live incarnation %v", ErrUnknownRegion, k)
 		}
 		l.peers[i].known = max(l.peers[i].known, k.Inc)
+	}
+	// A peer's incarnation is frozen by silence only if it existed when
+	// this life was allocated (Live), so that the silence counted from now
+	// outlasts its own lease, which counts from before its allocation
+	// (Start.Sent). One allocated later is frozen once heard (the silence
+	// counts from its reports), or once the registry needs our
+	// contribution to its reclaim (another region froze it first); one
+	// never allocated is not frozen at all: if it starts, its lease counts
+	// from its start, maybe after our silence began, and if it never
+	// does, it holds its floor (no marker) and its first life's share
+	// waits for it. (Until 5 December 2026 every peer's first life was
+	// frozen after ReclaimAfter of this life's start: a first life
+	// allocated after that start and never heard was reclaimed while its
+	// store still enforced its initial part, TestLateFirstLife.)
+	for i := range l.peers {
+		if i != l.self {
+			l.peers[i].mayFreeze = l.peers[i].known >= l.peers[i].inc
+		}
+	}
+	if st.Sent > 0 && st.Sent < now {
+		l.started = st.Sent
+	}
+	if l.base > l.floor[l.self] && now >= l.leaseDeadline() {
+		return nil, fmt.Errorf("%w: sent %v, now %v, lease %v", ErrLapsed, st.Sent, now, cfg.Lease)
 	}
 	return l, nil
 }
