@@ -383,9 +383,13 @@
 //     1243 of LEDGER_SEEDS=2000, a first answer 1.2 s late with key
 //     churn, ends with closures of k5 re-created after every report and
 //     never acknowledged, the key never retired; TestRandomizedAdversary
-//     seed 85 of LEDGER_SEEDS=1000 ends with 101 units of k2 held in the
-//     incomplete reclaim record of a live incarnation (r2/5), frozen by a
-//     since-reclaimed one (r1/4) that nobody else will freeze.) Every
+//     seed 85 of LEDGER_SEEDS=1000 (the only one of 3,000; none before
+//     the fix, whose histories differ from the first restart on) ends
+//     with k2 at rest but off its targets, 101 units of r2/5's settlement
+//     gifts in flight: r2/5 was frozen by r1/4, which its successor
+//     closed before r2/5 heard of the freeze (so r2/5 ignored it, as a
+//     late freeze), and the reclaim record of the live r2/5 stays
+//     incomplete, so the key's settlement is retried for good.) Every
 //     contributor outside has frozen its pair with the members: it
 //     applies nothing more from them. Phi is
 //     then what the members held above their floors plus what was in flight
