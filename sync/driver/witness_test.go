@@ -22,6 +22,9 @@ func TestWitnessTake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := reg.Start("b"); err != nil { // b's first life exists before a's: a may freeze it by silence
+		t.Fatal(err)
+	}
 	p := &fakePorts{t: t, sync: true}
 	d := New("a", p)
 	r1, r2 := d.Add("r1"), d.Add("r2")
