@@ -186,7 +186,7 @@ func New(cfg Config, store Store, nc *nats.Conn, reg Registry, src rules.Source)
 		a.lcfg.MaxClosureBytes = min(a.lcfg.MaxClosureBytes, max(1, int(mp)/4))
 	}
 	if wk, ok := reg.(witnessKeys); ok && a.lcfg.WitnessLease > 0 {
-		a.wit.keys = wk
+		a.wit.keys, a.wit.nonce = wk, randomNonce()
 	} else {
 		a.lcfg.WitnessLease = 0 // renewals are what keep a two-region lease with a witness
 	}

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -23,9 +25,10 @@ type witnessKeys interface {
 	// renewWitness writes region's key by compare-and-swap at rev, or over
 	// whatever is there if rev is 0 (the agent's first write). It returns
 	// the key's new revision; taken reports that the key was not at rev
-	// (another writer took it), in which case it was written again over
-	// the taker's revision.
-	renewWitness(ctx context.Context, region string, rev int64, value string) (newRev int64, taken bool, err error)
+	// and holds neither value nor ours (an earlier write of this agent
+	// whose answer was lost, or that was cut short), in which case it was
+	// written again over the taker's revision.
+	renewWitness(ctx context.Context, region string, rev int64, value, ours string) (newRev int64, taken bool, err error)
 	// readWitness returns the revision of every witness key of this
 	// agent's shard group, by region.
 	readWitness(ctx context.Context) (map[string]int64, error)
@@ -48,7 +51,7 @@ func (r *EtcdRegistry) witnessKey(region string) string {
 	return r.WitnessPrefix() + region + "#" + r.shard.token()
 }
 
-func (r *EtcdRegistry) renewWitness(ctx context.Context, region string, rev int64, value string) (int64, bool, error) {
+func (r *EtcdRegistry) renewWitness(ctx context.Context, region string, rev int64, value, ours string) (int64, bool, error) {
 	key := r.witnessKey(region)
 	put := clientv3.OpPut(key, value)
 	if rev != 0 {
@@ -60,14 +63,20 @@ func (r *EtcdRegistry) renewWitness(ctx context.Context, region string, rev int6
 			return tr.Header.Revision, false, nil
 		}
 	}
-	// The first write, or the key was taken: write over what is there now.
+	// The first write, or the key moved: write over what is there now. A
+	// key holding a value this agent wrote (a renewal whose answer was
+	// lost) was not taken: a take writes the taker's value.
 	g, err := r.kv.Get(ctx, key)
 	if err != nil {
 		return 0, false, err
 	}
 	var cur int64
+	taken := rev != 0
 	if len(g.Kvs) > 0 {
 		cur = g.Kvs[0].ModRevision
+		if v := string(g.Kvs[0].Value); v == value || ours != "" && v == ours {
+			taken = false
+		}
 	}
 	tr, err := r.kv.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", cur)).Then(put).Commit()
 	if err != nil {
@@ -76,7 +85,7 @@ func (r *EtcdRegistry) renewWitness(ctx context.Context, region string, rev int6
 	if !tr.Succeeded {
 		return 0, false, fmt.Errorf("%w: witness key %s changed while it was written; tried again at the next renewal", ErrRegistry, key)
 	}
-	return tr.Header.Revision, rev != 0, nil
+	return tr.Header.Revision, taken, nil
 }
 
 func (r *EtcdRegistry) readWitness(ctx context.Context) (map[string]int64, error) {
@@ -112,6 +121,11 @@ type witnessState struct {
 	mine     int64       // the revision this agent wrote last (0: none yet)
 	renewing bool
 	last     time.Time // when the last renewal was sent
+	// unsure is the value of a renewal that failed without an answer (it
+	// may have been written): found in the key, it is ours, not a take.
+	unsure string
+	nonce  string // this agent's, in every value it writes
+	count  uint64 // values written
 }
 
 // renewWitness renews this region's key every WitnessLease/4 (at once
@@ -124,19 +138,21 @@ func (a *Agent) renewWitness(ctx context.Context) {
 		return
 	}
 	w.renewing, w.last = true, time.Now()
-	sent, mine := a.now(), w.mine
+	sent, mine, unsure, value := a.now(), w.mine, w.unsure, a.witnessValue("renewed by")
+	keys := w.keys
 	a.goOwned(func() {
 		cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
-		rev, taken, err := w.keys.renewWitness(cctx, a.cfg.Region, mine, a.witnessValue("renewed by"))
+		rev, taken, err := keys.renewWitness(cctx, a.cfg.Region, mine, value, unsure)
 		cancel()
 		a.post(ctx, func(context.Context) {
 			w.renewing = false
 			if err != nil {
+				w.unsure = value
 				a.m.witness.WithLabelValues("error").Inc()
 				a.logs.Log(slog.LevelWarn, "witness-renew", "renewing this region's witness key in etcd failed", logKeyErr, err)
 				return
 			}
-			w.mine = rev
+			w.mine, w.unsure = rev, ""
 			if taken {
 				a.m.witness.WithLabelValues("taken").Inc()
 				a.log.Warn("this region's witness key was taken by its peer (it had heard nothing from us); the ledgers alive then will start new incarnations")
@@ -175,9 +191,10 @@ func (p ports) Take(region string, rev int64) {
 	if a.wit.keys == nil {
 		return // no witness: the ledgers' WitnessLease is 0 and never ask
 	}
+	keys, value := a.wit.keys, a.witnessValue("taken by")
 	a.goOwned(func() {
 		cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
-		ok, err := a.wit.keys.takeWitness(cctx, region, rev, a.witnessValue("taken by"))
+		ok, err := keys.takeWitness(cctx, region, rev, value)
 		cancel()
 		if err != nil {
 			a.logs.Log(slog.LevelWarn, "witness-take", "taking a silent peer's witness key failed; it is retried", "peer", region, logKeyErr, err)
@@ -192,7 +209,17 @@ func (p ports) Take(region string, rev int64) {
 	})
 }
 
-// witnessValue is the informational value written to a witness key.
+// witnessValue is the value written to a witness key: who and when, for
+// people, and this agent's nonce and a count, so that the agent knows its
+// own writes (renewWitness).
 func (a *Agent) witnessValue(what string) string {
-	return fmt.Sprintf("%s %s at %s", what, a.cfg.Region, time.Now().UTC().Format(time.RFC3339))
+	a.wit.count++
+	return fmt.Sprintf("%s %s at %s (agent %s, write %d)", what, a.cfg.Region, time.Now().UTC().Format(time.RFC3339Nano), a.wit.nonce, a.wit.count)
+}
+
+// randomNonce is 8 random bytes in hex.
+func randomNonce() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

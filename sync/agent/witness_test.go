@@ -112,18 +112,18 @@ func TestWitnessKeys(t *testing.T) {
 	ctx := context.Background()
 	reg := NewEtcdRegistry(ec, "", ledger.DefaultConfig())
 	other := reg.forShard(Shard{Index: 1, Count: 2, Epoch: 1})
-	rev, taken, err := reg.renewWitness(ctx, "a", 0, "renewed by a")
+	rev, taken, err := reg.renewWitness(ctx, "a", 0, "renewed by a 1", "")
 	if err != nil || taken || rev == 0 {
 		t.Fatalf("first renewal: rev %d taken %v err %v", rev, taken, err)
 	}
-	rev2, taken, err := reg.renewWitness(ctx, "a", rev, "renewed by a")
+	rev2, taken, err := reg.renewWitness(ctx, "a", rev, "renewed by a 2", "")
 	if err != nil || taken || rev2 <= rev {
 		t.Fatalf("renewal at %d: rev %d taken %v err %v", rev, rev2, taken, err)
 	}
-	if _, _, err := other.renewWitness(ctx, "a", 0, "shard 1 of a"); err != nil {
+	if _, _, err := other.renewWitness(ctx, "a", 0, "shard 1 of a", ""); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := reg.renewWitness(ctx, "b", 0, "renewed by b"); err != nil {
+	if _, _, err := reg.renewWitness(ctx, "b", 0, "renewed by b", ""); err != nil {
 		t.Fatal(err)
 	}
 	got, err := reg.readWitness(ctx)
@@ -140,11 +140,20 @@ func TestWitnessKeys(t *testing.T) {
 	if ok, err := reg.takeWitness(ctx, "a", rev2, "taken by b"); err != nil || !ok {
 		t.Fatalf("take at %d: ok %v err %v", rev2, ok, err)
 	}
-	rev3, taken, err := reg.renewWitness(ctx, "a", rev2, "renewed by a")
+	rev3, taken, err := reg.renewWitness(ctx, "a", rev2, "renewed by a 3", "renewed by a 2")
 	if err != nil || !taken || rev3 <= rev2 {
 		t.Fatalf("renewal after the take: rev %d taken %v err %v, want taken and written again", rev3, taken, err)
 	}
 	if got, _ := reg.readWitness(ctx); got["a"] != rev3 {
 		t.Fatalf("a's key at %d after it was written again, want %d", got["a"], rev3)
+	}
+	// A renewal whose answer was lost: the key moved, but to a's own value.
+	lost, _, err := reg.renewWitness(ctx, "a", rev3, "renewed by a 4", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev5, taken, err := reg.renewWitness(ctx, "a", rev3, "renewed by a 5", "renewed by a 4")
+	if err != nil || taken || rev5 <= lost {
+		t.Fatalf("renewal after a lost answer: rev %d taken %v err %v, want written, not taken", rev5, taken, err)
 	}
 }
