@@ -128,13 +128,17 @@ type witnessState struct {
 	count  uint64 // values written
 }
 
-// renewWitness renews this region's key every WitnessLease/4 (at once
-// while it has none), off the loop goroutine; the result is fed to the
+// renewWitness renews this region's key every WitnessLease/4 (every
+// second while it has none), off the loop goroutine; the result is fed to the
 // driver on the loop: WitnessLost first if the key had been taken, then
 // the renewal.
 func (a *Agent) renewWitness(ctx context.Context) {
 	w := &a.wit
-	if w.keys == nil || w.renewing || w.mine != 0 && time.Since(w.last) < a.lcfg.WitnessLease/4 {
+	every := a.lcfg.WitnessLease / 4
+	if w.mine == 0 {
+		every = time.Second // none written yet: try again soon, not at every tick
+	}
+	if w.keys == nil || w.renewing || time.Since(w.last) < every {
 		return
 	}
 	w.renewing, w.last = true, time.Now()
