@@ -387,6 +387,21 @@ func (s *sim) publishRecords() {
 	}
 }
 
+// pollRecords delivers the registry's records to r after a delay, as its
+// agent's next poll would once it reaches etcd again: a region cut off
+// from etcd (the witness model) misses the records published meanwhile.
+func (s *sim) pollRecords(r *region) {
+	recs := s.reg.Records()
+	s.at(s.dur(200*time.Millisecond), func() {
+		if s.wit != nil && s.wit.cut[r.idx] {
+			return
+		}
+		for _, rec := range recs {
+			s.deliverRecord(r, rec)
+		}
+	})
+}
+
 func (s *sim) deliverRecord(r *region, rec Record) {
 	if r.led == nil {
 		return
@@ -713,6 +728,9 @@ func (s *sim) chaos() {
 		s.resetStore(r)
 	case x < 0.23 && s.wit != nil: // cut off from etcd, or back
 		s.wit.cut[r.idx] = !s.wit.cut[r.idx]
+		if !s.wit.cut[r.idx] {
+			s.pollRecords(r)
+		}
 	}
 }
 
@@ -734,7 +752,12 @@ func (s *sim) resetStore(r *region) {
 func (s *sim) heal() {
 	s.calm = true
 	if s.wit != nil {
-		clear(s.wit.cut)
+		for i, cut := range s.wit.cut {
+			if cut {
+				s.wit.cut[i] = false
+				s.pollRecords(s.regions[i])
+			}
+		}
 	}
 	for i := range s.cut {
 		for j := range s.cut[i] {
