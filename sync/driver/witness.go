@@ -31,11 +31,7 @@ type witnessSight struct {
 // succeeded, sent at sent (Ports.Now) to every ledger.
 func (d *Driver) WitnessRenewed(sent time.Duration) {
 	d.w.sent = max(d.w.sent, sent)
-	for _, id := range d.IDs() {
-		if r := d.rules[id]; r.Led != nil {
-			r.Led.WitnessRenewed(sent)
-		}
-	}
+	d.eachLedger(func(r *Rule) { r.Led.WitnessRenewed(sent) })
 }
 
 // WitnessLost tells every ledger that this region's key was taken (a
@@ -43,11 +39,7 @@ func (d *Driver) WitnessRenewed(sent time.Duration) {
 // it before feeding any renewal of the key written again.
 func (d *Driver) WitnessLost() {
 	d.w.sent = 0
-	for _, id := range d.IDs() {
-		if r := d.rules[id]; r.Led != nil {
-			r.Led.WitnessLost()
-		}
-	}
+	d.eachLedger(func(r *Rule) { r.Led.WitnessLost() })
 }
 
 // WitnessSeen feeds peer region's witness key at revision rev (0: no key)
@@ -61,11 +53,7 @@ func (d *Driver) WitnessSeen(region string, rev int64) {
 		sg = witnessSight{rev: rev, at: d.p.Now()}
 		d.w.seen[region] = sg
 	}
-	for _, id := range d.IDs() {
-		if r := d.rules[id]; r.Led != nil {
-			r.Led.WitnessSeen(sg.at, region, rev)
-		}
-	}
+	d.eachLedger(func(r *Rule) { r.Led.WitnessSeen(sg.at, region, rev) })
 }
 
 // Taken ends a Ports.Take: ok if region's key was at rev and is now this
@@ -77,12 +65,17 @@ func (d *Driver) Taken(region string, rev int64, ok bool) {
 		return
 	}
 	now := d.p.Now()
+	d.eachLedger(func(r *Rule) { d.collect(r, r.Led.WitnessTaken(now, region, rev)) })
+	d.Flush()
+}
+
+// eachLedger calls fn for every rule with a ledger, in rule order.
+func (d *Driver) eachLedger(fn func(r *Rule)) {
 	for _, id := range d.IDs() {
 		if r := d.rules[id]; r.Led != nil {
-			d.collect(r, r.Led.WitnessTaken(now, region, rev))
+			fn(r)
 		}
 	}
-	d.Flush()
 }
 
 // feedWitness gives a new ledger what the driver knows of the witness keys.

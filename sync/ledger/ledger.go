@@ -221,12 +221,11 @@ type peer struct {
 	pending   map[uint64]Contribution // contributions not yet seen in the registry
 	wanted    map[uint64]bool         // incarnations the registry needs our contribution for
 	heardOf   []heard                 // per region index: its newest report this peer acknowledged (Ledger.consistent)
-	// The peer's witness key (witness.go): its revision, when we first saw
-	// it at that revision, and whether we have seen it at all.
-	wRev   int64
-	wAt    time.Duration
-	wKnown bool
-	asked  int64 // the revision of the last take asked for (Output.Take)
+	// The peer's witness key (witness.go): its revision (0: none seen)
+	// and when we first saw it at that revision.
+	wRev  int64
+	wAt   time.Duration
+	asked int64 // the revision of the last take asked for (Output.Take)
 }
 
 // heard is a report (incarnation, sequence) a peer acknowledged.

@@ -52,8 +52,8 @@ func (l *Ledger) WitnessSeen(now time.Duration, region string, rev int64) {
 		return
 	}
 	p := &l.peers[i]
-	if p.wRev != rev || !p.wKnown {
-		p.wRev, p.wAt, p.wKnown = rev, now, true
+	if p.wRev != rev {
+		p.wRev, p.wAt = rev, now
 	}
 }
 
@@ -90,7 +90,7 @@ func (l *Ledger) WitnessTaken(now time.Duration, region string, rev int64) Outpu
 func (l *Ledger) takeable(i int, now time.Duration) bool {
 	p := &l.peers[i]
 	wait := l.cfg.WitnessReclaimAfter()
-	return l.witnessed() && p.mayFreeze && p.wKnown && p.wRev > 0 &&
+	return l.witnessed() && p.mayFreeze && p.wRev > 0 &&
 		now-p.heard >= wait && now-p.wAt >= wait && now < l.leaseDeadline()
 }
 
