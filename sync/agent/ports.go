@@ -137,13 +137,9 @@ func (a *Agent) pollRegistry(ctx context.Context) {
 		cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
 		recs, err := a.reg.Records(cctx)
 		cancel()
-		revs, werr := a.readWitness(ctx)
 		a.post(ctx, func(context.Context) {
 			a.polling = false
-			if werr != nil {
-				a.logs.Log(slog.LevelWarn, "witness-read", "reading the peers' witness keys failed", logKeyErr, werr)
-			}
-			a.feedWitness(revs)
+			a.feedWitness()
 			if errors.Is(err, ErrLayout) {
 				a.layoutLost(err)
 			}

@@ -136,8 +136,9 @@ type registryStats struct {
 // recordCache keeps, per registry document, the records of the revision
 // Records last decoded, so that a poll decodes only documents that changed.
 type recordCache struct {
-	mu sync.Mutex
-	m  map[string]RuleRecords
+	mu      sync.Mutex
+	m       map[string]RuleRecords
+	witness map[string]int64 // the witness keys' revisions, by region (witness.go)
 }
 
 // NewEtcdRegistry returns a registry over kv under prefix (default
@@ -483,13 +484,15 @@ func (r *EtcdRegistry) Close(ctx context.Context, rule string, by ledger.Incarna
 }
 
 // Records implements Registry with one range read of the prefix (and of
-// LayoutKey: another layout than the agent's is ErrLayout). Documents that
+// LayoutKey: another layout than the agent's is ErrLayout, and of the
+// witness keys, kept for readWitness). Documents that
 // do not decode (a missing or corrupt chunk included), and those of other
 // shards' groups, are left out. A document whose ModRevision did not change
 // since the last call is not decoded again; one that did reads only the
 // chunks not in the cache, as of the range read's revision.
 func (r *EtcdRegistry) Records(ctx context.Context) (map[string]RuleRecords, error) {
-	tr, err := r.kv.Txn(ctx).Then(clientv3.OpGet(r.prefix, clientv3.WithPrefix()), clientv3.OpGet(LayoutKey)).Commit()
+	tr, err := r.kv.Txn(ctx).Then(clientv3.OpGet(r.prefix, clientv3.WithPrefix()), clientv3.OpGet(LayoutKey),
+		clientv3.OpGet(r.WitnessPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
 	if err != nil {
 		return nil, err
 	}
@@ -497,6 +500,10 @@ func (r *EtcdRegistry) Records(ctx context.Context) (map[string]RuleRecords, err
 	if _, err := r.layoutGuard(tr.Responses[1].GetResponseRange()); err != nil {
 		return nil, err
 	}
+	witness := r.witnessRevs(tr.Responses[2].GetResponseRange().Kvs)
+	r.recs.mu.Lock()
+	r.recs.witness = witness
+	r.recs.mu.Unlock()
 	r.recs.mu.Lock()
 	prev := r.recs.m
 	r.recs.mu.Unlock()

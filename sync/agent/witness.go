@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -30,8 +31,8 @@ type witnessKeys interface {
 	// written again over the taker's revision.
 	renewWitness(ctx context.Context, region string, rev int64, value, ours string) (newRev int64, taken bool, err error)
 	// readWitness returns the revision of every witness key of this
-	// agent's shard group, by region.
-	readWitness(ctx context.Context) (map[string]int64, error)
+	// agent's shard group, by region, as the last registry poll read them.
+	readWitness() map[string]int64
 	// takeWitness replaces region's key if it is at rev.
 	takeWitness(ctx context.Context, region string, rev int64, value string) (bool, error)
 }
@@ -88,13 +89,19 @@ func (r *EtcdRegistry) renewWitness(ctx context.Context, region string, rev int6
 	return tr.Header.Revision, taken, nil
 }
 
-func (r *EtcdRegistry) readWitness(ctx context.Context) (map[string]int64, error) {
-	g, err := r.kv.Get(ctx, r.WitnessPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]int64, len(g.Kvs))
-	for _, kv := range g.Kvs {
+// readWitness returns the witness keys' revisions as the last Records
+// call read them: the registry poll reads them in its own transaction.
+func (r *EtcdRegistry) readWitness() map[string]int64 {
+	r.recs.mu.Lock()
+	defer r.recs.mu.Unlock()
+	return r.recs.witness
+}
+
+// witnessRevs returns the revision of every witness key of this agent's
+// shard group among kvs (a read of WitnessPrefix), by region.
+func (r *EtcdRegistry) witnessRevs(kvs []*mvccpb.KeyValue) map[string]int64 {
+	out := make(map[string]int64, len(kvs))
+	for _, kv := range kvs {
 		// A region name has no "#" (rules.Validate): a key with one is a
 		// shard group's, its token after the "#".
 		region, token, sharded := strings.Cut(strings.TrimPrefix(string(kv.Key), r.WitnessPrefix()), "#")
@@ -103,7 +110,7 @@ func (r *EtcdRegistry) readWitness(ctx context.Context) (map[string]int64, error
 		}
 		out[region] = kv.ModRevision
 	}
-	return out, nil
+	return out
 }
 
 func (r *EtcdRegistry) takeWitness(ctx context.Context, region string, rev int64, value string) (bool, error) {
@@ -169,19 +176,13 @@ func (a *Agent) renewWitness(ctx context.Context) {
 	})
 }
 
-// readWitness reads the peers' keys (with the registry poll) and feeds
-// their revisions to the driver on the loop.
-func (a *Agent) readWitness(ctx context.Context) (map[string]int64, error) {
+// feedWitness feeds the peers' witness keys, as the registry poll read
+// them, to the driver on the loop.
+func (a *Agent) feedWitness() {
 	if a.wit.keys == nil {
-		return nil, nil
+		return
 	}
-	cctx, cancel := context.WithTimeout(ctx, a.cfg.EtcdTimeout)
-	defer cancel()
-	return a.wit.keys.readWitness(cctx)
-}
-
-func (a *Agent) feedWitness(revs map[string]int64) {
-	for region, rev := range revs {
+	for region, rev := range a.wit.keys.readWitness() {
 		if region != a.cfg.Region {
 			a.drv.WitnessSeen(region, rev)
 		}

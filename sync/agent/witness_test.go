@@ -9,6 +9,7 @@ import (
 	"github.com/apportion/apportion/regional/usage/usagetest"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/sync/ledger"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestTwoRegionLossWitness: two regions, both sending twice a global
@@ -126,11 +127,22 @@ func TestWitnessKeys(t *testing.T) {
 	if _, _, err := reg.renewWitness(ctx, "b", 0, "renewed by b", ""); err != nil {
 		t.Fatal(err)
 	}
-	got, err := reg.readWitness(ctx)
-	if err != nil || len(got) != 2 || got["a"] != rev2 || got["b"] == 0 {
-		t.Fatalf("read %v (%v), want a at %d and b", got, err, rev2)
+	// The registry poll reads the keys in its own transaction.
+	read := func() map[string]int64 {
+		t.Helper()
+		if _, err := reg.Records(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return reg.readWitness()
 	}
-	if got, _ := other.readWitness(ctx); len(got) != 1 || got["a"] == 0 || got["a"] == rev2 {
+	if got := read(); len(got) != 2 || got["a"] != rev2 || got["b"] == 0 {
+		t.Fatalf("read %v, want a at %d and b", got, rev2)
+	}
+	all, err := ec.Get(ctx, reg.WitnessPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := other.witnessRevs(all.Kvs); len(got) != 1 || got["a"] == 0 || got["a"] == rev2 {
 		t.Fatalf("shard 1 read %v, want only its own key of a", got)
 	}
 	// b takes a's key: not at a stale revision, at the current one.
@@ -144,7 +156,7 @@ func TestWitnessKeys(t *testing.T) {
 	if err != nil || !taken || rev3 <= rev2 {
 		t.Fatalf("renewal after the take: rev %d taken %v err %v, want taken and written again", rev3, taken, err)
 	}
-	if got, _ := reg.readWitness(ctx); got["a"] != rev3 {
+	if got := read(); got["a"] != rev3 {
 		t.Fatalf("a's key at %d after it was written again, want %d", got["a"], rev3)
 	}
 	// A renewal whose answer was lost: the key moved, but to a's own value.
