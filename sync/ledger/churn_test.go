@@ -361,7 +361,9 @@ func BenchmarkChurn(b *testing.B) {
 // that halves every HalfLife (250 ms) and gives what is above its floor
 // less 1% of the units once it is below that: log2(4/(0.01+floor)) half
 // lives, 1.9 s at ten regions (floor 0.01), then an interval for the gift
-// and one for the report: 22 intervals of 100 ms. At 1/s the estimates
+// and one for the report: 22 intervals of 100 ms, and GiftWait (3 more:
+// the old region's last excess, 1% of the units or less each at ten
+// regions, is given once it has waited that long). At 1/s the estimates
 // are the small limits' (DemandTokens 40, SilenceTokens 5): the new
 // region's after 5 requests (5 intervals), the old one's capped by
 // silence at 5 requests per quiet time, the token moving once the new
@@ -408,6 +410,9 @@ func TestChurnLiveness(t *testing.T) {
 			}
 			c := newChurnRun(t, cfg, tc.regions, tc.active, tc.total, tc.life)
 			c.rate, c.liveAfter, c.retries = tc.rate, tc.liveAfter, tc.retries
+			if cfg.smallGift(1) {
+				c.liveAfter += cfg.giftWaitTicks() // the last small excess waits GiftWait
+			}
 			c.run()
 			t.Log(c.summary())
 		})

@@ -108,7 +108,7 @@ type key struct {
 	force    bool  // rewrite even if unchanged (store reset)
 	gifted   bool  // give grew since the last write: a new version must cover it
 	seen     uint8 // cost seen since the average started, up to SilenceTokens
-	waited   uint8 // ticks give held whole-token gifts back on inconsistent views (consistent)
+	waited   uint8 // Ticks in a row give held the key's gifts back: whole tokens on views that disagree (consistent), or an excess within GiftBand (Config.GiftBand)
 
 	wUnits int64
 	// Versions of this incarnation (Version{inc, seq}: the ledger writes

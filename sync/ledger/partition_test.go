@@ -26,7 +26,8 @@ func healBound(c Config) time.Duration {
 	registry := 200 * time.Millisecond
 	iv := time.Duration(float64(c.Interval) * (1 + c.Rho))
 	rep := time.Duration(float64(c.reportEvery()) * (1 + c.Rho))
-	return 2*registry + 2*(rep+rtt) + 3*(iv+c.StoreTimeout+rtt)
+	wait := time.Duration(float64(time.Duration(c.giftWaitTicks())*c.Interval) * (1 + c.Rho))
+	return 2*registry + 2*(rep+rtt) + 3*(iv+c.StoreTimeout+rtt+wait)
 }
 
 func cutOff(s *sim, group ...int) {

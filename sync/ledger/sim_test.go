@@ -153,7 +153,8 @@ func simConfig() Config {
 	c.IdleAfter = 2 * time.Second
 	c.FullEvery = 5
 	c.Hysteresis = 0
-	c.DemandTokens = 0 // the harness's demand is steady: estimates follow at once
+	c.GiftWait = 300 * time.Millisecond // the defaults' 1 s in the harness's shorter times (Lease 1 s for 3 s)
+	c.DemandTokens = 0                  // the harness's demand is steady: estimates follow at once
 	return c
 }
 
@@ -1131,14 +1132,16 @@ func randomOpts(seed int64) simOpts {
 }
 
 // withEnv adds to adjust the settings LEDGER_BAND (Config.DemandBand, e.g.
-// 0.15) and LEDGER_HEARTBEAT (Config.HeartbeatEvery, e.g. 1s) name, so that
-// TestRandomized and TestReplaySeed run with them:
+// 0.15), LEDGER_HEARTBEAT (Config.HeartbeatEvery, e.g. 1s) and
+// LEDGER_GIFT_WAIT (Config.GiftWait, e.g. 0s) name, so that TestRandomized
+// and TestReplaySeed run with them:
 //
 //	LEDGER_BAND=0.15 LEDGER_HEARTBEAT=1s LEDGER_SEEDS=2000 go test -run TestRandomized ./sync/ledger
 func withEnv(adjust func(*Config)) func(*Config) {
 	band, errB := strconv.ParseFloat(os.Getenv("LEDGER_BAND"), 64)
 	hb, errH := time.ParseDuration(os.Getenv("LEDGER_HEARTBEAT"))
-	if errB != nil && errH != nil {
+	gw, errG := time.ParseDuration(os.Getenv("LEDGER_GIFT_WAIT"))
+	if errB != nil && errH != nil && errG != nil {
 		return adjust
 	}
 	return func(c *Config) {
@@ -1150,6 +1153,9 @@ func withEnv(adjust func(*Config)) func(*Config) {
 		}
 		if errH == nil {
 			c.HeartbeatEvery = hb
+		}
+		if errG == nil {
+			c.GiftWait = gw
 		}
 	}
 }

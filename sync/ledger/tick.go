@@ -211,13 +211,21 @@ func (l *Ledger) give(k *key, now time.Duration) {
 		k.waited++
 		return
 	}
-	k.waited = 0
 	// Hysteresis spares small gifts while there is demand; at rest the
 	// positions must reach the bases exactly, or the key never goes idle
 	// (maybeIdle) and is held for good.
 	if excess <= 0 || sumD == 0 || !rest && excess <= l.cfg.Hysteresis {
+		k.waited = 0
 		return
 	}
+	// An excess within GiftBand waits GiftWait in a row (Config.GiftBand),
+	// counted in the same byte as the hold above: that one only with
+	// Quantum, this one only without.
+	if !rest && l.cfg.smallGift(excess) && int(k.waited) < l.cfg.giftWaitTicks() {
+		k.waited++
+		return
+	}
+	k.waited = 0
 	// Never below our floor: excess <= position - floor since targets are >= 0.
 	best, gave := -1, false
 	for j, i := range idx {
