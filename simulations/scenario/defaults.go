@@ -71,6 +71,13 @@ func (sc *Scenario) defaults() {
 	if s.DemandBand == nil {
 		s.DemandBand = fptr(lc.DemandBand)
 	}
+	if s.GiftBand == nil {
+		s.GiftBand = fptr(lc.GiftBand)
+	}
+	if s.GiftWait == nil {
+		w := Duration(lc.GiftWait)
+		s.GiftWait = &w
+	}
 	if s.WitnessLease == nil {
 		w := Duration(driver.DefaultWitnessLease)
 		s.WitnessLease = &w

@@ -159,6 +159,12 @@ type Sync struct {
 	// (default 0.25, the agent's; 0: every change). A move past a tenth
 	// of it is reported within the ledger's DemandRefresh (3 s).
 	DemandBand *float64 `yaml:"demand_band"`
+	// GiftBand and GiftWait are the ledger's: an excess over a key's
+	// target of at most gift_band of the limit is given only once it has
+	// lasted gift_wait (defaults 0.02 and 1s, the agent's; gift_wait 0s:
+	// at once).
+	GiftBand *float64  `yaml:"gift_band"`
+	GiftWait *Duration `yaml:"gift_wait"`
 	// WitnessLease is the ledger's WitnessLease, between two regions: a
 	// region cut off from its peer and from etcd keeps its position this
 	// long after its last renewal of its witness key in etcd, and a region

@@ -140,6 +140,12 @@ func (sc *Scenario) Validate() error {
 	if !(*s.DemandBand >= 0 && *s.DemandBand < 1) {
 		return bad("sync.demand_band", "must be in [0, 1)")
 	}
+	if !(*s.GiftBand >= 0 && *s.GiftBand < 1) {
+		return bad("sync.gift_band", "must be in [0, 1)")
+	}
+	if *s.GiftWait < 0 {
+		return bad("sync.gift_wait", "must not be negative")
+	}
 	if !(*s.ClockError >= 0 && *s.ClockError < 0.5) {
 		return bad("sync.clock_error", "must be in [0,0.5)")
 	}

@@ -115,6 +115,7 @@ func ledgerConfig(env *sim.Env) (ledger.Config, []ledger.RegionSpec) {
 	cfg.HalfLife = sc.Sync.HalfLife.D()
 	cfg.HeartbeatEvery = sc.Sync.Heartbeat.D()
 	cfg.DemandBand = *sc.Sync.DemandBand
+	cfg.GiftBand, cfg.GiftWait = *sc.Sync.GiftBand, sc.Sync.GiftWait.D()
 	cfg.WitnessLease = sc.Sync.WitnessLease.D()
 	cfg.Quantum = ledger.QuantumOf(cfg.Units, sc.Rule.Burst)
 	if w := sc.Rule.Window.D(); w > 0 {

@@ -82,6 +82,13 @@ type Config struct {
 	// same utilization (simulations/README.md).
 	Heartbeat  time.Duration
 	DemandBand float64
+	// GiftBand and GiftWait: an excess over a key's target of at most
+	// GiftBand of the limit is given only once it has lasted GiftWait
+	// (defaults 0.02 and 1s; GiftWait 0: at once), so that units do not
+	// travel back and forth on the noise of many regions' demand
+	// (ledger.Config's GiftBand and GiftWait).
+	GiftBand float64
+	GiftWait time.Duration
 	// WitnessLease is the witness's lease between two regions (default
 	// driver.DefaultWitnessLease, 1m; 0: no witness; at least Lease): the
 	// agent renews a key of its region's in etcd every quarter of it, a
@@ -142,6 +149,8 @@ func DefaultConfig() Config {
 		HalfLife:     lc.HalfLife,
 		Heartbeat:    lc.HeartbeatEvery,
 		DemandBand:   lc.DemandBand,
+		GiftBand:     lc.GiftBand,
+		GiftWait:     lc.GiftWait,
 		WitnessLease: driver.DefaultWitnessLease,
 	}
 }
@@ -191,6 +200,7 @@ func (c Config) LedgerConfig() ledger.Config {
 	lc.Units, lc.Interval, lc.Lease, lc.Rho, lc.Margin, lc.StoreTimeout = c.Units, c.Interval, c.Lease, c.Rho, c.Margin, c.StoreTimeout
 	lc.Hysteresis = max(1, c.Units/10000)
 	lc.HalfLife, lc.HeartbeatEvery, lc.DemandBand = c.HalfLife, c.Heartbeat, c.DemandBand
+	lc.GiftBand, lc.GiftWait = c.GiftBand, c.GiftWait
 	lc.WitnessLease = c.WitnessLease
 	f, _ := allocation.ByName(c.Strategy)
 	lc.Allocate = ledger.AllocatorOf(f)

@@ -53,6 +53,8 @@ type options struct {
 	heartbeat      time.Duration
 	witnessLease   time.Duration
 	demandBand     float64
+	giftBand       float64
+	giftWait       time.Duration
 	seedFile       string
 	peerKeys       string
 	insecure       bool
@@ -81,6 +83,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.heartbeat, "heartbeat", def.Heartbeat, "a report goes out at least this often when nothing changed (capped by the lease: 685ms at 3s); 0: a report every interval")
 	fs.DurationVar(&o.witnessLease, "witness-lease", def.WitnessLease, "two-region rules: a region cut off from its peer and from etcd keeps its share this long after its last renewal of its witness key in etcd, then its floor; a peer silent that long (x (1+rho)/(1-rho), + margin) is reclaimed; 0: no witness (a lost region's share of a two-region rule stays unused until it returns); at least --lease")
 	fs.Float64Var(&o.demandBand, "demand-band", def.DemandBand, "a key's demand counts as changed only when it moved past this fraction of the value last reported (a move past a tenth of it is still reported within 3s); 0: every move")
+	fs.Float64Var(&o.giftBand, "gift-band", def.GiftBand, "an excess over a key's target of at most this fraction of the limit is given only once it has lasted --gift-wait, so that units do not move on demand noise")
+	fs.DurationVar(&o.giftWait, "gift-wait", def.GiftWait, "how long an excess within --gift-band must last before it is given; 0: at once")
 	fs.IntVar(&o.wireVersion, "wire-version", 3, "format of the reports this agent publishes, 3 or 2: agents read both, agents before format 3 read only 2; to upgrade such a deployment run every region with 2, then switch to 3")
 	fs.BoolVar(&o.standby, "standby", false, "campaign for the region's agent role in etcd and act only while leader")
 	fs.StringVar(&o.seedFile, "report-seed-file", "", "file holding this region's NKey user seed (SU..., or a NATS .creds file): every report is signed with it (required unless --insecure-unsigned-reports; syncagent keygen FILE makes one)")
@@ -210,6 +214,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cfg.Region, cfg.Interval, cfg.Lease, cfg.Rho, cfg.Logger = o.region, o.interval, o.lease, o.rho, log
 	cfg.HalfLife, cfg.RecordHold, cfg.MaxUsageKeys, cfg.WireVersion = o.halfLife, o.recordHold, o.maxUsageKeys, o.wireVersion
 	cfg.Heartbeat, cfg.DemandBand, cfg.WitnessLease = o.heartbeat, o.demandBand, o.witnessLease
+	cfg.GiftBand, cfg.GiftWait = o.giftBand, o.giftWait
 	cfg.InsecureUnsigned = true // the keys are checked next, once the rest is valid
 	if err := cfg.Validate(); err != nil {
 		return err
