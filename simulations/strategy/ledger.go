@@ -414,10 +414,12 @@ func (a *lagent) Rejected(reason, peer, rule string, err error) {}
 func (a *lagent) Reclaimed(r *driver.Rule, rec ledger.Record) {}
 
 // pollRegistry reads the registry every RegistryPoll (backing off after
-// failures) and feeds a changed revision to the driver, as the agent does.
+// failures, up to 4 times) and feeds a changed revision to the driver; the
+// first read that succeeds after failures ends a failed start's backoff,
+// as the agent's registryBack does.
 func (a *lagent) pollRegistry() {
 	s := a.s
-	if a.polling || s.env.Now()-a.lastPoll < s.poll*time.Duration(1<<min(a.pollFails, 4)) {
+	if a.polling || s.env.Now()-a.lastPoll < s.poll*time.Duration(1<<min(a.pollFails, 2)) {
 		return
 	}
 	a.polling, a.lastPoll = true, s.env.Now()
@@ -425,6 +427,7 @@ func (a *lagent) pollRegistry() {
 		recs := map[string]driver.RuleRecords{ruleID: {Revision: s.rev, Records: s.reg.Records()}}
 		keys := slices.Clone(s.witness) // the agent's watch of the witness keys
 		return func() {
+			back := a.pollFails > 0
 			a.polling, a.pollFails = false, 0
 			if s.cfg.WitnessLease > 0 {
 				for j, rev := range keys {
@@ -434,6 +437,10 @@ func (a *lagent) pollRegistry() {
 				}
 			}
 			a.drv.Records(recs)
+			if back && a.rule.Led == nil && !a.starting && s.env.Now() < a.retryAt {
+				a.retryAt = 0
+				a.Start(a.rule)
+			}
 		}
 	}, func() {
 		a.polling = false

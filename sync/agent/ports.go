@@ -127,9 +127,13 @@ func (p ports) Reclaimed(r *driver.Rule, rec ledger.Record) {
 }
 
 // pollRegistry reads every rule's registry and feeds changed ones to the
-// ledgers, and the peers' witness keys (witness.go).
+// ledgers, and the peers' witness keys (witness.go). After a failed read
+// it waits twice, then four times RegistryPoll (2 s at the default), so
+// that a registry back after an outage is seen within that; the first
+// read that succeeds after failures ends the wait of every start that
+// failed meanwhile (registryBack).
 func (a *Agent) pollRegistry(ctx context.Context) {
-	if a.polling || time.Since(a.lastPoll) < a.cfg.RegistryPoll*time.Duration(1<<min(a.pollFails, 4)) {
+	if a.polling || time.Since(a.lastPoll) < a.cfg.RegistryPoll*time.Duration(1<<min(a.pollFails, 2)) {
 		return
 	}
 	a.polling, a.lastPoll = true, time.Now()
@@ -148,8 +152,25 @@ func (a *Agent) pollRegistry(ctx context.Context) {
 				a.logs.Log(slog.LevelWarn, "registry-poll", "reading the reclaim registry failed", logKeyErr, err)
 				return
 			}
+			back := a.pollFails > 0
 			a.pollFails = 0
 			a.drv.Records(recs)
+			if back {
+				a.registryBack(ctx)
+			}
 		})
 	})
+}
+
+// registryBack starts at once every rule whose start failed while the
+// registry did not answer, instead of after its backoff (up to 10 s): a
+// region cut off from etcd, whose incarnation fenced meanwhile, serves
+// again about a registry round trip after the cut heals.
+func (a *Agent) registryBack(ctx context.Context) {
+	for _, st := range a.rules {
+		if st.Led == nil && !st.starting && time.Now().Before(st.retryAt) {
+			st.retryAt = time.Time{}
+			a.maybeStart(ctx, st)
+		}
+	}
 }
