@@ -201,8 +201,9 @@ type Config struct {
 	// size of a closure), default 256 KiB: a quarter of NATS's default
 	// payload of 1 MiB, so that a split report, which repeats its closures
 	// in every part, still has room for keys. Closures beyond it wait for
-	// acknowledgements of those carried (retire.go); at least one is
-	// carried whatever its size.
+	// acknowledgements of those carried (retire.go); at least one per
+	// peer is carried whatever its size, so a report carries at most one
+	// closure per region more than the room.
 	MaxClosureBytes int
 	// Allocate computes targets (default WaterFill).
 	Allocate Allocator

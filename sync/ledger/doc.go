@@ -685,9 +685,13 @@
 // heal a mark reaches the peers within I + RTT/2, the closure comes back
 // within another I + RTT (within step 2's 2 (I + RTT)), or, when more
 // closures wait than one report has room for, after the ones before it:
-// each acknowledgement round trip clears MaxClosureBytes of them
-// (TestClosuresWaitForRoom; TestRandomized gives half its churning seeds
-// room for one closure per report); a retiring key that
+// each acknowledgement round trip clears MaxClosureBytes of them, and at
+// least one to each peer, since each peer acknowledges its own
+// (TestClosuresWaitForRoom, TestClosuresOnePerPeer; TestRandomized gives
+// half its churning seeds room for one closure per report: until 5
+// December 2026 that one went to one peer at a time, and at ten regions
+// seed 39 of LEDGER_REGIONS=10 LEDGER_SEEDS=40 ended its calm phase with
+// two retirements still waiting for their closures); a retiring key that
 // gets demand meanwhile stays at its base until its retirement ends and
 // becomes active then. Tested by TestRandomized (a third of its seeds churn
 // eight keys through every fault and check that, after the calm phase, every

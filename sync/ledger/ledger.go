@@ -199,12 +199,14 @@ func (k *key) dropRare() {
 }
 
 // scratchSpace holds give's per-key slices between calls, so that a Tick
-// over n keys does not allocate them n times.
+// over n keys does not allocate them n times (and closures' per-region
+// flags, once a report).
 type scratchSpace struct {
-	idx   []int
-	wants []Want
-	proj  []int64
-	def   []int64
+	idx     []int
+	wants   []Want
+	proj    []int64
+	def     []int64
+	closeTo []bool
 }
 
 type peer struct {

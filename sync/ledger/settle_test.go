@@ -16,7 +16,12 @@ import (
 // 1241 as it is; 35 and 202 with a demand band of 0.15, where one region
 // held 14,280 units above its base at the end). Each seed must be at the
 // targets at every sample of the second half of the calm phase, not only
-// at its end. The three as they were found (no heartbeat), and with the
+// at its end, within 0.1% of the limit (the livelock moved 1.4%; a cycle
+// that does settle may still be settling: since a report carries a
+// closure to each peer at once, seed 1241 without the band begins
+// settling a cycle of about 10 units 8.4 s after the heal, is done by
+// 12 s and its key forgotten at 14 s), and every key must be
+// forgotten by the end. The three as they were found (no heartbeat), and with the
 // band at 0.25 and the heartbeat at 1 s (the defaults). (When
 // DemandRefresh counted every move past Hysteresis, 0 here, seeds 35 and
 // 202 with the band were off by 12 and 46 units at 6 and 41 of the 151
@@ -49,7 +54,7 @@ func TestSettleNoLivelock(t *testing.T) {
 				continue
 			}
 			samples++
-			if ok, why := s.converged(int64(o.regions)); !ok {
+			if ok, why := s.converged(s.cfg.Units / 1000); !ok {
 				off++
 				if first == "" {
 					first = time.Duration(s.now-healed).String() + " after the heal: " + why
