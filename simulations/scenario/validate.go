@@ -143,8 +143,8 @@ func (sc *Scenario) Validate() error {
 	if !(*s.GiftBand >= 0 && *s.GiftBand < 1) {
 		return bad("sync.gift_band", "must be in [0, 1)")
 	}
-	if *s.GiftWait < 0 {
-		return bad("sync.gift_wait", "must not be negative")
+	if w := *s.GiftWait; w < 0 || w > 255*s.Interval {
+		return bad("sync.gift_wait", "%v must be in [0, 255 intervals] (%v)", w.D(), (255 * s.Interval).D())
 	}
 	if !(*s.ClockError >= 0 && *s.ClockError < 0.5) {
 		return bad("sync.clock_error", "must be in [0,0.5)")

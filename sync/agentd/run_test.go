@@ -140,6 +140,8 @@ func TestRunCommandFlags(t *testing.T) {
 		{"bad record hold", []string{"--region", "a", "--etcd-endpoints", "x", "--record-hold", "-1s"}, "RecordHold"},
 		{"bad max usage keys", []string{"--region", "a", "--etcd-endpoints", "x", "--max-usage-keys", "0"}, "MaxUsageKeys"},
 		{"bad demand band", []string{"--region", "a", "--etcd-endpoints", "x", "--demand-band", "1"}, "DemandBand 1"},
+		{"bad gift band", []string{"--region", "a", "--etcd-endpoints", "x", "--gift-band", "-0.1"}, "GiftBand -0.1"},
+		{"gift wait too long", []string{"--region", "a", "--etcd-endpoints", "x", "--gift-wait", "1m"}, "GiftWait 1m0s must be in [0, 255 intervals] (25.5s)"},
 		{"negative heartbeat", []string{"--region", "a", "--etcd-endpoints", "x", "--heartbeat", "-1s"}, "HeartbeatEvery -1s"},
 		{"witness lease below the lease", []string{"--region", "a", "--etcd-endpoints", "x", "--witness-lease", "1s"}, "WitnessLease 1s must be 0 or at least Lease 3s"},
 		{"bad wire version", []string{"--region", "a", "--etcd-endpoints", "x", "--wire-version", "4"}, "WireVersion 4"},

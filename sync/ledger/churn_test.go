@@ -410,7 +410,7 @@ func TestChurnLiveness(t *testing.T) {
 			}
 			c := newChurnRun(t, cfg, tc.regions, tc.active, tc.total, tc.life)
 			c.rate, c.liveAfter, c.retries = tc.rate, tc.liveAfter, tc.retries
-			if cfg.smallGift(1) {
+			if cfg.Quantum <= 1 { // whole tokens do not wait
 				c.liveAfter += cfg.giftWaitTicks() // the last small excess waits GiftWait
 			}
 			c.run()

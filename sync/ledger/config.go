@@ -143,7 +143,7 @@ type Config struct {
 	// GiftBand and GiftWait keep a key's units from moving on noise: while
 	// some region wants more than its floor, an excess over the target of
 	// at most GiftBand of the limit (Units) is given only once it has been
-	// there GiftWait in a row (rounded up to Ticks, at most 255); a larger
+	// there GiftWait in a row (rounded up to Ticks, at most 255 of them); a larger
 	// one is given at once. With many regions a move of one region's
 	// reported demand shifts every other region's target a little, and
 	// each of them gave its few units at once, in a report that all the
@@ -276,14 +276,18 @@ func (c Config) silence() time.Duration {
 	return 2 * c.reportEvery()
 }
 
-// giftWaitTicks is GiftWait in Ticks, rounded up and capped at 255 (the
-// key's one-byte count): how many Ticks in a row give holds a small
-// excess back.
+// maxGiftWaitTicks is the longest GiftWait in Ticks: the key counts them
+// in one byte (key.waited).
+const maxGiftWaitTicks = 255
+
+// giftWaitTicks is GiftWait in Ticks, rounded up (Validate keeps it within
+// maxGiftWaitTicks): how many Ticks in a row give holds a small excess
+// back.
 func (c Config) giftWaitTicks() int {
 	if c.GiftWait <= 0 || c.Interval <= 0 {
 		return 0
 	}
-	return int(min(255, (c.GiftWait+c.Interval-1)/c.Interval))
+	return int(min(maxGiftWaitTicks, (c.GiftWait+c.Interval-1)/c.Interval))
 }
 
 // smallGift reports whether an excess of units, while some region wants
@@ -362,8 +366,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Hysteresis must not be negative", ErrConfig)
 	case !(c.GiftBand >= 0 && c.GiftBand < 1):
 		return fmt.Errorf("%w: GiftBand %v must be in [0, 1)", ErrConfig, c.GiftBand)
-	case c.GiftWait < 0:
-		return fmt.Errorf("%w: GiftWait %v must not be negative", ErrConfig, c.GiftWait)
+	case c.GiftWait < 0 || c.GiftWait > maxGiftWaitTicks*c.Interval:
+		return fmt.Errorf("%w: GiftWait %v must be in [0, %d intervals] (%v)", ErrConfig, c.GiftWait, maxGiftWaitTicks, maxGiftWaitTicks*c.Interval)
 	case !(c.DemandTokens >= 0) || math.IsInf(c.DemandTokens, 0):
 		return fmt.Errorf("%w: DemandTokens must be finite and not negative", ErrConfig)
 	case !(c.KeepToken >= 0) || math.IsInf(c.KeepToken, 0):

@@ -137,6 +137,8 @@ func TestConfigValidate(t *testing.T) {
 		"lease":     func(c *Config) { c.Lease = c.Interval },
 		"allocate":  func(c *Config) { c.Allocate = nil },
 		"half-life": func(c *Config) { c.HalfLife = -1 },
+		"gift band": func(c *Config) { c.GiftBand = 1 },
+		"gift wait": func(c *Config) { c.GiftWait = 256 * c.Interval }, // beyond the key's one-byte count
 	} {
 		c := DefaultConfig()
 		f(&c)
