@@ -89,6 +89,7 @@ type lagent struct {
 
 	runID     string
 	starting  bool
+	again     bool          // a start in flight when the registry came back (the agent's ruleState.again)
 	retryAt   time.Duration // real time
 	backoff   time.Duration
 	polling   bool
@@ -366,7 +367,7 @@ func (a *lagent) Start(r *driver.Rule) {
 				return
 			}
 			a.drv.Started(r, led)
-			a.backoff = 0
+			a.backoff, a.again = 0, false
 		}
 	}, func() {
 		a.starting = false
@@ -376,8 +377,11 @@ func (a *lagent) Start(r *driver.Rule) {
 
 // failStart backs off as the agent's failStart does.
 func (a *lagent) failStart() {
-	a.backoff = min(max(2*a.backoff, 200*time.Millisecond), 10*time.Second)
+	a.backoff = driver.StartBackoff(a.backoff)
 	a.retryAt = a.s.env.Now() + a.backoff
+	if a.again {
+		a.again, a.retryAt = false, 0
+	}
 }
 
 // Fenced implements driver.Ports: the agent starts a new incarnation at once.
@@ -413,13 +417,13 @@ func (a *lagent) Rejected(reason, peer, rule string, err error) {}
 
 func (a *lagent) Reclaimed(r *driver.Rule, rec ledger.Record) {}
 
-// pollRegistry reads the registry every RegistryPoll (backing off after
-// failures, up to 4 times) and feeds a changed revision to the driver; the
+// pollRegistry reads the registry every RegistryPoll (driver.PollWait
+// after failures) and feeds a changed revision to the driver; the
 // first read that succeeds after failures ends a failed start's backoff,
 // as the agent's registryBack does.
 func (a *lagent) pollRegistry() {
 	s := a.s
-	if a.polling || s.env.Now()-a.lastPoll < s.poll*time.Duration(1<<min(a.pollFails, 2)) {
+	if a.polling || s.env.Now()-a.lastPoll < driver.PollWait(s.poll, a.pollFails) {
 		return
 	}
 	a.polling, a.lastPoll = true, s.env.Now()
@@ -437,7 +441,11 @@ func (a *lagent) pollRegistry() {
 				}
 			}
 			a.drv.Records(recs)
-			if back && a.rule.Led == nil && !a.starting && s.env.Now() < a.retryAt {
+			switch { // the agent's registryBack
+			case !back || a.rule.Led != nil:
+			case a.starting:
+				a.again = true
+			case s.env.Now() < a.retryAt:
 				a.retryAt = 0
 				a.Start(a.rule)
 			}

@@ -130,6 +130,7 @@ type ruleState struct {
 	spec     Spec // in force for Led (from the registry)
 	floor    int64
 	starting bool
+	again    bool // a start in flight when the registry came back: if it fails, try at once (registryBack)
 	retryAt  time.Time
 	backoff  time.Duration
 	lowered  uint64      // the ledger's Stats().Lowered already counted (gift metric)

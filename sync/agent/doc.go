@@ -259,13 +259,18 @@
 //
 //   - The reclaim registry is polled (one range read per RegistryPoll), not
 //     watched: it changes rarely, a poll needs no reconnect logic, and the
-//     ledger tolerates a late record (it only delays a reclaim). A failed
-//     poll waits 2, then 4 RegistryPoll before the next; the first that
+//     ledger tolerates a late record (it only delays a reclaim). After a
+//     failed poll the next waits driver.PollWait (2, then 4 RegistryPoll);
+//     the first that
 //     succeeds after failures starts at once every rule whose start
 //     failed meanwhile (registryBack), instead of after its backoff (up to
-//     10 s): a region cut off from etcd, whose incarnation fenced in the
-//     cut, serves again within about 2 s of the heal
-//     (TestStartWhenRegistryBack: 0.7 s, 3.3 s before).
+//     10 s), and a start sent in the outage and still in flight is tried
+//     again as soon as it is given up (after EtcdTimeout): a region cut
+//     off from etcd, whose incarnation fenced in the cut, starts again
+//     within about EtcdTimeout of the heal, where it could take that plus
+//     10 s (TestStartWhenRegistryBack, polling every 200 ms: 0.7 s
+//     waiting, 3.3 s before; 2.0 s with a start in flight and EtcdTimeout
+//     2 s, 8.5 s before).
 //   - A rule's Spec (Units, MinShare, regions and weights) is fixed by the
 //     first agent that creates the rule's registry document, and every agent
 //     builds its ledger from the document's Spec, so all regions always agree.

@@ -127,13 +127,11 @@ func (p ports) Reclaimed(r *driver.Rule, rec ledger.Record) {
 }
 
 // pollRegistry reads every rule's registry and feeds changed ones to the
-// ledgers, and the peers' witness keys (witness.go). After a failed read
-// it waits twice, then four times RegistryPoll (2 s at the default), so
-// that a registry back after an outage is seen within that; the first
-// read that succeeds after failures ends the wait of every start that
-// failed meanwhile (registryBack).
+// ledgers, and the peers' witness keys (witness.go). After failed reads
+// it waits driver.PollWait; the first read that succeeds after failures
+// ends the wait of every start that failed meanwhile (registryBack).
 func (a *Agent) pollRegistry(ctx context.Context) {
-	if a.polling || time.Since(a.lastPoll) < a.cfg.RegistryPoll*time.Duration(1<<min(a.pollFails, 2)) {
+	if a.polling || time.Since(a.lastPoll) < driver.PollWait(a.cfg.RegistryPoll, a.pollFails) {
 		return
 	}
 	a.polling, a.lastPoll = true, time.Now()
@@ -163,12 +161,18 @@ func (a *Agent) pollRegistry(ctx context.Context) {
 }
 
 // registryBack starts at once every rule whose start failed while the
-// registry did not answer, instead of after its backoff (up to 10 s): a
-// region cut off from etcd, whose incarnation fenced meanwhile, serves
-// again about a registry round trip after the cut heals.
+// registry did not answer, instead of after its backoff (up to 10 s), and
+// marks a start still in flight, sent in the outage, to be tried again at
+// once if it fails (it is given up after EtcdTimeout): a region cut off
+// from etcd, whose incarnation fenced meanwhile, starts again a registry
+// round trip after the cut heals, or EtcdTimeout after it.
 func (a *Agent) registryBack(ctx context.Context) {
 	for _, st := range a.rules {
-		if st.Led == nil && !st.starting && time.Now().Before(st.retryAt) {
+		switch {
+		case st.Led != nil:
+		case st.starting:
+			st.again = true
+		case time.Now().Before(st.retryAt):
 			st.retryAt = time.Time{}
 			a.maybeStart(ctx, st)
 		}

@@ -145,9 +145,12 @@ func (a *Agent) maybeStart(ctx context.Context, st *ruleState) {
 }
 
 func (a *Agent) failStart(st *ruleState, err error) {
-	st.backoff = min(max(2*st.backoff, 200*time.Millisecond), maxBackoff)
+	st.backoff = driver.StartBackoff(st.backoff)
 	st.retryAt = time.Now().Add(st.backoff)
-	a.logs.Log(slog.LevelError, "start/"+st.ID, "cannot start an incarnation; retrying", logKeyRule, st.ID, logKeyErr, err, "retry_in", st.backoff)
+	if st.again { // sent in an outage that has ended (registryBack)
+		st.again, st.retryAt = false, time.Time{}
+	}
+	a.logs.Log(slog.LevelError, "start/"+st.ID, "cannot start an incarnation; retrying", logKeyRule, st.ID, logKeyErr, err, "retry_in", max(0, time.Until(st.retryAt)).Round(time.Millisecond))
 }
 
 func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, spec Spec, err error) {
@@ -175,7 +178,7 @@ func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, 
 		}
 	}
 	a.drv.Started(st.Rule, led)
-	st.spec, st.backoff = spec, 0
+	st.spec, st.backoff, st.again = spec, 0, false
 	st.newLedger()
 	a.log.Info("ledger started", logKeyRule, st.ID, logKeyInc, start.Inc)
 	a.publishSnapshot()
