@@ -220,7 +220,9 @@ type KeySet struct {
 type Event struct {
 	// Kind: partition (the regions are cut off from the others and from the
 	// registry), region_loss (the region's traffic, agent and store are gone),
-	// agent_restart (the agent loses its state and restarts after For).
+	// agent_restart (the agent loses its state and restarts after For),
+	// store_reset (the region's Redis restarts empty, with a new run id;
+	// its traffic and agent carry on; For does not apply).
 	Kind    string   `yaml:"kind"`
 	Regions []string `yaml:"regions"`
 	At      Duration `yaml:"at"`

@@ -100,6 +100,8 @@ func TestBadFilesNameTheLine(t *testing.T) {
 		{"a region that can never hold a whole token", "  rate: 100\n", "  rate: 100\n  burst: 1\n  min_share: 0.1\n", "line 12", "rule.min_share: 0.1 leaves region a at most 0.95 of a token"},
 		{"negative heartbeat", "    level: 1.5\n", "    level: 1.5\nsync:\n  heartbeat: -1s\n", "line 16", "sync.heartbeat"},
 		{"gift band out of range", "    level: 1.5\n", "    level: 1.5\nsync:\n  gift_band: 1\n", "line 16", "sync.gift_band"},
+		{"a store reset that lasts", "    level: 1.5\n", "    level: 1.5\nevents:\n  - {kind: store_reset, regions: [a], at: 10s, for: 5s}\n", "line 16", "events[0].for: a store_reset is instantaneous"},
+		{"unknown event kind", "    level: 1.5\n", "    level: 1.5\nevents:\n  - {kind: redis_crash, regions: [a], at: 10s}\n", "line 16", `unknown kind "redis_crash" (partition, region_loss, agent_restart, store_reset)`},
 		{"gift wait beyond 255 intervals", "    level: 1.5\n", "    level: 1.5\nsync:\n  gift_wait: 30s\n", "line 16", "sync.gift_wait: 30s must be in [0, 255 intervals] (25.5s)"},
 	}
 	for _, c := range cases {

@@ -172,9 +172,9 @@ func (sc *Scenario) Validate() error {
 	for i, e := range sc.Events {
 		f := fmt.Sprintf("events[%d]", i)
 		switch e.Kind {
-		case "partition", "region_loss", "agent_restart":
+		case "partition", "region_loss", "agent_restart", "store_reset":
 		default:
-			return bad(f+".kind", "unknown kind %q (partition, region_loss, agent_restart)", e.Kind)
+			return bad(f+".kind", "unknown kind %q (partition, region_loss, agent_restart, store_reset)", e.Kind)
 		}
 		if len(e.Regions) == 0 {
 			return bad(f+".regions", "at least one region")
@@ -189,6 +189,9 @@ func (sc *Scenario) Validate() error {
 		}
 		if e.For < 0 {
 			return bad(f+".for", "must not be negative")
+		}
+		if e.Kind == "store_reset" && e.For != 0 {
+			return bad(f+".for", "a store_reset is instantaneous: the store restarts empty at once (drop for)")
 		}
 	}
 	return nil

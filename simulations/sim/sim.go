@@ -49,6 +49,14 @@ type Disrupted interface {
 	AgentUp(region int)
 }
 
+// Reset is a Strategy whose regions keep state in a store that a
+// store_reset event empties (a Redis restart: the region's traffic and
+// agent carry on).
+type Reset interface {
+	// StoreReset: the region's store restarts empty, with a new run id.
+	StoreReset(region int)
+}
+
 // ActiveKeys is a Strategy that coordinates only some keys: the metric sync
 // bytes per active key per second divides by its count (sampled each second).
 type ActiveKeys interface {

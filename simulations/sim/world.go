@@ -277,6 +277,16 @@ func Run(ctx context.Context, sc *Scenario, strategies []Strategy, opt Options) 
 					}
 				})
 			}
+		case "store_reset":
+			w.eng.at(ev.At.D(), func() {
+				for _, r := range regions {
+					for _, s := range strategies {
+						if x, ok := s.(Reset); ok && !w.lost[r] {
+							x.StoreReset(r)
+						}
+					}
+				}
+			})
 		case "agent_restart":
 			w.eng.at(ev.At.D(), func() {
 				for _, r := range regions {

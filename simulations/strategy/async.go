@@ -49,6 +49,11 @@ func (s *Async) Start(env *sim.Env) error {
 	return nil
 }
 
+// StoreReset empties the region's local copies: each starts again full, as
+// a bucket does in a Redis that restarted empty (usage not yet sent is
+// still sent: the agent kept it).
+func (s *Async) StoreReset(region int) { s.b[region] = newBuckets(s.env.Keys()) }
+
 func (s *Async) bucket(region, key int) (*sim.Bucket, int64) {
 	ms := s.env.StoreMs(region)
 	b := &s.b[region][key]

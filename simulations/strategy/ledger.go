@@ -523,6 +523,15 @@ func (s *Ledger) RegionBack(region int) {
 	s.startAgent(r)
 }
 
+// StoreReset gives the region an empty store with a new run id (a Redis
+// restart): writes in flight to the old one are lost; the agent, which
+// carries on, sees the new run id at its next tick (driver.StoreReset).
+func (s *Ledger) StoreReset(region int) {
+	if r := s.rs[region]; r.store != nil {
+		s.newStore(r)
+	}
+}
+
 func (s *Ledger) AgentDown(region int) { s.rs[region].ag = nil }
 
 func (s *Ledger) AgentUp(region int) { s.startAgent(s.rs[region]) }

@@ -38,6 +38,10 @@ func (s *Static) Admit(region, key int, cost int64) bool {
 	return b.Take(ms, cost)
 }
 
+// StoreReset empties the region's buckets: each starts again full, as a
+// bucket does in a Redis that restarted empty.
+func (s *Static) StoreReset(region int) { s.b[region] = newBuckets(s.env.Keys()) }
+
 // Share returns the static share.
 func (s *Static) Share(region, key int) float64 {
 	return float64(s.units[region]) / float64(s.total)

@@ -303,6 +303,22 @@ func (c Config) reportEvery() time.Duration {
 	return max(c.Interval, c.heartbeat())
 }
 
+// HealBound is invariant 4's T_heal (the package doc, Liveness): how long
+// after a fault heals, with every agent up and demand holding still, every
+// key's positions take at most to reach the allocator's targets, given
+// registry, the longest time for a registry change to reach a ledger
+// (an etcd round trip, plus the agent's poll period for a change made by
+// another region), and rtt, the longest round trip between two regions:
+// two registry delays, two report periods and round trips, three rounds
+// of gifts (an interval, a store write, a round trip and the gift wait
+// each), the ledger's times stretched by its clock's rate bound.
+func (c Config) HealBound(registry, rtt time.Duration) time.Duration {
+	iv := time.Duration(float64(c.Interval) * (1 + c.Rho))
+	rep := time.Duration(float64(c.reportEvery()) * (1 + c.Rho))
+	wait := time.Duration(float64(time.Duration(c.giftWaitTicks())*c.Interval) * (1 + c.Rho))
+	return 2*registry + 2*(rep+rtt) + 3*(iv+c.StoreTimeout+rtt+wait)
+}
+
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{

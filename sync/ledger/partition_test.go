@@ -22,12 +22,7 @@ import (
 // bring every position within 0.1% of its target. The harness's network is
 // 5-25 ms one way and its registry up to 200 ms each way.
 func healBound(c Config) time.Duration {
-	rtt := 50 * time.Millisecond
-	registry := 200 * time.Millisecond
-	iv := time.Duration(float64(c.Interval) * (1 + c.Rho))
-	rep := time.Duration(float64(c.reportEvery()) * (1 + c.Rho))
-	wait := time.Duration(float64(time.Duration(c.giftWaitTicks())*c.Interval) * (1 + c.Rho))
-	return 2*registry + 2*(rep+rtt) + 3*(iv+c.StoreTimeout+rtt+wait)
+	return c.HealBound(200*time.Millisecond, 50*time.Millisecond)
 }
 
 func cutOff(s *sim, group ...int) {
