@@ -8,8 +8,13 @@
 // enforcer. The very requests the simulator generates for the same scenario
 // and seed are sent, so the enforcers' own decisions are scored with the
 // simulator's metrics next to its prediction (the ideal and the ledger).
-// A partition event of one region cuts its gateways (cmd/internal/stack's
-// Stack.Partition) for the event's interval; the registry stays reachable.
+// Events of one region are played on the stack: a partition cuts its
+// gateways (Stack.Partition) for the event's interval, the registry staying
+// reachable; a region_loss cuts them and stops its sync agent
+// (Stack.StopAgent), and with a `for` brings the region back with its Redis
+// restarted empty (Stack.RestartRedis) and its agent started again
+// (Stack.StartAgent); an agent_restart stops and starts the agent; a
+// store_reset restarts its Redis empty.
 //
 // Invariant: every figure of the live column comes from the enforcers'
 // answers (and, for shares and sync bytes, the agents' metrics), timed by

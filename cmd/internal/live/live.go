@@ -44,22 +44,25 @@ type Options struct {
 
 // Info describes how the live run was played, next to its metrics.
 type Info struct {
-	Scale      float64  `json:"scale"` // factor applied to rate, burst and demand
-	Speed      float64  `json:"speed"`
-	Rate       float64  `json:"rate"` // as played
-	Burst      float64  `json:"burst"`
-	PeakLoad   float64  `json:"peak_load"` // offered requests/s, as played
-	WallS      float64  `json:"wall_s"`    // replay time
-	Requests   int      `json:"requests"`
-	Errors     int      `json:"errors"`    // calls that failed (counted as not admitted)
-	FailOpen   int      `json:"fail_open"` // answers by the failure policy
-	LagP99Ms   float64  `json:"send_lag_p99_ms"`
-	LagMaxMs   float64  `json:"send_lag_max_ms"`
-	LatP99Ms   float64  `json:"latency_p99_ms"`
-	LatMaxMs   float64  `json:"latency_max_ms"` // longest call: the slack of send times vs decision times
-	Redis      string   `json:"redis"`          // "redis-server" or "miniredis"
-	Notes      []string `json:"notes,omitempty"`
-	FirstError string   `json:"first_error,omitempty"`
+	Scale    float64 `json:"scale"` // factor applied to rate, burst and demand
+	Speed    float64 `json:"speed"`
+	Rate     float64 `json:"rate"` // as played
+	Burst    float64 `json:"burst"`
+	PeakLoad float64 `json:"peak_load"` // offered requests/s, as played
+	WallS    float64 `json:"wall_s"`    // replay time
+	Requests int     `json:"requests"`
+	Errors   int     `json:"errors"`    // calls that failed (counted as not admitted)
+	FailOpen int     `json:"fail_open"` // answers by the failure policy (FailureMode's)
+	// FailureMode is the rule's failure_mode: closed when a region's Redis
+	// restarts in the run (its failure-policy answers are then rejections).
+	FailureMode string   `json:"failure_mode"`
+	LagP99Ms    float64  `json:"send_lag_p99_ms"`
+	LagMaxMs    float64  `json:"send_lag_max_ms"`
+	LatP99Ms    float64  `json:"latency_p99_ms"`
+	LatMaxMs    float64  `json:"latency_max_ms"` // longest call: the slack of send times vs decision times
+	Redis       string   `json:"redis"`          // "redis-server" or "miniredis"
+	Notes       []string `json:"notes,omitempty"`
+	FirstError  string   `json:"first_error,omitempty"`
 }
 
 // Tolerance returns, per overshoot window W, the overshoot the live run may
@@ -131,7 +134,7 @@ func Run(ctx context.Context, sc *scenario.Scenario, opt Options) (*Result, erro
 	if err != nil {
 		return nil, err
 	}
-	info := Info{Scale: factor, Speed: opt.Speed, Rate: played.Rule.Rate, Burst: played.Rule.Burst,
+	info := Info{FailureMode: failureMode(played), Scale: factor, Speed: opt.Speed, Rate: played.Rule.Rate, Burst: played.Rule.Burst,
 		PeakLoad: math.Round(PeakLoad(played)), Notes: notes}
 	if factor < 1 {
 		info.Notes = append([]string{fmt.Sprintf("scaled: rate, burst and demand x %.4g (peak offered load %.0f req/s above --max-load %.0f)",

@@ -39,7 +39,9 @@ const (
 	framing = 40
 )
 
-// rulesYAML is the one global token-bucket rule of sc.
+// rulesYAML is the one global token-bucket rule of sc; it fails closed
+// when a region's Redis restarts in the run (restartsRedis), so that no
+// check is admitted by the failure policy while it is down.
 func rulesYAML(sc *scenario.Scenario) []byte {
 	var w strings.Builder
 	wts := sc.Weights()
@@ -58,7 +60,17 @@ func rulesYAML(sc *scenario.Scenario) []byte {
   scope: global
   regions: { %s }
   min_share: %g
-`, ruleID, resource, int64(sc.Rule.Burst), sc.Rule.Rate, w.String(), sc.Rule.MinShare)
+  failure_mode: %s
+`, ruleID, resource, int64(sc.Rule.Burst), sc.Rule.Rate, w.String(), sc.Rule.MinShare, failureMode(sc))
+}
+
+// failureMode is the live rule's failure_mode for sc: closed when a
+// region's Redis restarts in the run, else the default, open.
+func failureMode(sc *scenario.Scenario) string {
+	if restartsRedis(sc) {
+		return "closed"
+	}
+	return "open"
 }
 
 // decision is one request's answer; written once by the call's goroutine.
@@ -104,6 +116,9 @@ func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []s
 		return nil, err
 	}
 	defer st.Close()
+	if st.RedisEmbedded && restartsRedis(sc) {
+		return nil, fmt.Errorf("%w: the scenario restarts a region's Redis, which needs redis-server on PATH (the stack runs the embedded miniredis)", ErrUnsupported)
+	}
 	rp := &replayed{dec: make([]decision, len(reqs)), redis: "redis-server"}
 	if st.RedisEmbedded {
 		rp.redis = "miniredis"
@@ -128,7 +143,7 @@ func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []s
 	defer samplerWG.Wait()
 	runCtx, cancel := context.WithCancel(ctx) // ends the sampler; deferred after Wait, so it runs first
 	defer cancel()
-	bytes0 := syncBytes(runCtx, st)
+	bytes := newMeter(runCtx, st)
 	t0 := time.Now()
 	var activeSum float64
 	var activeN int
@@ -136,7 +151,7 @@ func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []s
 	samplerWG.Add(2)
 	go func() { // owned by replay like the sampler: ends with runCtx
 		defer samplerWG.Done()
-		partErr = playEvents(runCtx, st, sc.Events, t0, opt.Progress)
+		partErr = playEvents(runCtx, st, sc.Events, t0, bytes, opt.Progress)
 	}()
 	go func() { // owned by replay: ends with runCtx, waited for before returning
 		defer samplerWG.Done()
@@ -192,7 +207,7 @@ func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []s
 		}
 	}
 	rp.wall = time.Since(t0)
-	rp.syncBytes = syncBytes(ctx, st) - bytes0
+	rp.syncBytes = bytes.total(ctx)
 	cancel()
 	samplerWG.Wait()
 	if partErr != nil {
@@ -210,24 +225,64 @@ func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []s
 	return rp, nil
 }
 
-// playEvents cuts and heals the partitioned regions at the events' times
-// (since t0) until ctx is done, with a line to progress (if not nil) for
-// each. Only partition and region_loss events of one region reach it
-// (unsupported refuses the rest); a partition with no For lasts to the
-// end, a region_loss always does: its region is cut off and its sync agent
-// stopped.
-func playEvents(ctx context.Context, st *stack.Stack, events []scenario.Event, t0 time.Time, progress io.Writer) error {
+// action is what playEvents does to a region at a time.
+type action int
+
+const (
+	cut action = iota
+	heal
+	stopAgent
+	startAgent
+	restartRedis
+)
+
+var actionText = [...]string{
+	cut:          "cut off from the other regions",
+	heal:         "healed",
+	stopAgent:    "sync agent stopped",
+	startAgent:   "sync agent started again",
+	restartRedis: "redis-server restarted empty",
+}
+
+// playEvents plays the events at their times (since t0) until ctx is
+// done, with a line to progress (if not nil) for each step: a partition
+// cuts the region's gateways and heals them after For (none: at the end);
+// a region_loss cuts them and stops its sync agent, and after For (none:
+// never) restarts its Redis empty, heals them and starts its agent again;
+// an agent_restart stops the agent and starts it again after For; a
+// store_reset restarts its Redis empty. Only events of one region reach it
+// (unsupported refuses the rest). What a stopped agent received is added
+// to m before it stops.
+func playEvents(ctx context.Context, st *stack.Stack, events []scenario.Event, t0 time.Time, m *meter, progress io.Writer) error {
 	type change struct {
 		at     time.Duration
 		region string
-		cut    bool
-		lost   bool
+		do     action
 	}
 	var todo []change
+	add := func(at time.Duration, region string, do ...action) {
+		for _, d := range do {
+			todo = append(todo, change{at, region, d})
+		}
+	}
 	for _, e := range events {
-		todo = append(todo, change{e.At.D(), e.Regions[0], true, e.Kind == "region_loss"})
-		if e.For > 0 {
-			todo = append(todo, change{e.At.D() + e.For.D(), e.Regions[0], false, false})
+		at, end, r := e.At.D(), e.At.D()+e.For.D(), e.Regions[0]
+		switch e.Kind {
+		case "partition":
+			add(at, r, cut)
+			if e.For > 0 {
+				add(end, r, heal)
+			}
+		case "region_loss":
+			add(at, r, cut, stopAgent)
+			if e.For > 0 {
+				add(end, r, restartRedis, heal, startAgent)
+			}
+		case "agent_restart":
+			add(at, r, stopAgent)
+			add(end, r, startAgent)
+		case "store_reset":
+			add(at, r, restartRedis)
 		}
 	}
 	slices.SortStableFunc(todo, func(a, b change) int { return cmp.Compare(a.at, b.at) })
@@ -239,23 +294,26 @@ func playEvents(ctx context.Context, st *stack.Stack, events []scenario.Event, t
 			case <-time.After(d):
 			}
 		}
-		if err := st.Partition(c.region, c.cut); err != nil {
+		var err error
+		switch c.do {
+		case cut, heal:
+			err = st.Partition(c.region, c.do == cut)
+		case stopAgent:
+			m.stopping(ctx, c.region)
+			err = st.StopAgent(c.region)
+		case startAgent:
+			err = st.StartAgent(ctx, c.region)
+		case restartRedis:
+			err = st.RestartRedis(c.region)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
 			return fmt.Errorf("live: %w", err)
 		}
-		if c.lost {
-			if err := st.StopAgent(c.region); err != nil {
-				return fmt.Errorf("live: %w", err)
-			}
-		}
 		if progress != nil {
-			what := "healed"
-			switch {
-			case c.lost:
-				what = "lost (cut off, its sync agent stopped)"
-			case c.cut:
-				what = "cut off from the other regions"
-			}
-			fmt.Fprintf(progress, "live: %v: %s %s\n", time.Since(t0).Round(time.Millisecond), c.region, what)
+			fmt.Fprintf(progress, "live: %v: %s %s\n", time.Since(t0).Round(time.Millisecond), c.region, actionText[c.do])
 		}
 	}
 	return nil
@@ -359,26 +417,73 @@ func waitMarkers(ctx context.Context, sc *scenario.Scenario, clients []ratelimit
 	}
 }
 
-// syncBytes is what the simulator counts as sync bytes: every report as
-// received by each peer, plus framing per message.
-func syncBytes(ctx context.Context, st *stack.Stack) int64 {
-	var n float64
+// meter counts what the simulator counts as sync bytes over a run: every
+// report as received by each peer, plus framing per message, from the
+// agents' counters, which start again at zero when an agent does.
+type meter struct {
+	st   *stack.Stack
+	mu   sync.Mutex
+	base map[string]int64 // per region: its agent's count when the run began (0 for a restarted one)
+	sum  int64            // what agents stopped during the run received in it
+}
+
+func newMeter(ctx context.Context, st *stack.Stack) *meter {
+	m := &meter{st: st, base: map[string]int64{}}
 	for _, r := range st.Regions {
-		mfs, err := stack.Scrape(ctx, r.AgentHTTPAddr)
-		if err != nil {
+		m.base[r.Name], _ = agentBytes(ctx, r.AgentHTTPAddr)
+	}
+	return m
+}
+
+// stopping counts what region's agent received in the run, before it stops.
+func (m *meter) stopping(ctx context.Context, region string) {
+	for _, r := range m.st.Regions {
+		if r.Name != region {
 			continue
 		}
-		for name, per := range map[string]float64{"apportion_sync_report_bytes_total": 1, "apportion_sync_reports_total": framing} {
-			if mf := mfs[name]; mf != nil {
-				for _, m := range mf.GetMetric() {
-					if stack.Label(m, "direction") == "received" {
-						n += per * m.GetCounter().GetValue()
-					}
+		n, err := agentBytes(ctx, r.AgentHTTPAddr)
+		m.mu.Lock()
+		if err == nil {
+			m.sum += n - m.base[region]
+		}
+		m.base[region] = 0
+		m.mu.Unlock()
+	}
+}
+
+// total is what every agent received in the run: the stopped ones' as
+// counted when they stopped, the running ones' now. (An agent stopped for
+// good is counted once: a second scrape of it fails.)
+func (m *meter) total(ctx context.Context) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := m.sum
+	for _, r := range m.st.Regions {
+		if c, err := agentBytes(ctx, r.AgentHTTPAddr); err == nil {
+			n += c - m.base[r.Name]
+		}
+	}
+	return n
+}
+
+// agentBytes is what the agent at addr has received: report bytes plus
+// framing per message.
+func agentBytes(ctx context.Context, addr string) (int64, error) {
+	mfs, err := stack.Scrape(ctx, addr)
+	if err != nil {
+		return 0, err
+	}
+	var n float64
+	for name, per := range map[string]float64{"apportion_sync_report_bytes_total": 1, "apportion_sync_reports_total": framing} {
+		if mf := mfs[name]; mf != nil {
+			for _, m := range mf.GetMetric() {
+				if stack.Label(m, "direction") == "received" {
+					n += per * m.GetCounter().GetValue()
 				}
 			}
 		}
 	}
-	return int64(n)
+	return int64(n), nil
 }
 
 // sampleAgents scrapes every agent each sim.ConvergeSample until ctx is

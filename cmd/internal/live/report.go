@@ -13,8 +13,12 @@ func (r *Result) Table() string {
 	var b strings.Builder
 	in := r.Live
 	b.WriteString(report.Table(r.Result))
-	fmt.Fprintf(&b, "live: %d requests in %.1f s on %s (x%g speed, scale %.4g: rate %g/s, burst %g, peak offered %.0f req/s); %d errors, %d fail-open\n",
-		in.Requests, in.WallS, in.Redis, in.Speed, in.Scale, in.Rate, in.Burst, in.PeakLoad, in.Errors, in.FailOpen)
+	policy := "fail-open"
+	if in.FailureMode == "closed" {
+		policy = "answered by the failure policy (closed: rejected)"
+	}
+	fmt.Fprintf(&b, "live: %d requests in %.1f s on %s (x%g speed, scale %.4g: rate %g/s, burst %g, peak offered %.0f req/s); %d errors, %d %s\n",
+		in.Requests, in.WallS, in.Redis, in.Speed, in.Scale, in.Rate, in.Burst, in.PeakLoad, in.Errors, in.FailOpen, policy)
 	fmt.Fprintf(&b, "live: send lag p99 %.1f ms (max %.1f), call latency p99 %.1f ms (max %.1f)\n", in.LagP99Ms, in.LagMaxMs, in.LatP99Ms, in.LatMaxMs)
 	tol := in.Tolerance()
 	fmt.Fprintf(&b, "live: overshoot the clock alone may show (rate x max latency / bound): 1s %+.2f%%, 10s %+.2f%%, 60s %+.2f%%\n",

@@ -73,31 +73,40 @@ func PeakLoad(sc *scenario.Scenario) float64 {
 	return peak
 }
 
-// unsupported lists what the live run cannot reproduce: partitions of one
-// region are played (the stack cuts its gateways), other events are
-// refused, the rest are notes in the report.
+// unsupported lists what the live run cannot reproduce: events of one
+// region are played (the stack cuts its gateways, stops and starts its
+// sync agent, restarts its Redis), events of a group are refused, the rest
+// are notes in the report.
 func unsupported(sc *scenario.Scenario) (notes []string, err error) {
-	partitions, losses := false, false
+	seen := map[string]bool{}
 	for i, e := range sc.Events {
 		switch {
-		case e.Kind != "partition" && e.Kind != "region_loss":
-			return nil, fmt.Errorf("%w: events[%d] is a %s event: only partition and region_loss events are played live; run the scenario without it or use 'rlsim run'",
+		case e.Kind != "partition" && e.Kind != "region_loss" && e.Kind != "agent_restart" && e.Kind != "store_reset":
+			return nil, fmt.Errorf("%w: events[%d] is a %s event: live plays partition, region_loss, agent_restart and store_reset events",
 				ErrUnsupported, i, e.Kind)
 		case len(e.Regions) != 1:
-			return nil, fmt.Errorf("%w: events[%d] is a %s of a group (%s): live, an event cuts one region off from all the others",
+			return nil, fmt.Errorf("%w: events[%d] is a %s of a group (%s): live, an event concerns one region",
 				ErrUnsupported, i, e.Kind, strings.Join(e.Regions, ", "))
-		case e.Kind == "region_loss" && e.For > 0:
-			return nil, fmt.Errorf("%w: events[%d] loses %s for %v: live, a region is lost for good (for: 0)",
-				ErrUnsupported, i, e.Regions[0], e.For.D())
 		}
-		partitions = partitions || e.Kind == "partition"
-		losses = losses || e.Kind == "region_loss"
+		seen[e.Kind] = true
+		if e.Kind == "region_loss" && e.For > 0 {
+			seen["region_back"] = true
+		}
 	}
-	if partitions {
+	if seen["partition"] {
 		notes = append(notes, "partition: live, the NATS gateway connections between the region and every other region are cut (the proxies drop them and refuse new ones until the end of the event); the registry (etcd) stays reachable for every region, while in the simulator a partitioned region also loses the registry")
 	}
-	if losses {
-		notes = append(notes, "region_loss: live, the region's gateways are cut and its sync agent stopped for good (its reports and witness renewals end); its Redis and enforcer keep running, but its requests are gone as in the simulator")
+	if seen["region_loss"] {
+		notes = append(notes, "region_loss: live, the region's gateways are cut and its sync agent stopped (its reports and witness renewals end); its Redis and enforcer keep running, but its requests are gone as in the simulator")
+	}
+	if seen["region_back"] {
+		notes = append(notes, "region_loss with for: live, the region comes back with its redis-server restarted empty, its gateways healed and its sync agent started again with no state")
+	}
+	if seen["agent_restart"] {
+		notes = append(notes, "agent_restart: live, the region's sync agent is stopped and started again after for, with no state (a new process would have none), on the same address; its Redis and enforcer keep running")
+	}
+	if restartsRedis(sc) {
+		notes = append(notes, "store_reset: live, the region's redis-server is killed and started empty on the same port (a new run id); the rule fails closed in such a run, so checks in the moment Redis is down are rejected, not admitted by the failure policy")
 	}
 	if sc.Network.JitterMs > 0 || sc.Network.Loss > 0 {
 		notes = append(notes, fmt.Sprintf("network jitter (%g ms) and loss (%g) are not injected live: the gateways are TCP, the proxy adds the fixed one-way delay only",
@@ -108,4 +117,15 @@ func unsupported(sc *scenario.Scenario) (notes []string, err error) {
 	}
 	notes = append(notes, "registry (etcd), store and clock settings are the real ones on loopback, not the scenario's registry_ms, store_ms, clock errors")
 	return notes, nil
+}
+
+// restartsRedis reports whether playing sc restarts a region's Redis: a
+// store_reset, or a region lost for a time (it comes back empty).
+func restartsRedis(sc *scenario.Scenario) bool {
+	for _, e := range sc.Events {
+		if e.Kind == "store_reset" || e.Kind == "region_loss" && e.For > 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -41,9 +41,14 @@ func TestPartitionLiveness(t *testing.T) {
 		t.Skip("integration test: starts the whole stack")
 	}
 	testutil.RedisServerPath(t)
+	eachSize(t, partitionLiveness)
+}
+
+// eachSize runs f at 2 and 10 regions and at 1/s and 10,000/s.
+func eachSize(t *testing.T, f func(t *testing.T, regions int, rate int64)) {
 	for _, n := range []int{2, 10} {
 		for _, rate := range []int64{1, 10_000} {
-			t.Run(fmt.Sprintf("regions=%d/rate=%d", n, rate), func(t *testing.T) { partitionLiveness(t, n, rate) })
+			t.Run(fmt.Sprintf("regions=%d/rate=%d", n, rate), func(t *testing.T) { f(t, n, rate) })
 		}
 	}
 }
@@ -53,6 +58,58 @@ func partitionLiveness(t *testing.T, n int, rate int64) {
 	// detector (ten agents and ten enforcers in one process on two cores)
 	// heard each other late enough to fence six regions during a's cut.
 	const lease = 3 * time.Second
+	g := startGlobal(t, n, rate, lease)
+	s, limit, serving := g.s, g.limit, g.serving
+
+	if err := s.Partition("a", true); err != nil {
+		t.Fatal(err)
+	}
+	cut := time.Now()
+	if n > 2 {
+		testutil.WaitFor(t, 2*lease, "a to fall to its floor in the cut", func() bool { return limit() == 0 })
+		t.Logf("a at its floor %v into the cut", time.Since(cut).Round(time.Millisecond))
+	}
+	least := rate
+	for time.Since(cut) < 2*lease { // the cut's length, sampled
+		least = min(least, limit())
+		time.Sleep(50 * time.Millisecond)
+	}
+	last := limit()
+	// The cut is real: a's agent has heard no peer for most of it.
+	if lag := peerLag(t, s.Regions[0].AgentHTTPAddr, "b"); lag < lease.Seconds() {
+		t.Fatalf("a's agent heard b %.1f s before the cut's end: the cut did not hold", lag)
+	}
+	if n == 2 && (least < serving || last < serving) {
+		t.Fatalf("two regions: a enforced %d at least and %d at the end of the cut, want >= %d: a cut-off side of two keeps its position", least, last, serving)
+	}
+	t.Logf("cut for %v: a enforced at least %d, %d at the end (limit %d)", time.Since(cut).Round(time.Millisecond), least, last, rate)
+
+	if err := s.Partition("a", false); err != nil {
+		t.Fatal(err)
+	}
+	healed := time.Now()
+	testutil.WaitFor(t, partitionHealBound, "a to serve the limit again after the heal", func() bool { return limit() >= serving })
+	t.Logf("healed: a enforces %d of %d again after %v (bound %v)", limit(), rate, time.Since(healed).Round(time.Millisecond), partitionHealBound)
+}
+
+// global is a stack of n regions (a, b, ...) with one global token bucket
+// g of rate per second and a burst of rate, whose region a sends twice the
+// limit for one key (the others nothing) and holds the limit.
+type global struct {
+	s *Stack
+	// limit is the capacity a's store enforces for the key now (the
+	// bucket's limit in a CheckLimit answer from a's enforcer); a
+	// fail-open answer fails the test (Redis is healthy, the store
+	// timeout 2 s) unless failOpenOK, when it counts as -1.
+	limit      func() int64
+	failOpenOK bool
+	// serving is what a enforces when it holds the limit: the whole token
+	// at 1/s, 90% of it above.
+	serving int64
+}
+
+func startGlobal(t *testing.T, n int, rate int64, lease time.Duration) *global {
+	t.Helper()
 	var names, weights []string
 	for i := range n {
 		names = append(names, string(rune('a'+i)))
@@ -88,20 +145,22 @@ func partitionLiveness(t *testing.T, n int, rate int64) {
 	t.Cleanup(func() { cc.Close() })
 	client := ratelimitv1.NewRateLimiterClient(cc)
 	req := &ratelimitv1.CheckLimitRequest{ClientKey: "user:p", Resource: "GET /g"}
-	// limit is the capacity a's store enforces for the key now.
-	limit := func() int64 {
+	g := &global{s: s, serving: rate} // burst 1: the whole token
+	if rate > 1 {
+		g.serving = rate * 9 / 10
+	}
+	g.limit = func() int64 {
 		resp, err := client.CheckLimit(ctx, req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if resp.FailOpen {
+			if g.failOpenOK {
+				return -1
+			}
 			t.Fatal("a fail-open answer: Redis is healthy, the store timeout 2 s")
 		}
 		return resp.Limit
-	}
-	serving := rate // burst 1: the whole token
-	if rate > 1 {
-		serving = rate * 9 / 10
 	}
 	nc, err := nats.Connect(s.Regions[0].NATSURL)
 	if err != nil {
@@ -110,38 +169,9 @@ func partitionLiveness(t *testing.T, n int, rate int64) {
 	t.Cleanup(nc.Close)
 	usagetest.Publish(t, nc, "a", "g", redisstore.Key("user:p", "g"), 2*float64(rate)) // stopped at the test's end
 	t0 := time.Now()
-	testutil.WaitFor(t, 30*time.Second, "a to hold the limit", func() bool { return limit() >= serving })
-	t.Logf("a holds %d of %d %v after its demand began", limit(), rate, time.Since(t0).Round(time.Millisecond))
-
-	if err := s.Partition("a", true); err != nil {
-		t.Fatal(err)
-	}
-	cut := time.Now()
-	if n > 2 {
-		testutil.WaitFor(t, 2*lease, "a to fall to its floor in the cut", func() bool { return limit() == 0 })
-		t.Logf("a at its floor %v into the cut", time.Since(cut).Round(time.Millisecond))
-	}
-	least := rate
-	for time.Since(cut) < 2*lease { // the cut's length, sampled
-		least = min(least, limit())
-		time.Sleep(50 * time.Millisecond)
-	}
-	last := limit()
-	// The cut is real: a's agent has heard no peer for most of it.
-	if lag := peerLag(t, s.Regions[0].AgentHTTPAddr, "b"); lag < lease.Seconds() {
-		t.Fatalf("a's agent heard b %.1f s before the cut's end: the cut did not hold", lag)
-	}
-	if n == 2 && (least < serving || last < serving) {
-		t.Fatalf("two regions: a enforced %d at least and %d at the end of the cut, want >= %d: a cut-off side of two keeps its position", least, last, serving)
-	}
-	t.Logf("cut for %v: a enforced at least %d, %d at the end (limit %d)", time.Since(cut).Round(time.Millisecond), least, last, rate)
-
-	if err := s.Partition("a", false); err != nil {
-		t.Fatal(err)
-	}
-	healed := time.Now()
-	testutil.WaitFor(t, partitionHealBound, "a to serve the limit again after the heal", func() bool { return limit() >= serving })
-	t.Logf("healed: a enforces %d of %d again after %v (bound %v)", limit(), rate, time.Since(healed).Round(time.Millisecond), partitionHealBound)
+	testutil.WaitFor(t, 30*time.Second, "a to hold the limit", func() bool { return g.limit() >= g.serving })
+	t.Logf("a holds %d of %d %v after its demand began", g.limit(), rate, time.Since(t0).Round(time.Millisecond))
+	return g
 }
 
 // peerLag is the seconds since the agent at addr last accepted a report of peer.

@@ -102,6 +102,7 @@ type Stack struct {
 	nats        []*server.Server // the running servers, in region order (for tests)
 	natsServers []*launch.NATS
 	natsURL     map[string]string
+	runCtx      context.Context // the daemons' context, cancelled by Close
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup
 	redis       []*launch.Redis
@@ -141,7 +142,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	s := &Stack{Dir: dir, cfg: cfg, log: cfg.Logger, cancel: cancel, AdminToken: randomToken(), natsURL: map[string]string{}}
+	s := &Stack{Dir: dir, cfg: cfg, log: cfg.Logger, runCtx: runCtx, cancel: cancel, AdminToken: randomToken(), natsURL: map[string]string{}}
 	if err := s.start(ctx, runCtx, rs); err != nil {
 		s.Close()
 		return nil, err
@@ -261,10 +262,16 @@ func (s *Stack) startEnforcer(ctx, runCtx context.Context, r *Region, admin bool
 	return nil
 }
 
-// startAgent runs the region's sync agent in-process and waits for its ready line.
+// startAgent runs the region's sync agent in-process and waits for its
+// ready line. An agent started again (StartAgent) serves on the address
+// its first life had.
 func (s *Stack) startAgent(ctx, runCtx context.Context, r *Region) error {
+	httpAddr := r.AgentHTTPAddr
+	if httpAddr == "" {
+		httpAddr = "127.0.0.1:0"
+	}
 	args := []string{"--region", r.Name, "--redis-addr", r.RedisAddr, "--nats-url", r.NATSURL,
-		"--etcd-endpoints", s.EtcdEndpoint, "--http-addr", "127.0.0.1:0",
+		"--etcd-endpoints", s.EtcdEndpoint, "--http-addr", httpAddr,
 		"--report-seed-file", s.seedFile(r.Name), "--report-peer-keys", "@" + s.peersFile()}
 	if s.cfg.SyncInterval > 0 {
 		args = append(args, "--interval", s.cfg.SyncInterval.String())
@@ -292,7 +299,9 @@ func (s *Stack) startAgent(ctx, runCtx context.Context, r *Region) error {
 	}
 	s.stopAgent[r.Name] = func() { cancel(); <-stopped }
 	s.mu.Unlock()
-	r.AgentHTTPAddr = m[2]
+	if r.AgentHTTPAddr == "" {
+		r.AgentHTTPAddr = m[2]
+	}
 	return nil
 }
 
@@ -356,9 +365,11 @@ func (s *Stack) Close() error {
 	s.closed.Do(func() {
 		s.cancel()
 		s.wg.Wait()
+		s.mu.Lock()
 		for _, r := range s.redis {
 			r.Stop()
 		}
+		s.mu.Unlock()
 		for _, m := range s.minis {
 			m.Close()
 		}
@@ -439,6 +450,64 @@ func (s *Stack) StopAgent(region string) error {
 	}
 	stop()
 	return nil
+}
+
+// StartAgent starts region's sync agent again after StopAgent, with no
+// state of its former life (a new process would have none), on the same
+// HTTP address, and returns once it is ready. Not to be called
+// concurrently with Close.
+func (s *Stack) StartAgent(ctx context.Context, region string) error {
+	i := s.regionIndex(region)
+	if i < 0 {
+		return fmt.Errorf("stack: start agent: no region %q", region)
+	}
+	s.mu.Lock()
+	running := s.stopAgent[region] != nil
+	s.mu.Unlock()
+	if running {
+		return fmt.Errorf("stack: the sync agent of region %q is running", region)
+	}
+	if s.runCtx.Err() != nil {
+		return fmt.Errorf("stack: start agent %s: the stack is closed", region)
+	}
+	return s.startAgent(ctx, s.runCtx, &s.Regions[i])
+}
+
+// ErrEmbeddedRedis: RestartRedis needs a redis-server child process, and
+// the stack runs the in-process miniredis (Config.EmbeddedRedis, or no
+// redis-server on PATH).
+var ErrEmbeddedRedis = errors.New("stack: restarting Redis needs redis-server (the stack runs the embedded miniredis)")
+
+// RestartRedis kills region's redis-server and starts an empty one on the
+// same port, as a Redis restart without persistence does: every bucket,
+// share record and marker is gone and the run id is new. The enforcer and
+// the sync agent reconnect by themselves; checks sent while it is down
+// are answered by the rule's failure policy. Returns once the new server
+// answers.
+func (s *Stack) RestartRedis(region string) error {
+	i := s.regionIndex(region)
+	if i < 0 {
+		return fmt.Errorf("stack: restart redis: no region %q", region)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.RedisEmbedded || i >= len(s.redis) {
+		return ErrEmbeddedRedis
+	}
+	if s.runCtx.Err() != nil {
+		return fmt.Errorf("stack: restart redis %s: the stack is closed", region)
+	}
+	return s.redis[i].Restart()
+}
+
+// regionIndex is the position of the region called name, or -1.
+func (s *Stack) regionIndex(name string) int {
+	for i, r := range s.Regions {
+		if r.Name == name {
+			return i
+		}
+	}
+	return -1
 }
 
 // ErrNoProxy: Partition was asked to cut a gateway link that has no proxy
