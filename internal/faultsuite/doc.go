@@ -49,7 +49,10 @@
 // stay served, and of three regions the cut one falls to its floor while
 // the survivors reclaim its share; in every 1 s window the regions together admit at most
 // the global bound (burst + rate x 1 s, plus the test clock's slack), and
-// after each fault the rule is served again within lease + 5 s.
+// after each fault the rule is served again within lease + 5 s. A region
+// cut off from its peers and from etcd (its sync agent's etcd connection
+// through a proxy too) for 20 s, at two and three regions, serves its base
+// share again within the same bound once the cut ends.
 //
 // A Redis primary with a replica under one Sentinel (ratelimitd with
 // --redis-sentinel-addrs) is killed while load runs: the failure policy
