@@ -86,10 +86,25 @@ func TestErrors(t *testing.T) {
 	}
 }
 
+// TestLiveRefusesEvents: a partition of two regions at once cannot be
+// played live (an event concerns one region there): refused at once,
+// naming the event, before anything starts.
 func TestLiveRefusesEvents(t *testing.T) {
+	src, err := os.ReadFile(scenarios + "partition.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := strings.Replace(string(src), "regions: [ap-south], at: 120s", "regions: [ap-south, eu-west], at: 120s", 1)
+	if group == string(src) {
+		t.Fatal("partition.yaml has no ap-south partition at 120s to widen")
+	}
+	file := filepath.Join(t.TempDir(), "group.yaml")
+	if err := os.WriteFile(file, []byte(group), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	var out, errb bytes.Buffer
-	err := run(context.Background(), []string{"live", scenarios + "region-loss.yaml", "--quiet"}, &out, &errb)
-	if !errors.Is(err, live.ErrUnsupported) {
+	err = run(context.Background(), []string{"live", file, "--quiet"}, &out, &errb)
+	if !errors.Is(err, live.ErrUnsupported) || !strings.Contains(err.Error(), "events[0] is a partition of a group (ap-south, eu-west)") {
 		t.Fatalf("live: %v", err)
 	}
 }

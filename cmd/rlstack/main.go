@@ -2,7 +2,7 @@
 // process tree and prints its addresses; Ctrl-C stops everything and leaves
 // nothing behind. See cmd/internal/stack.
 //
-//	rlstack [--regions N] [--load] [--view=false] [--verbose] [--embedded-redis]
+//	rlstack [--regions N] [--load] [--faults=false] [--view=false] [--verbose] [--embedded-redis]
 //	rlstack --version
 //
 // On a terminal it draws one screen and redraws it every second: the
@@ -10,6 +10,14 @@
 // top, the live per-region figures below. When its output is not a terminal
 // (a file, a pipe, CI), or with --verbose (the logs would tear the screen),
 // it prints the addresses once and the figures as plain lines.
+//
+// With --faults (the default) it serves a fault control on a free loopback
+// port and prints it: POST /faults/cut?region=R cuts region R's NATS
+// gateways off from every other region (heal undoes it), restart-redis
+// restarts its redis-server empty, stop-agent and start-agent stop its
+// sync agent and start it again with no state; GET /faults shows what is
+// cut or stopped. With --load running, the live figures show what each
+// fault does to the global rule's shares.
 package main
 
 import (
@@ -45,12 +53,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	load := fs.Bool("load", false, "drive demo traffic on the global rule that moves between regions every 20s")
 	view := fs.Bool("view", true, "show live per-region figures every second (redrawn in place on a terminal)")
 	embedded := fs.Bool("embedded-redis", false, "use an in-process miniredis per region even when redis-server is on PATH")
+	faults := fs.Bool("faults", true, "serve a fault control on a free loopback port (cut a region's gateways, restart its Redis, stop and start its sync agent) and print it")
 	if err := flagenv.Parse(fs, args, nil); errors.Is(err, flag.ErrHelp) {
 		return nil
 	} else if err != nil {
 		return err
 	}
 	cfg := stack.Config{Regions: *regions, EmbeddedRedis: *embedded}
+	if *faults {
+		cfg.Partitionable, cfg.FaultsAddr = true, "127.0.0.1:0"
+	}
 	if *verbose {
 		cfg.LogWriter = stderr
 	}

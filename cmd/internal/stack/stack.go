@@ -3,7 +3,10 @@
 // (the regions joined by gateways into a super-cluster), a redis-server child
 // process, an enforcer (regional/enforcerd) and a sync agent (sync/agent),
 // both in-process. cmd/rlstack is
-// its command line.
+// its command line. Faults can be injected one region at a time: its
+// gateways cut (Partition), its Redis restarted empty (RestartRedis), its
+// sync agent stopped and started again (StopAgent, StartAgent), from Go or
+// over HTTP (Config.FaultsAddr, faults.go).
 //
 // Invariant: Close stops everything Start started — child processes are
 // killed and waited for (and get SIGKILL if this process dies first), the
@@ -19,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -74,6 +78,11 @@ type Config struct {
 	// (default: the agent's); NoWitness passes --witness-lease 0.
 	SyncWitnessLease time.Duration
 	NoWitness        bool
+	// FaultsAddr, when set, is where the fault control listens (an HTTP
+	// API to cut a region's gateways, restart its Redis, stop and start its
+	// sync agent: faults.go); "127.0.0.1:0" picks a free port. Cutting
+	// needs Partitionable.
+	FaultsAddr string
 }
 
 // Region is one running region.
@@ -95,6 +104,8 @@ type Stack struct {
 	AdminToken    string
 	Dir           string
 	RedisEmbedded bool // true when no redis-server was on PATH
+	// FaultsAddr is the fault control's address (Config.FaultsAddr; "" without).
+	FaultsAddr string
 
 	cfg         Config
 	log         *slog.Logger
@@ -104,6 +115,7 @@ type Stack struct {
 	natsURL     map[string]string
 	runCtx      context.Context // the daemons' context, cancelled by Close
 	cancel      context.CancelFunc
+	faultSrv    *http.Server
 	wg          sync.WaitGroup
 	redis       []*launch.Redis
 	minis       []*miniredis.Miniredis
@@ -183,6 +195,9 @@ func (s *Stack) start(ctx, runCtx context.Context, rs []rules.Rule) error {
 			return err
 		}
 		s.Regions = append(s.Regions, r)
+	}
+	if s.cfg.FaultsAddr != "" {
+		return s.serveFaults(s.cfg.FaultsAddr)
 	}
 	return nil
 }
@@ -364,6 +379,9 @@ func prefixWriter(w io.Writer, region string) io.Writer {
 func (s *Stack) Close() error {
 	s.closed.Do(func() {
 		s.cancel()
+		if s.faultSrv != nil {
+			s.faultSrv.Close()
+		}
 		s.wg.Wait()
 		s.mu.Lock()
 		for _, r := range s.redis {
@@ -417,6 +435,11 @@ func (s *Stack) Summary() string {
 	if cmd := s.LimitsShowCommand(); cmd != "" {
 		fmt.Fprintf(&b, "  %s\n", cmd)
 	}
+	if s.FaultsAddr != "" {
+		fmt.Fprintf(&b, "faults (one region each; GET http://%s%s shows them):\n", s.FaultsAddr, FaultsPath)
+		fmt.Fprintf(&b, "  curl -X POST 'http://%s%s/cut?region=%s'   (then heal; also restart-redis, stop-agent, start-agent)\n",
+			s.FaultsAddr, FaultsPath, s.Regions[len(s.Regions)-1].Name)
+	}
 	return b.String()
 }
 
@@ -437,6 +460,13 @@ func (s *Stack) LimitsShowCommand() string {
 		s.Regions[0].AdminAddr, s.AdminToken, GlobalRule, strings.Join(agents, ","))
 }
 
+// ErrAgentRunning and ErrAgentStopped: StartAgent found the region's sync
+// agent running, StopAgent found it stopped (or the region runs none).
+var (
+	ErrAgentRunning = errors.New("stack: the sync agent is running")
+	ErrAgentStopped = errors.New("stack: no sync agent is running")
+)
+
 // StopAgent stops region's sync agent for good (as in a region lost: its
 // reports and its witness renewals stop; its Redis and enforcer keep
 // running) and returns once it has stopped.
@@ -446,7 +476,7 @@ func (s *Stack) StopAgent(region string) error {
 	delete(s.stopAgent, region)
 	s.mu.Unlock()
 	if stop == nil {
-		return fmt.Errorf("stack: no sync agent running in region %q", region)
+		return fmt.Errorf("%w: region %q", ErrAgentStopped, region)
 	}
 	stop()
 	return nil
@@ -465,7 +495,7 @@ func (s *Stack) StartAgent(ctx context.Context, region string) error {
 	running := s.stopAgent[region] != nil
 	s.mu.Unlock()
 	if running {
-		return fmt.Errorf("stack: the sync agent of region %q is running", region)
+		return fmt.Errorf("%w: region %q", ErrAgentRunning, region)
 	}
 	if s.runCtx.Err() != nil {
 		return fmt.Errorf("stack: start agent %s: the stack is closed", region)
