@@ -9,8 +9,6 @@ import (
 	"testing"
 
 	"github.com/apportion/apportion/internal/testutil"
-	"github.com/apportion/apportion/regional/redisstore"
-	"github.com/redis/go-redis/v9"
 )
 
 // TestFaultControl drives the fault control of a two-region stack over
@@ -93,15 +91,10 @@ func TestFaultControl(t *testing.T) {
 		t.Errorf("after heal: %d links still cut", cut)
 	}
 
-	rc := redis.NewClient(&redis.Options{Addr: s.Regions[0].RedisAddr})
-	t.Cleanup(func() { rc.Close() })
-	st, err := redisstore.New(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := runID(t, st)
+	runID := redisRunID(t, s.Regions[0].RedisAddr)
+	before := runID()
 	call("POST", "/restart-redis?region=us-east", 200, "restarted empty")
-	if after := runID(t, st); after == before {
+	if after := runID(); after == before {
 		t.Errorf("run id %s unchanged after restart-redis", after)
 	}
 

@@ -43,19 +43,14 @@ func restartLiveness(t *testing.T, n int, rate int64) {
 
 	// Redis restarts empty. Checks in the moment it is down are answered by
 	// the failure policy (not serving here); none once it is back.
-	rc := redis.NewClient(&redis.Options{Addr: s.Regions[0].RedisAddr})
-	t.Cleanup(func() { rc.Close() })
-	st, err := redisstore.New(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := runID(t, st)
+	runID := redisRunID(t, s.Regions[0].RedisAddr)
+	before := runID()
 	g.failOpenOK = true
 	if err := s.RestartRedis("a"); err != nil {
 		t.Fatal(err)
 	}
 	restarted := time.Now()
-	if after := runID(t, st); after == before {
+	if after := runID(); after == before {
 		t.Fatalf("Redis run id %s before and after the restart: it did not restart", after)
 	}
 	testutil.WaitFor(t, restartBound, "a to serve the limit again after its Redis restarted", func() bool { return limit() >= serving })
@@ -81,15 +76,23 @@ func restartLiveness(t *testing.T, n int, rate int64) {
 	}
 }
 
-// runID is the run id of the Redis server st talks to, waiting for it to
-// answer.
-func runID(t *testing.T, st *redisstore.Store) string {
+// redisRunID returns a function that answers the run id of the Redis
+// server at addr, waiting for it to answer.
+func redisRunID(t *testing.T, addr string) func() string {
 	t.Helper()
-	var id string
-	testutil.WaitFor(t, 10*time.Second, "Redis to answer INFO", func() bool {
-		var err error
-		id, err = st.RunID(context.Background())
-		return err == nil
-	})
-	return id
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { rc.Close() })
+	st, err := redisstore.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func() string {
+		t.Helper()
+		var id string
+		testutil.WaitFor(t, 10*time.Second, "Redis to answer INFO", func() bool {
+			id, err = st.RunID(context.Background())
+			return err == nil
+		})
+		return id
+	}
 }
