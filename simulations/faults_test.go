@@ -93,6 +93,13 @@ var faultCases = []struct {
 		}
 		return faultAt + 2*time.Second
 	}},
+	{"lossy-links", func(sc *scenario.Scenario) time.Duration {
+		// Four in five messages to and from r1 dropped for 15 s (its
+		// reports, its peers' reports and acknowledgements; etcd is
+		// reachable).
+		sc.Events = []scenario.Event{{Kind: "loss", Regions: []string{"r1"}, At: scenario.Duration(faultAt), For: scenario.Duration(15 * time.Second), Loss: 0.8}}
+		return faultAt + 15*time.Second
+	}},
 	{"partition-clocks-at-bound", func(sc *scenario.Scenario) time.Duration {
 		// faultScenario's partition of r1 (five leases), every clock at
 		// the edge of the guarantee: r1's agent clock fast by sync.clock_error
@@ -141,7 +148,8 @@ func faultBound(sc *scenario.Scenario) time.Duration {
 // the limit is served at every sample: at 1/s some region holds the token;
 // at 10,000/s the shares sum to 0.95 of the limit and r1 holds its demand.
 // The time it took is logged (the worst, 4.5 s, is the partition at ten
-// regions; a restart takes 1.2 s at most, a Redis restart 0.3 s).
+// regions; a restart takes 1.2 s at most, a Redis restart 0.3 s, the
+// loss 1 s).
 func TestFaultsServeAgain(t *testing.T) {
 	const keys = 3
 	for _, fc := range faultCases {

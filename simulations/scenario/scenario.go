@@ -222,13 +222,18 @@ type Event struct {
 	// registry), region_loss (the region's traffic, agent and store are gone),
 	// agent_restart (the agent loses its state and restarts after For),
 	// store_reset (the region's Redis restarts empty, with a new run id;
-	// its traffic and agent carry on; For does not apply).
+	// its traffic and agent carry on; For does not apply), loss (every
+	// message between the regions and any other region is dropped with
+	// probability Loss, on top of network.loss; the registry is not
+	// affected).
 	Kind    string   `yaml:"kind"`
 	Regions []string `yaml:"regions"`
 	At      Duration `yaml:"at"`
 	// For is how long (partition, region_loss: 0 means until the end;
 	// agent_restart: downtime, default 1s).
 	For Duration `yaml:"for"`
+	// Loss is a loss event's drop probability, in (0, 1].
+	Loss float64 `yaml:"loss"`
 }
 
 // Index returns the position of the region called name, or -1.

@@ -101,7 +101,9 @@ func TestBadFilesNameTheLine(t *testing.T) {
 		{"negative heartbeat", "    level: 1.5\n", "    level: 1.5\nsync:\n  heartbeat: -1s\n", "line 16", "sync.heartbeat"},
 		{"gift band out of range", "    level: 1.5\n", "    level: 1.5\nsync:\n  gift_band: 1\n", "line 16", "sync.gift_band"},
 		{"a store reset that lasts", "    level: 1.5\n", "    level: 1.5\nevents:\n  - {kind: store_reset, regions: [a], at: 10s, for: 5s}\n", "line 16", "events[0].for: a store_reset is instantaneous"},
-		{"unknown event kind", "    level: 1.5\n", "    level: 1.5\nevents:\n  - {kind: redis_crash, regions: [a], at: 10s}\n", "line 16", `unknown kind "redis_crash" (partition, region_loss, agent_restart, store_reset)`},
+		{"unknown event kind", "    level: 1.5\n", "    level: 1.5\nevents:\n  - {kind: redis_crash, regions: [a], at: 10s}\n", "line 16", `unknown kind "redis_crash" (partition, region_loss, agent_restart, store_reset, loss)`},
+		{"a loss event without a loss", "    level: 1.5\n", "    level: 1.5\nevents:\n  - {kind: loss, regions: [a], at: 10s, for: 5s}\n", "line 16", "events[0].loss: 0: a loss event drops messages with a probability in (0, 1]"},
+		{"a loss on a partition", "    level: 1.5\n", "    level: 1.5\nevents:\n  - {kind: partition, regions: [a], at: 10s, loss: 0.5}\n", "line 16", "events[0].loss: only a loss event has a loss (this is a partition)"},
 		{"gift wait beyond 255 intervals", "    level: 1.5\n", "    level: 1.5\nsync:\n  gift_wait: 30s\n", "line 16", "sync.gift_wait: 30s must be in [0, 255 intervals] (25.5s)"},
 	}
 	for _, c := range cases {

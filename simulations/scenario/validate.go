@@ -172,9 +172,9 @@ func (sc *Scenario) Validate() error {
 	for i, e := range sc.Events {
 		f := fmt.Sprintf("events[%d]", i)
 		switch e.Kind {
-		case "partition", "region_loss", "agent_restart", "store_reset":
+		case "partition", "region_loss", "agent_restart", "store_reset", "loss":
 		default:
-			return bad(f+".kind", "unknown kind %q (partition, region_loss, agent_restart, store_reset)", e.Kind)
+			return bad(f+".kind", "unknown kind %q (partition, region_loss, agent_restart, store_reset, loss)", e.Kind)
 		}
 		if len(e.Regions) == 0 {
 			return bad(f+".regions", "at least one region")
@@ -192,6 +192,12 @@ func (sc *Scenario) Validate() error {
 		}
 		if e.Kind == "store_reset" && e.For != 0 {
 			return bad(f+".for", "a store_reset is instantaneous: the store restarts empty at once (drop for)")
+		}
+		switch {
+		case e.Kind == "loss" && !(e.Loss > 0 && e.Loss <= 1):
+			return bad(f+".loss", "%v: a loss event drops messages with a probability in (0, 1]", e.Loss)
+		case e.Kind != "loss" && e.Loss != 0:
+			return bad(f+".loss", "only a loss event has a loss (this is a %s)", e.Kind)
 		}
 	}
 	return nil

@@ -22,7 +22,8 @@ type world struct {
 	agentOff  []time.Duration
 	storeRate []float64
 	lost      []bool
-	group     []int // partition group of each region: 0 is the main one
+	group     []int     // partition group of each region: 0 is the main one
+	lossy     []float64 // per region: the loss of a loss event in force (0: none)
 	envs      []*Env
 }
 
@@ -84,7 +85,8 @@ func (e *Env) RegistryReachable(r int) bool { return !e.w.lost[r] && e.w.group[r
 
 // Send carries a message of size bytes from region a to b: it is counted,
 // then dropped if the regions cannot reach each other (at sending or at
-// delivery) or lost with the network's loss probability, else delivered
+// delivery) or lost with the network's loss probability or that of a loss
+// event on either region, else delivered
 // after the one-way delay plus jitter.
 func (e *Env) Send(a, b, size int, deliver func()) {
 	e.bytes += int64(size)
@@ -93,6 +95,9 @@ func (e *Env) Send(a, b, size int, deliver func()) {
 	}
 	n := &e.w.sc.Network
 	if n.Loss > 0 && e.rng.Float64() < n.Loss {
+		return
+	}
+	if p := max(e.w.lossy[a], e.w.lossy[b]); p > 0 && e.rng.Float64() < p {
 		return
 	}
 	d := e.w.sc.Delay(a, b)
@@ -171,7 +176,7 @@ func Run(ctx context.Context, sc *Scenario, strategies []Strategy, opt Options) 
 		dur = opt.Duration
 	}
 	nr := len(sc.Regions)
-	w := &world{sc: sc, lost: make([]bool, nr), group: make([]int, nr)}
+	w := &world{sc: sc, lost: make([]bool, nr), group: make([]int, nr), lossy: make([]float64, nr)}
 	setup := rand.New(rand.NewPCG(seed, 0x5eed))
 	for i, r := range sc.Regions {
 		e := *sc.Sync.ClockError
@@ -274,6 +279,19 @@ func Run(ctx context.Context, sc *Scenario, strategies []Strategy, opt Options) 
 								x.RegionBack(r)
 							}
 						}
+					}
+				})
+			}
+		case "loss":
+			w.eng.at(ev.At.D(), func() {
+				for _, r := range regions {
+					w.lossy[r] = ev.Loss
+				}
+			})
+			if ev.For > 0 {
+				w.eng.at(end, func() {
+					for _, r := range regions {
+						w.lossy[r] = 0
 					}
 				})
 			}

@@ -543,8 +543,9 @@
 // quarter of its seeds with a burst of 1 to 4 whole tokens, not bounded,
 // 5.85 s now, 5.85, 3.3 and 3.0 s before), end to end in the simulator
 // with the agents' driver (simulations TestFaultsServeAgain: an agent
-// restart, a Redis restart, both, and a partition with the clocks at the
-// bound's edges, at 2 and 10 regions and 1/s and 10,000/s, within
+// restart, a Redis restart, both, 80% of a region's messages lost for 15
+// s, and a partition with the clocks at the bound's edges, at 2 and 10
+// regions and 1/s and 10,000/s, within
 // HealBound plus the restart: worst 4.5 s of 6.6 s) and live
 // (cmd/internal/live, TestLiveTwoRegionPartition). Under replay the bound is measured, not
 // proven; what had broken it, a replayed freeze of a dead incarnation

@@ -65,6 +65,11 @@ func TestEventsRefused(t *testing.T) {
 	if _, err := Run(context.Background(), resets, Options{}); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "store_reset of a group") {
 		t.Fatalf("Redis restart of two regions: %v, want ErrUnsupported", err)
 	}
+	lossy := load(t, "partition.yaml")
+	lossy.Events = []scenario.Event{{Kind: "loss", Regions: []string{"us-east"}, At: scenario.Duration(time.Second), Loss: 0.5}}
+	if _, err := Run(context.Background(), lossy, Options{}); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "message loss is not injected live") {
+		t.Fatalf("a loss event: %v, want ErrUnsupported", err)
+	}
 }
 
 func TestScaledEvents(t *testing.T) {

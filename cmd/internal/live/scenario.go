@@ -81,6 +81,9 @@ func unsupported(sc *scenario.Scenario) (notes []string, err error) {
 	seen := map[string]bool{}
 	for i, e := range sc.Events {
 		switch {
+		case e.Kind == "loss":
+			return nil, fmt.Errorf("%w: events[%d] is a loss event: message loss is not injected live (the gateways are TCP); use 'rlsim run'",
+				ErrUnsupported, i)
 		case e.Kind != "partition" && e.Kind != "region_loss" && e.Kind != "agent_restart" && e.Kind != "store_reset":
 			return nil, fmt.Errorf("%w: events[%d] is a %s event: live plays partition, region_loss, agent_restart and store_reset events",
 				ErrUnsupported, i, e.Kind)
