@@ -17,7 +17,7 @@
 #   bash simulations/regenerate.sh            # everything (about 7 min of CPU, 40 min at load 25)
 #   bash simulations/regenerate.sh shift skewed   # only these scenarios, no sweeps
 #   JOBS=4 bash simulations/regenerate.sh     # runs in parallel (default 2)
-#   LIVE=1 bash simulations/regenerate.sh     # also the two `rlsim live` runs
+#   LIVE=1 bash simulations/regenerate.sh     # also the three `rlsim live` runs
 #                                             # (real binaries, wall time; keep
 #                                             # the machine otherwise idle)
 #
@@ -71,6 +71,7 @@ cat "$tmp/cpu.txt"
 if [ "${LIVE:-0}" = 1 ]; then
   "$RLSIM" live simulations/scenarios/shift.yaml --duration 300s --out simulations/results/live-shift
   "$RLSIM" live simulations/scenarios/partition.yaml --duration 240s --speed 6 --max-load 400 --out simulations/results/live-partition
+  "$RLSIM" live simulations/scenarios/region-loss.yaml --speed 6 --max-load 400 --out simulations/results/live-region-loss
 fi
 
 # The half-life table (ledger rows of the three half-life sweeps).
