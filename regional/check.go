@@ -209,19 +209,27 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 	}
 	_, berr := e.breaker.Execute(call)
 	rejected := errors.Is(berr, gobreaker.ErrOpenState) || errors.Is(berr, gobreaker.ErrTooManyRequests)
-	if rejected && e.heardAgain() {
-		// Past the breaker, which counts nothing. Failing, the next
-		// checks need an answer from Redis heard after this one was sent.
-		sent := time.Now().UnixNano()
-		if _, berr = call(); isStoreFailure(classify(berr)) {
-			if since := e.stallSince.Load(); since != 0 && since < sent {
-				e.stallSince.CompareAndSwap(since, sent)
+	if rejected {
+		if pass, look := e.heardAgain(); pass {
+			// Past the breaker, which counts nothing. Failing, the next
+			// checks need an answer from Redis heard after this one was sent.
+			sent := time.Now().UnixNano()
+			if _, berr = call(); isStoreFailure(classify(berr)) {
+				if since := e.stallSince.Load(); since != 0 && since < sent {
+					e.stallSince.CompareAndSwap(since, sent)
+				}
 			}
+			if look {
+				e.looking.Store(false)
+			}
+			rejected = false
 		}
-		rejected = false
 	}
 	if berr == nil {
 		e.firstFailure.Store(0)
+		if e.stallSince.Load() != 0 { // the breaker is not closed: heardAgain reads it
+			e.lastOK.Store(time.Now().UnixNano())
+		}
 	}
 	var again []int
 	for j, i := range idx {
@@ -273,30 +281,51 @@ type oneStoreCall struct {
 	results [2]redisstore.Result
 }
 
+// lookEvery is the least time between two checks that go past an open
+// breaker to look whether Redis is back (heardAgain): --timeout, at most
+// 10 ms.
+func (e *Enforcer) lookEvery() int64 { return int64(min(e.cfg.Timeout, 10*time.Millisecond)) }
+
 // heardAgain reports, for a check the breaker refused (open, or half-open
-// with its probes taken), a breaker opened by a stall that may be over: it
-// opened because Redis went silent (timeouts), and Redis has answered since
-// the first of those timeouts (the replies of the pipelines it held arrive
-// when it resumes, often before the breaker has even opened), or no check
-// has gone to look for one --timeout (then this one goes: one check per
-// --timeout, each bounded by it). The breaker is there for a store that has
-// failed; a Redis that paused (a busy host, a slow fork) and answers again
-// has not, and its checks go to it while the breaker waits out its open
-// time (then its probes close it). A check that fails past the breaker makes
-// the next ones wait for an answer heard after it was sent, so a Redis that
-// stays silent, or a breaker opened by errors, keeps the checks on the
-// failure policy; a Redis that answers, late, gets them, each bounded by
-// its budget, as with a closed breaker.
-func (e *Enforcer) heardAgain() bool {
+// with its probes taken), whether it may go to Redis all the same (pass),
+// because Redis is back, or to look whether it is (look: the caller ends
+// the look when its call returns). Back: opened by a stall (timeouts),
+// Redis has answered since the first of those timeouts (the replies of the
+// pipelines it held arrive when it resumes, often before the breaker has
+// even opened); opened by errors (Redis refusing connections, resetting
+// them, answering errors), a check has succeeded since it opened. Else a
+// check goes to look if none is looking and none went in the last
+// lookEvery (each bounded by --timeout; a refused connection fails at
+// once). The breaker is there for a store that has failed; a Redis that
+// paused (a busy host, a slow fork) or restarted and answers again is not
+// failing, and its checks go to it while the breaker waits out its open
+// time (then its probes close it): the failure policy answers while Redis
+// fails, not for the rest of a fixed second after it is back. A check that
+// fails past the breaker makes the next ones wait for an answer (a
+// success, after errors) heard after it was sent, so a Redis that stays
+// silent or keeps failing keeps the checks on the failure policy; one that
+// answers gets them, each bounded by its budget, as with a closed breaker.
+func (e *Enforcer) heardAgain() (pass, look bool) {
 	since := e.stallSince.Load()
 	if since == 0 {
-		return false
+		return false, false
 	}
-	if e.store.Load().Answered.UnixNano() > since {
-		return true
+	heard := e.store.Load().Answered.UnixNano()
+	if e.byErrors.Load() {
+		heard = e.lastOK.Load()
+	}
+	if heard > since {
+		return true, false
 	}
 	now, last := time.Now().UnixNano(), e.stallProbe.Load()
-	return now-last >= int64(e.cfg.Timeout) && e.stallProbe.CompareAndSwap(last, now)
+	if now-last < e.lookEvery() || !e.looking.CompareAndSwap(false, true) {
+		return false, false
+	}
+	if !e.stallProbe.CompareAndSwap(last, now) {
+		e.looking.Store(false)
+		return false, false
+	}
+	return true, true
 }
 
 func decision(r Response) string {

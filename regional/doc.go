@@ -22,7 +22,11 @@
 //     rejected without Redis (shed=true), never admitted unchecked. The
 //     breaker counts store failures only (timeouts, connection errors, a
 //     Redis that is loading, busy or read-only), never a caller's
-//     cancellation, a shed check, or a request the store refuses.
+//     cancellation, a shed check, or a request the store refuses. Nor
+//     does it answer from the failure policy once the store is back: while
+//     it is open one check at a time (at most one per 10 ms) goes to look,
+//     and once Redis answers (after errors: a check succeeds) the checks go
+//     to it though the breaker waits out its open time (heardAgain).
 //   - One bad rule or key harms nobody: a rule whose bucket the store cannot
 //     hold is found when the rule set is loaded and answered by its own
 //     failure_mode without the store; a store error about one bucket (a

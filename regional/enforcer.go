@@ -31,13 +31,19 @@ type Enforcer struct {
 	// last success (0: none), for the breaker.
 	firstFailure atomic.Int64
 	lastTimeout  atomic.Bool // the latest store failure was a timeout
-	// stallSince is, while the breaker is open on timeouts (Redis silent),
-	// the unix ns from which an answer from Redis shows the stall is over:
-	// the first failure of the streak that opened it, or the latest failure
-	// of a check sent past it. 0 when it is not open for that reason (see
-	// heardAgain).
+	// stallSince is, while the breaker is open (or half-open), the unix ns
+	// from which Redis must have been heard for checks to go past it: on
+	// timeouts (Redis silent) the first failure of the streak that opened
+	// it, on errors (Redis refusing, resetting, answering errors) the time
+	// it opened; then the latest failure of a check sent past it. 0 while
+	// it is closed (see heardAgain).
 	stallSince atomic.Int64
 	stallProbe atomic.Int64 // unix ns of the latest check sent past it to look
+	looking    atomic.Bool  // a check sent past it to look has not returned yet
+	// byErrors: the breaker opened on errors, not on timeouts; then only a
+	// check that succeeded (lastOK) shows Redis is back, not any reply.
+	byErrors atomic.Bool
+	lastOK   atomic.Int64 // unix ns of the latest store call that succeeded while stallSince was set
 }
 
 // New returns an Enforcer that evaluates rules against store. Call SetRules
@@ -90,14 +96,17 @@ func New(cfg Config, store Store) (*Enforcer, error) {
 		IsExcluded: func(err error) bool { return err != nil && !isStoreFailure(classify(err)) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			log.Warn("store circuit breaker changed state", "from", from.String(), "to", to.String())
+			now := time.Now().UnixNano()
 			switch since := e.firstFailure.Load(); {
-			case to == gobreaker.StateOpen && e.lastTimeout.Load():
-				if since == 0 {
-					since = time.Now().UnixNano()
+			case to == gobreaker.StateOpen:
+				byErrors := !e.lastTimeout.Load()
+				if since == 0 || byErrors {
+					since = now
 				}
+				e.byErrors.Store(byErrors)
 				e.stallSince.Store(since)
-				e.stallProbe.Store(time.Now().UnixNano())
-			case to != gobreaker.StateHalfOpen: // closed, or open on errors
+				e.stallProbe.Store(now)
+			case to == gobreaker.StateClosed:
 				e.stallSince.Store(0)
 			}
 			if e.metrics != nil {

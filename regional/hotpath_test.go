@@ -109,6 +109,10 @@ type fakeStore struct {
 	load  redisstore.Load
 	calls atomic.Int64
 	heard atomic.Bool // Load reports Redis answering now
+	// delay, when set, is how long each Do takes; inFlight and maxInFlight
+	// count the Do calls under way.
+	delay                 atomic.Int64
+	inFlight, maxInFlight atomic.Int64
 }
 
 func (f *fakeStore) set(err error, load redisstore.Load) {
@@ -119,6 +123,13 @@ func (f *fakeStore) set(err error, load redisstore.Load) {
 
 func (f *fakeStore) Do(ctx context.Context, _ redisstore.Budget, calls []redisstore.Call, out []redisstore.Answer) {
 	f.calls.Add(int64(len(calls)))
+	if n := f.inFlight.Add(1); n > f.maxInFlight.Load() {
+		f.maxInFlight.Store(n)
+	}
+	defer f.inFlight.Add(-1)
+	if d := f.delay.Load(); d > 0 {
+		time.Sleep(time.Duration(d))
+	}
 	f.mu.Lock()
 	err := f.err
 	f.mu.Unlock()

@@ -177,6 +177,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	return o, nil
 }
 
+// dialBreaker is the Redis client's PoolSize: about 10 s of failed looks
+// (one per 10 ms) before go-redis's pool stops dialing (see Run).
+const dialBreaker = 1024
+
 // Run parses the ratelimitd command line, starts the enforcer and blocks
 // until ctx is done, then shuts down gracefully: it stops accepting, finishes
 // in-flight checks, and closes. It prints "ready grpc=ADDR http=ADDR" to
@@ -217,7 +221,16 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// connection per pipelining worker at least. A round trip past its
 	// budget is abandoned at the deadline (ContextTimeoutEnabled), not at
 	// the read timeout, so that a hung Redis holds a worker no longer.
-	ropts.PoolSize, ropts.MinIdleConns = max(32, 2*o.pipelines), o.pipelines
+	//
+	// PoolSize is also go-redis's dial breaker: after PoolSize failed dials
+	// in a row the pool stops dialing and tries again once a second. While
+	// Redis is down the breaker lets a check look every 10 ms (heardAgain),
+	// so a threshold of 32 was reached a third of a second into an outage,
+	// and a Redis back after that waited up to a second for the pool
+	// (TestRedisFaults' refused case: 190 ms after the fault, 9 ms with
+	// this). The pool's connections stay capped by MaxActiveConns; the
+	// store's workers use one each.
+	ropts.PoolSize, ropts.MaxActiveConns, ropts.MinIdleConns = max(dialBreaker, 2*o.pipelines), max(32, 2*o.pipelines), o.pipelines
 	ropts.ContextTimeoutEnabled = true
 	// One dial attempt per command: a Redis that refuses is a store
 	// failure now (the breaker and the next checks retry), not after backoffs.
