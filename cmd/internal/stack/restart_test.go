@@ -22,13 +22,13 @@ import (
 // detector, as partitionHealBound does.
 const restartBound = 15 * time.Second
 
-// TestRestartLiveness restarts region a's Redis (empty, a new run id: the
+// TestStackRestartLiveness restarts region a's Redis (empty, a new run id: the
 // stack's RestartRedis) and then its sync agent (stopped, so that its
 // store's marker lapses and a falls to its floor, then started again with
 // no state) while a's clients send twice a global limit, on the real stack
 // at 2 and 10 regions and at 1/s and 10,000/s. After each, a serves the
 // whole limit again within restartBound.
-func TestRestartLiveness(t *testing.T) {
+func TestStackRestartLiveness(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test: starts the whole stack")
 	}
