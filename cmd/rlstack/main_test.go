@@ -25,6 +25,31 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
+// faultsRE is the summary's fault control line; its group the URL.
+var faultsRE = regexp.MustCompile(`^faults \(.*GET (http://127\.0\.0\.1:\d+/faults) shows them\):$`)
+
+// checkFaults: the fault control the summary names answers with the three
+// regions, none cut, every agent running (the stack's own test,
+// TestFaultControl, drives each fault).
+func checkFaults(t *testing.T, url string) {
+	t.Helper()
+	if url == "" {
+		t.Fatal("the summary has no fault control line")
+	}
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st stack.FaultState
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s %v", url, resp.Status, err)
+	}
+	if len(st.Regions) != 3 || st.Regions[0].Cut || !st.Regions[0].Agent {
+		t.Fatalf("GET %s: %+v, want three regions, none cut, agents running", url, st)
+	}
+}
+
 // TestMain lets the test run this binary as a real rlstack process.
 func TestMain(m *testing.M) {
 	if os.Getenv("RLSTACK_TEST_CHILD") == "1" {
@@ -92,7 +117,7 @@ func TestStackStartsAnswersAndStopsClean(t *testing.T) {
 	defer cmd.Process.Kill()
 	grpcAddrs := map[string]string{}
 	agentAddrs := map[string]string{}
-	var tmpDir, limitsShow string
+	var tmpDir, limitsShow, faults string
 	lines := make(chan string)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -115,6 +140,9 @@ wait:
 			}
 			if strings.Contains(l, " limits show ") {
 				limitsShow = l
+			}
+			if m := faultsRE.FindStringSubmatch(l); m != nil {
+				faults = m[1]
 			}
 			if strings.Contains(l, "\x1b") {
 				t.Errorf("terminal control sequence in piped output: %q", l)
@@ -156,6 +184,7 @@ view:
 		t.Fatalf("want 3 regions in the summary, got %v", grpcAddrs)
 	}
 	checkLimitsShowLine(t, limitsShow, agentAddrs)
+	checkFaults(t, faults)
 	for region, addr := range grpcAddrs {
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
