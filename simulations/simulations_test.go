@@ -12,6 +12,7 @@ import (
 	"github.com/apportion/apportion/simulations/report"
 	"github.com/apportion/apportion/simulations/scenario"
 	"github.com/apportion/apportion/simulations/sim"
+	"github.com/apportion/apportion/sync/ledger"
 )
 
 // testDuration shortens the long scenarios for the test (the README's table
@@ -79,6 +80,19 @@ func TestShippedScenarios(t *testing.T) {
 				}
 			}
 			led := byName(res, "ledger")
+			// Liveness: after every fault (a partition or a loss over, an
+			// agent up again, a store reset, a region lost or back) the
+			// ledger's shares reach the targets within faultReachBound.
+			for i, sh := range res.Targets {
+				if sh.Fault == "" {
+					continue
+				}
+				r, b := led.Reach[i], faultReachBound(sc, sh.Fault)
+				t.Logf("ledger after %s at %g s: at the targets %g s later (bound %v)", sh.Fault, sh.At, r, b)
+				if r < 0 || time.Duration(r*float64(time.Second)) > b {
+					t.Errorf("ledger after %s at %g s: reached the targets %g s later (-1: never), bound %v", sh.Fault, sh.At, r, b)
+				}
+			}
 			switch name {
 			case "shift":
 				if led.Utilization < 0.97 {
@@ -138,6 +152,28 @@ func TestShippedScenarios(t *testing.T) {
 			}
 		})
 	}
+}
+
+// faultReachBound is how long after a fault of a shipped scenario (as
+// sim.Shift.Fault names it) the ledger's shares may take to reach the
+// targets: faultBound (T_heal plus a restart), plus the etcd timeout for a
+// partition (the cut region's start, sent in the cut, may be given up only
+// then: TestCutServesAgainSoon); for a region lost, the survivors' wait
+// before they reclaim it (among two regions the witness's) plus T_heal.
+func faultReachBound(sc *scenario.Scenario, fault string) time.Duration {
+	b := faultBound(sc)
+	switch {
+	case strings.HasSuffix(fault, " lost"):
+		cfg := ledger.DefaultConfig()
+		cfg.Lease, cfg.WitnessLease, cfg.Margin, cfg.Rho = sc.Sync.Lease.D(), sc.Sync.WitnessLease.D(), sc.Sync.Margin.D(), *sc.Sync.ClockError
+		if len(sc.Regions) == 2 {
+			return b + cfg.WitnessReclaimAfter()
+		}
+		return b + cfg.ReclaimAfter()
+	case strings.HasPrefix(fault, "partition "):
+		return b + sc.Sync.EtcdTimeout.D()
+	}
+	return b
 }
 
 func files(t *testing.T, res *sim.Result) []report.File {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/apportion/apportion/allocation"
@@ -373,17 +374,63 @@ func maxLevel(d *scenario.Demand) float64 {
 	return d.Level
 }
 
-// Shift is a demand change and the shares the allocation targets after it.
+// Shift is a demand change, or the end of a fault (or a region lost), and
+// the shares the allocation targets after it.
 type Shift struct {
 	At      float64   `json:"at_s"`
 	Targets []float64 `json:"targets"` // fraction of the limit, per region
+	// Fault names the event whose end (a region_loss: start) this is;
+	// empty for a demand change.
+	Fault string `json:"fault,omitempty"`
 }
 
-// targets returns the demand shifts of the tracked key (key 0) and the
-// allocation's targets after each: floors min_share x weight, the rest split
-// by the rule's allocation over the true demand levels of the regions not lost.
+// faultEnds returns, per event of sc, the time from which the shares must
+// return to the targets, and what it is: a partition or loss event that
+// ends, an agent back up, a store reset, a region lost (its share is
+// reclaimed) or back.
+func faultEnds(sc *Scenario) (times []time.Duration, what []string) {
+	for _, e := range sc.Events {
+		name := e.Kind + " " + strings.Join(e.Regions, ",")
+		switch {
+		case e.Kind == "store_reset":
+			times, what = append(times, e.At.D()), append(what, name)
+		case e.Kind == "region_loss":
+			times, what = append(times, e.At.D()), append(what, name+" lost")
+			if e.For > 0 {
+				times, what = append(times, e.At.D()+e.For.D()), append(what, name+" back")
+			}
+		case e.For > 0: // partition, loss, agent_restart (For set by the defaults)
+			times, what = append(times, e.At.D()+e.For.D()), append(what, name+" over")
+		}
+	}
+	return times, what
+}
+
+// lostAt reports, per region, whether a region_loss event has it lost at t.
+func lostAt(sc *Scenario, t time.Duration) []bool {
+	lost := make([]bool, len(sc.Regions))
+	for _, e := range sc.Events {
+		if e.Kind != "region_loss" || t < e.At.D() || e.For > 0 && t >= e.At.D()+e.For.D() {
+			continue
+		}
+		for _, n := range e.Regions {
+			lost[sc.Index(n)] = true
+		}
+	}
+	return lost
+}
+
+// targets returns the demand shifts of the tracked key (key 0) and the ends
+// of the faults (faultEnds), and the allocation's targets after each:
+// floors min_share x weight, the rest split by the rule's allocation over
+// the true demand levels of the regions not lost (a lost region's demand
+// is gone: it is left its floor).
 func targets(sc *Scenario, w *world, dur time.Duration) []Shift {
-	var times []time.Duration
+	type point struct {
+		at    time.Duration
+		fault string
+	}
+	var points []point
 	seen := map[time.Duration]bool{}
 	for i := range sc.Demand {
 		d := &sc.Demand[i]
@@ -393,15 +440,23 @@ func targets(sc *Scenario, w *world, dur time.Duration) []Shift {
 		for _, t := range d.Changes() {
 			if t < dur && !seen[t] {
 				seen[t] = true
-				times = append(times, t)
+				points = append(points, point{at: t})
 			}
 		}
 	}
-	sort.Slice(times, func(a, b int) bool { return times[a] < times[b] })
+	ft, fw := faultEnds(sc)
+	for i, t := range ft {
+		if t < dur && !seen[t] {
+			seen[t] = true
+			points = append(points, point{t, fw[i]})
+		}
+	}
+	sort.SliceStable(points, func(a, b int) bool { return points[a].at < points[b].at })
 	f, _ := allocation.ByName(sc.Rule.Allocation)
 	wts := sc.Weights()
 	var out []Shift
-	for _, t := range times {
+	for _, p := range points {
+		lost := lostAt(sc, p.at)
 		lv := make([]float64, len(sc.Regions))
 		for i := range sc.Demand {
 			d := &sc.Demand[i]
@@ -409,14 +464,27 @@ func targets(sc *Scenario, w *world, dur time.Duration) []Shift {
 				continue
 			}
 			for r, fr := range sc.Fractions(d) {
-				lv[r] += fr * d.LevelAt(t)
+				if !lost[r] {
+					lv[r] += fr * d.LevelAt(p.at)
+				}
 			}
 		}
-		regs := make([]allocation.Region, len(lv))
+		// A lost region keeps its floor (floors never move); the rest is
+		// the live regions' (the survivors reclaim it).
+		var regs []allocation.Region
+		var live []int
+		tg := make([]float64, len(lv))
 		for r := range lv {
-			regs[r] = allocation.Region{Weight: wts[r], Floor: sc.Rule.MinShare * wts[r], Demand: lv[r]}
+			tg[r] = sc.Rule.MinShare * wts[r]
+			if !lost[r] {
+				live = append(live, r)
+				regs = append(regs, allocation.Region{Weight: wts[r], Floor: sc.Rule.MinShare * wts[r], Demand: lv[r]})
+			}
 		}
-		out = append(out, Shift{At: t.Seconds(), Targets: allocation.Targets(f, 1-sc.Rule.MinShare, regs)})
+		for j, v := range allocation.Targets(f, 1-sc.Rule.MinShare, regs) {
+			tg[live[j]] = v
+		}
+		out = append(out, Shift{At: p.at.Seconds(), Targets: tg, Fault: p.fault})
 	}
 	return out
 }

@@ -488,8 +488,9 @@ func agentBytes(ctx context.Context, addr string) (int64, error) {
 
 // sampleAgents scrapes every agent each sim.ConvergeSample until ctx is
 // done: the tracked key's share per region (a region whose agent does not
-// coordinate the key enforces its base share, its weight) and, once per
-// second, the most keys any region coordinates.
+// coordinate the key enforces its base share, its weight; one whose agent
+// does not answer, its floor) and, once per second, the most keys any
+// region coordinates.
 func sampleAgents(ctx context.Context, st *stack.Stack, sc *scenario.Scenario, key string, t0 time.Time, shares bool) (conv [][]float64, activeSum float64, activeN, activeMax int) {
 	wts := sc.Weights()
 	want := redisstore.Key(key, ruleID) // the store key the agent's ledger names
@@ -506,6 +507,10 @@ func sampleAgents(ctx context.Context, st *stack.Stack, sc *scenario.Scenario, k
 			row[r] = wts[r]
 			mfs, err := stack.Scrape(ctx, reg.AgentHTTPAddr)
 			if err != nil {
+				// Its agent is stopped (a region lost, an agent
+				// restarting): once its marker's lease ends its store
+				// enforces the floor.
+				row[r] = sc.Rule.MinShare * wts[r]
 				continue
 			}
 			if mf := mfs["apportion_sync_share_units"]; mf != nil {
