@@ -387,20 +387,39 @@ type Shift struct {
 // faultEnds returns, per event of sc, the time from which the shares must
 // return to the targets, and what it is: a partition or loss event that
 // ends, an agent back up, a store reset, a region lost (its share is
-// reclaimed) or back.
+// reclaimed) or back. A time at which another fault is still in force (a
+// node's Redis reset while its agent is down, say) is left out: that
+// fault's own end follows. (A region lost for good is not in force in
+// that sense: the targets leave it its floor.)
 func faultEnds(sc *Scenario) (times []time.Duration, what []string) {
-	for _, e := range sc.Events {
+	inForce := func(t time.Duration, skip int) bool {
+		for j, e := range sc.Events {
+			if j == skip || e.Kind == "store_reset" || e.Kind == "region_loss" && e.For == 0 {
+				continue
+			}
+			if e.At.D() <= t && (e.For == 0 || t < e.At.D()+e.For.D()) {
+				return true
+			}
+		}
+		return false
+	}
+	add := func(i int, t time.Duration, name string) {
+		if !inForce(t, i) {
+			times, what = append(times, t), append(what, name)
+		}
+	}
+	for i, e := range sc.Events {
 		name := e.Kind + " " + strings.Join(e.Regions, ",")
 		switch {
 		case e.Kind == "store_reset":
-			times, what = append(times, e.At.D()), append(what, name)
+			add(i, e.At.D(), name)
 		case e.Kind == "region_loss":
-			times, what = append(times, e.At.D()), append(what, name+" lost")
+			add(i, e.At.D(), name+" lost")
 			if e.For > 0 {
-				times, what = append(times, e.At.D()+e.For.D()), append(what, name+" back")
+				add(i, e.At.D()+e.For.D(), name+" back")
 			}
 		case e.For > 0: // partition, loss, agent_restart (For set by the defaults)
-			times, what = append(times, e.At.D()+e.For.D()), append(what, name+" over")
+			add(i, e.At.D()+e.For.D(), name+" over")
 		}
 	}
 	return times, what
