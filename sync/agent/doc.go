@@ -276,7 +276,12 @@
 //     builds its ledger from the document's Spec, so all regions always agree.
 //     Changing a live global rule's regions, weights or min_share therefore
 //     needs a new rule id; capacity and rate changes apply at once (shares
-//     are fractions of the limit).
+//     are fractions of the limit). The Spec also records the units of one
+//     whole token when the document was made (Quantum, for limits of a few
+//     tokens), with which the registry pays reclaims out in whole tokens;
+//     advisory only (any payout sums to what was freed), so a capacity
+//     changed since only rounds payouts to the old token, and a document
+//     from before it pays by weight alone.
 //   - The contract store in the tests (memstore_test.go) implements the store
 //     contract in memory under one lock shared by the regions, so its sampler
 //     checks the sum at true instants; the same scenario runs against real

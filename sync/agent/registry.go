@@ -33,8 +33,17 @@ type Spec struct {
 	Units    int64               `json:"units"`
 	MinShare float64             `json:"min_share"`
 	Regions  []ledger.RegionSpec `json:"regions"`
+	// Quantum is the units of one whole token when the document was made
+	// (ledger.QuantumOf the rule's capacity or limit; 0: none, and in
+	// documents from before it): the registry pays reclaims out in whole
+	// tokens with it. Advisory: any payout sums to what is freed, so it is
+	// not part of what the ledgers must agree on (equal), and a capacity
+	// changed since only makes payouts round to the old token.
+	Quantum int64 `json:"quantum,omitempty"`
 }
 
+// equal reports whether s and o agree on what the ledgers must share:
+// Units, MinShare and the regions (Quantum aside).
 func (s Spec) equal(o Spec) bool {
 	return s.Units == o.Units && s.MinShare == o.MinShare && slices.Equal(s.Regions, o.Regions)
 }
@@ -45,6 +54,9 @@ func (s Spec) equal(o Spec) bool {
 func (s Spec) validate() error {
 	if s.Units <= 0 || s.Units > redisstore.MaxUnits {
 		return fmt.Errorf("spec: units %d outside (0, %d]", s.Units, redisstore.MaxUnits)
+	}
+	if s.Quantum < 0 || s.Quantum > s.Units {
+		return fmt.Errorf("spec: quantum %d outside [0, units %d]", s.Quantum, s.Units)
 	}
 	var sum float64
 	for i, x := range s.Regions {
@@ -77,9 +89,9 @@ func validLives(st ledger.RegistryState) error {
 	return nil
 }
 
-// ledgerConfig returns base with the spec's Units and MinShare.
+// ledgerConfig returns base with the spec's Units, MinShare and Quantum.
 func (s Spec) ledgerConfig(base ledger.Config) ledger.Config {
-	base.Units, base.MinShare = s.Units, s.MinShare
+	base.Units, base.MinShare, base.Quantum = s.Units, s.MinShare, s.Quantum
 	return base
 }
 

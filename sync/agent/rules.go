@@ -90,7 +90,8 @@ func storeRule(st *ruleState) driver.StoreRule {
 }
 
 func (a *Agent) specOf(r rules.Rule) Spec {
-	return Spec{Units: a.cfg.Units, MinShare: r.MinShare, Regions: ledger.Regions(r.Regions)}
+	return Spec{Units: a.cfg.Units, MinShare: r.MinShare, Regions: ledger.Regions(r.Regions),
+		Quantum: ledger.QuantumOf(a.cfg.Units, float64(wholeLimit(r)))}
 }
 
 func (a *Agent) setRules(rs []rules.Rule) {

@@ -173,7 +173,8 @@ type Config struct {
 	// default) means none.
 	// With it, targets are rounded so that regions hold whole tokens
 	// (allocation.WholeTokens): a region whose capacity is below one token
-	// cannot admit anything.
+	// cannot admit anything; and a Registry pays out reclaims in whole
+	// quanta (Registry.split).
 	Quantum int64
 	// KeepToken is the hysteresis of whole tokens (with Quantum): a region
 	// that holds a whole token keeps it unless another region's demand is

@@ -41,6 +41,7 @@ type Registry struct {
 	paid    map[Incarnation]*account // cumulative payments to an unreclaimed incarnation
 	kept    map[Incarnation]map[string]int64
 	done    map[string]uint64 // every incarnation <= done[region] is reclaimed and forgotten
+	quantum int64             // Config.Quantum: payouts in whole tokens (split)
 }
 
 type life struct {
@@ -75,7 +76,31 @@ func NewRegistry(cfg Config, regions []RegionSpec) (*Registry, error) {
 		r.weights = append(r.weights, x.Weight)
 	}
 	_, r.initial = Split(cfg, regions)
+	r.quantum = cfg.Quantum
 	return r, nil
+}
+
+// split divides units among recipients of weights w. With whole tokens
+// (Quantum > 1) it divides whole quanta by weight and gives the rest, less
+// than a quantum, to the recipient given the most (the heaviest of a tie):
+// a reclaimed token is then a whole token in one region, which can admit
+// with it, not a fraction in each, which admit nothing (two regions at
+// 1/s, burst 1: half a token in each for 0.6 s after an agent restart,
+// simulations TestFaultsServeAgain). Any split pays out exactly units.
+func (r *Registry) split(units int64, w []float64) []int64 {
+	if r.quantum <= 1 || units <= 0 || len(w) == 0 {
+		return allocation.SplitByWeight(max(0, units), w)
+	}
+	out := allocation.SplitByWeight(units/r.quantum, w)
+	best := 0
+	for j := range out {
+		out[j] *= r.quantum
+		if out[j] > out[best] || out[j] == out[best] && w[j] > w[best] {
+			best = j
+		}
+	}
+	out[best] += units % r.quantum
+	return out
 }
 
 func (r *Registry) index(name string) int {
@@ -296,8 +321,9 @@ func incLess(a, b Incarnation) bool {
 	return a.Region < b.Region || a.Region == b.Region && a.Inc < b.Inc
 }
 
-// completeCohort frees what the members held and pays it out by weight to
-// the newest unreclaimed incarnation of every region.
+// completeCohort frees what the members held and pays it out by weight
+// (split: in whole tokens with a Quantum) to the newest unreclaimed
+// incarnation of every region.
 func (r *Registry) completeCohort(s []Incarnation) {
 	in := map[Incarnation]bool{}
 	for _, id := range s {
@@ -356,7 +382,7 @@ func (r *Registry) completeCohort(s []Incarnation) {
 	}
 	sort.Slice(lead.Keys, func(a, b int) bool { return lead.Keys[a].Key < lead.Keys[b].Key })
 	if len(rcp) > 0 {
-		sh0 := allocation.SplitByWeight(max(0, base), w)
+		sh0 := r.split(base, w)
 		for j, id := range rcp {
 			a := r.paid[id]
 			if a == nil {
@@ -367,7 +393,7 @@ func (r *Registry) completeCohort(s []Incarnation) {
 			a.seq++
 		}
 		for _, ku := range lead.Keys {
-			sh := allocation.SplitByWeight(max(0, base+ku.Units), w)
+			sh := r.split(base+ku.Units, w)
 			for j, id := range rcp {
 				if d := sh[j] - sh0[j]; d != 0 {
 					r.paid[id].keys[ku.Key] += d

@@ -199,3 +199,53 @@ func TestRegistryCohort(t *testing.T) {
 		t.Fatalf("close by an unknown incarnation: %v", err)
 	}
 }
+
+// With whole tokens (Quantum), a reclaim pays out whole tokens: the token
+// a reclaimed incarnation held on a key goes to one recipient, not half
+// to each (half a token in each region admits nothing); without Quantum
+// it is split by weight. Either way the payouts sum to what was freed.
+func TestRegistryPaysWholeTokens(t *testing.T) {
+	for _, quantum := range []int64{0, DefaultConfig().Units} {
+		cfg := DefaultConfig()
+		cfg.MinShare, cfg.Quantum = 0, quantum
+		spec := []RegionSpec{{"a", 1}, {"b", 1}, {"c", 1}}
+		r, err := NewRegistry(cfg, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []string{"a", "b", "c"} {
+			if _, err := r.Start(n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, initial := Split(cfg, spec)
+		A1, B1, C1 := Incarnation{"a", 1}, Incarnation{"b", 1}, Incarnation{"c", 1}
+		// a/1 held the whole token on k: its part plus what b/1 gave it.
+		if _, err := r.Contribute(Contribution{Of: A1, From: B1, Q: []KeyUnits{{"k", cfg.Units - initial[0]}}}); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := r.Contribute(Contribution{Of: A1, From: C1})
+		if err != nil || !rec.Complete {
+			t.Fatalf("reclaim of a/1: %+v %v", rec, err)
+		}
+		paid := map[Incarnation]int64{}
+		for _, x := range r.Records() {
+			if x.Paid == nil || (x.Of != B1 && x.Of != C1) {
+				continue
+			}
+			paid[x.Of] = x.Paid.Base
+			for _, ku := range x.Paid.Keys {
+				if ku.Key == "k" {
+					paid[x.Of] += ku.Units
+				}
+			}
+		}
+		if paid[B1]+paid[C1] != cfg.Units {
+			t.Fatalf("quantum %d: paid on k %v, want %d in all", quantum, paid, cfg.Units)
+		}
+		whole := paid[B1] == cfg.Units || paid[C1] == cfg.Units
+		if quantum > 0 && !whole || quantum == 0 && whole {
+			t.Errorf("quantum %d: paid on k %v: want the whole token in one region only with a quantum", quantum, paid)
+		}
+	}
+}

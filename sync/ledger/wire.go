@@ -168,7 +168,8 @@ type Contribution struct {
 // the record of the first member carries the units they freed, per key
 // Base + Keys[key] (Base alone for keys not listed), which the registry split
 // by weight among Recipients (the newest unreclaimed incarnation of every
-// region, members excepted) and added to their Paid.
+// region, members excepted; in whole tokens with a Quantum: Registry.split)
+// and added to their Paid.
 type Record struct {
 	Of       Incarnation
 	Complete bool
