@@ -317,14 +317,11 @@ func (e *Enforcer) heardAgain() (pass, look bool) {
 	if heard > since {
 		return true, false
 	}
-	now, last := time.Now().UnixNano(), e.stallProbe.Load()
-	if now-last < e.lookEvery() || !e.looking.CompareAndSwap(false, true) {
+	now := time.Now().UnixNano()
+	if now-e.stallProbe.Load() < e.lookEvery() || !e.looking.CompareAndSwap(false, true) {
 		return false, false
 	}
-	if !e.stallProbe.CompareAndSwap(last, now) {
-		e.looking.Store(false)
-		return false, false
-	}
+	e.stallProbe.Store(now) // the look is ours alone (looking)
 	return true, true
 }
 

@@ -227,8 +227,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Redis is down the breaker lets a check look every 10 ms (heardAgain),
 	// so a threshold of 32 was reached a third of a second into an outage,
 	// and a Redis back after that waited up to a second for the pool
-	// (TestRedisFaults' refused case: 190 ms after the fault, 9 ms with
-	// this). The pool's connections stay capped by MaxActiveConns; the
+	// (TestRedisFaults' refused case: 190 ms after the fault, 3 to 7 ms
+	// with this). The pool's connections stay capped by MaxActiveConns; the
 	// store's workers use one each.
 	ropts.PoolSize, ropts.MaxActiveConns, ropts.MinIdleConns = max(dialBreaker, 2*o.pipelines), max(32, 2*o.pipelines), o.pipelines
 	ropts.ContextTimeoutEnabled = true
