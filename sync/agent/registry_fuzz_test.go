@@ -214,6 +214,7 @@ func TestRegistryChunkedDocRefused(t *testing.T) {
 		{"state not the marker", edit(`"state":"chunked"`, `"state":{}`), chunks, "not \"chunked\""},
 		{"corrupt chunk", doc, corrupt, "does not match"},
 		{"missing chunk", doc, missing, "missing"},
+		{"quantum below zero", edit(`"units":`, `"quantum":-1,"units":`), chunks, "quantum -1 outside"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, _, err := r.decode(tc.doc, memChunks(tc.chunks))
