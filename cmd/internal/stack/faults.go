@@ -18,9 +18,8 @@ const FaultsPath = "/faults"
 // its sync agent stopped or started again, by hand, to watch what the
 // limiter does under each fault.
 type faults struct {
-	s   *Stack
-	mu  sync.Mutex      // serializes the faults (and guards cut)
-	cut map[string]bool // regions whose gateways are cut
+	s  *Stack
+	mu sync.Mutex // serializes the faults
 }
 
 // FaultState is what GET /faults answers: per region, whether its gateways
@@ -86,13 +85,11 @@ func (f *faults) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch action {
 	case "/cut", "/heal":
 		cut := action == "/cut"
-		if f.cut[region] == cut {
+		if f.s.isCut(region) == cut {
 			faultError(w, http.StatusConflict, "region %s is already %s", region, map[bool]string{true: "cut", false: "healed"}[cut])
 			return
 		}
-		if err = f.s.Partition(region, cut); err == nil {
-			f.cut[region] = cut
-		}
+		err = f.s.Partition(region, cut)
 	case "/restart-redis":
 		err = f.s.RestartRedis(region)
 	case "/stop-agent":
@@ -120,7 +117,7 @@ func (f *faults) state() FaultState {
 	defer f.s.mu.Unlock()
 	var st FaultState
 	for _, r := range f.s.Regions {
-		st.Regions = append(st.Regions, RegionFaults{Region: r.Name, Cut: f.cut[r.Name], Agent: f.s.stopAgent[r.Name] != nil})
+		st.Regions = append(st.Regions, RegionFaults{Region: r.Name, Cut: f.s.isCut(r.Name), Agent: f.s.stopAgent[r.Name] != nil})
 	}
 	return st
 }
@@ -135,13 +132,28 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
+// isCut reports whether every gateway link of region is cut (Partition),
+// as the proxies say: whoever cut it, over HTTP or from Go.
+func (s *Stack) isCut(region string) bool {
+	n := 0
+	for _, p := range s.proxies {
+		if p.from == region || p.to == region {
+			if !p.isCut() {
+				return false
+			}
+			n++
+		}
+	}
+	return n > 0
+}
+
 // serveFaults listens on addr and serves the fault control until Close.
 func (s *Stack) serveFaults(addr string) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("stack: fault control: %w", err)
 	}
-	srv := &http.Server{Handler: &faults{s: s, cut: map[string]bool{}}}
+	srv := &http.Server{Handler: &faults{s: s}}
 	s.faultSrv = srv
 	s.FaultsAddr = ln.Addr().String()
 	s.wg.Add(1)
