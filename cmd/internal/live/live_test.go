@@ -264,7 +264,7 @@ func TestLiveRestarts(t *testing.T) {
 	}
 	const speed = 6
 	res := runTwoRegions(t, sc, Options{Duration: 300 * time.Second, Speed: speed, MaxLoad: 400})
-	if !strings.Contains(res.Table(), "store_reset: live") || !strings.Contains(res.Table(), "agent_restart: live") {
+	if !strings.Contains(res.Table(), "store_reset: live") || !strings.Contains(res.Table(), "agent_restart: live") || !strings.Contains(res.Table(), "the rule fails closed") {
 		t.Error("the table does not say how the restarts were played")
 	}
 	for _, w := range []struct {
@@ -304,4 +304,27 @@ func runTwoRegions(t *testing.T, sc *scenario.Scenario, opt Options) *Result {
 	}
 	checkOvershoot(t, res)
 	return res
+}
+
+// TestRestartNotes: a run that restarts a Redis says the rule fails
+// closed; the store_reset note only when there is a store_reset (a region
+// lost for a time restarts its Redis too, but is no store_reset).
+func TestRestartNotes(t *testing.T) {
+	sc := load(t, "region-loss.yaml")
+	sc.Events = []scenario.Event{{Kind: "region_loss", Regions: []string{"eu-west"}, At: scenario.Duration(time.Second), For: scenario.Duration(time.Second)}}
+	notes, err := unsupported(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(notes, "\n")
+	if !strings.Contains(all, "the rule fails closed") || strings.Contains(all, "store_reset:") || !strings.Contains(all, "region_loss with for:") {
+		t.Errorf("notes for a region lost for a time:\n%s", all)
+	}
+	sc.Events = append(sc.Events, scenario.Event{Kind: "store_reset", Regions: []string{"us-east"}, At: scenario.Duration(time.Second)})
+	if notes, _ = unsupported(sc); !strings.Contains(strings.Join(notes, "\n"), "store_reset: live") {
+		t.Errorf("no store_reset note:\n%s", strings.Join(notes, "\n"))
+	}
+	if failureMode(sc) != "closed" {
+		t.Errorf("failure mode %q with a Redis restart, want closed", failureMode(sc))
+	}
 }

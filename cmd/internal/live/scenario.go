@@ -108,8 +108,11 @@ func unsupported(sc *scenario.Scenario) (notes []string, err error) {
 	if seen["agent_restart"] {
 		notes = append(notes, "agent_restart: live, the region's sync agent is stopped and started again after for, with no state (a new process would have none), on the same address; its Redis and enforcer keep running")
 	}
+	if seen["store_reset"] {
+		notes = append(notes, "store_reset: live, the region's redis-server is killed and started empty on the same port (a new run id)")
+	}
 	if restartsRedis(sc) {
-		notes = append(notes, "store_reset: live, the region's redis-server is killed and started empty on the same port (a new run id); the rule fails closed in such a run, so checks in the moment Redis is down are rejected, not admitted by the failure policy")
+		notes = append(notes, "a region's Redis restarts in this run, so the rule fails closed: checks in the moment Redis is down are rejected, not admitted by the failure policy")
 	}
 	if sc.Network.JitterMs > 0 || sc.Network.Loss > 0 {
 		notes = append(notes, fmt.Sprintf("network jitter (%g ms) and loss (%g) are not injected live: the gateways are TCP, the proxy adds the fixed one-way delay only",
