@@ -238,93 +238,55 @@ func Run(ctx context.Context, sc *Scenario, strategies []Strategy, opt Options) 
 	for _, st := range streams {
 		startStream(w, m, st)
 	}
-	// Disruptions.
+	// Disruptions: at an event's start (and end), fn for each of its regions.
 	for ei, ev := range sc.Events {
 		ei, ev := ei, ev
 		var regions []int
 		for _, n := range ev.Regions {
 			regions = append(regions, sc.Index(n))
 		}
-		end := ev.At.D() + ev.For.D()
+		each := func(at time.Duration, fn func(r int)) {
+			w.eng.at(at, func() {
+				for _, r := range regions {
+					fn(r)
+				}
+			})
+		}
+		disrupt := func(fn func(Disrupted)) {
+			for _, s := range strategies {
+				if x, ok := s.(Disrupted); ok {
+					fn(x)
+				}
+			}
+		}
+		at, end := ev.At.D(), ev.At.D()+ev.For.D()
 		switch ev.Kind {
 		case "partition":
-			w.eng.at(ev.At.D(), func() {
-				for _, r := range regions {
-					w.group[r] = ei + 1
-				}
-			})
+			each(at, func(r int) { w.group[r] = ei + 1 })
 			if ev.For > 0 {
-				w.eng.at(end, func() {
-					for _, r := range regions {
-						w.group[r] = 0
-					}
-				})
+				each(end, func(r int) { w.group[r] = 0 })
 			}
 		case "region_loss":
-			w.eng.at(ev.At.D(), func() {
-				for _, r := range regions {
-					w.lost[r] = true
-					for _, s := range strategies {
-						if x, ok := s.(Disrupted); ok {
-							x.RegionLost(r)
-						}
-					}
-				}
-			})
+			each(at, func(r int) { w.lost[r] = true; disrupt(func(x Disrupted) { x.RegionLost(r) }) })
 			if ev.For > 0 {
-				w.eng.at(end, func() {
-					for _, r := range regions {
-						w.lost[r] = false
-						for _, s := range strategies {
-							if x, ok := s.(Disrupted); ok {
-								x.RegionBack(r)
-							}
-						}
-					}
-				})
+				each(end, func(r int) { w.lost[r] = false; disrupt(func(x Disrupted) { x.RegionBack(r) }) })
 			}
 		case "loss":
-			w.eng.at(ev.At.D(), func() {
-				for _, r := range regions {
-					w.lossy[r] = ev.Loss
-				}
-			})
+			each(at, func(r int) { w.lossy[r] = ev.Loss })
 			if ev.For > 0 {
-				w.eng.at(end, func() {
-					for _, r := range regions {
-						w.lossy[r] = 0
-					}
-				})
+				each(end, func(r int) { w.lossy[r] = 0 })
 			}
 		case "store_reset":
-			w.eng.at(ev.At.D(), func() {
-				for _, r := range regions {
-					for _, s := range strategies {
-						if x, ok := s.(Reset); ok && !w.lost[r] {
-							x.StoreReset(r)
-						}
+			each(at, func(r int) {
+				for _, s := range strategies {
+					if x, ok := s.(Reset); ok && !w.lost[r] {
+						x.StoreReset(r)
 					}
 				}
 			})
 		case "agent_restart":
-			w.eng.at(ev.At.D(), func() {
-				for _, r := range regions {
-					for _, s := range strategies {
-						if x, ok := s.(Disrupted); ok {
-							x.AgentDown(r)
-						}
-					}
-				}
-			})
-			w.eng.at(end, func() {
-				for _, r := range regions {
-					for _, s := range strategies {
-						if x, ok := s.(Disrupted); ok {
-							x.AgentUp(r)
-						}
-					}
-				}
-			})
+			each(at, func(r int) { disrupt(func(x Disrupted) { x.AgentDown(r) }) })
+			each(end, func(r int) { disrupt(func(x Disrupted) { x.AgentUp(r) }) })
 		}
 	}
 	shifts := targets(sc, w, dur)
