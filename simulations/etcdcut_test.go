@@ -57,7 +57,7 @@ func TestCutServesAgainSoon(t *testing.T) {
 					heal := cutAt + cut
 					sc.Duration = scenario.Duration(heal + 30*time.Second)
 					after := heal + etcdBackBound
-					led := &watched{Strategy: &strategy.Ledger{}, after: after, cut: 1}
+					led := &watched{fwd: fwd{&strategy.Ledger{}}, after: after, cut: 1}
 					res, err := sim.Run(context.Background(), sc, []sim.Strategy{led}, sim.Options{})
 					if err != nil {
 						t.Fatal(err)
@@ -70,8 +70,8 @@ func TestCutServesAgainSoon(t *testing.T) {
 					for k := range keys {
 						t.Logf("k%d from %v: least sum of shares %.3f, least r1 %.3f", k, after, led.minSum[k], led.cutShare[k])
 						if rate == 1 {
-							if led.minSum[k] < 1-1e-9 {
-								t.Errorf("k%d: the regions held %.3f of the one token at a sample", k, led.minSum[k])
+							if g := led.noToken.longest[k]; g > tokenTransit {
+								t.Errorf("k%d: no region held the whole token for %v", k, g)
 							}
 							continue
 						}

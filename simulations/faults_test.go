@@ -9,19 +9,15 @@ import (
 	"github.com/apportion/apportion/simulations/scenario"
 	"github.com/apportion/apportion/simulations/sim"
 	"github.com/apportion/apportion/simulations/strategy"
-	"github.com/apportion/apportion/sync/ledger"
 )
 
 // recovery wraps a strategy and, every 100 ms from from on, checks that
 // the limit is served: at rate 1 (one whole token) some region holds the
-// whole token, allowing tokenTransit without one (a whole token moving
-// between two regions is in flight a round trip and a store write; a
-// token split into fractions admits nothing, however they sum); above,
-// the regions' shares of every key sum to at least 0.95 of the limit and
-// region 1 holds at least want of it. It keeps the last sample at which
-// that failed, and forwards the disruptions to the strategy.
+// whole token, none for at most tokenTransit; above, the regions' shares
+// of every key sum to at least 0.95 of the limit and region 1 holds at
+// least want of it. It keeps the last sample at which that failed.
 type recovery struct {
-	sim.Strategy
+	fwd
 	env     *sim.Env
 	from    time.Duration
 	token   bool
@@ -29,23 +25,15 @@ type recovery struct {
 	lastBad time.Duration // -1: none
 	badSum  float64       // the shares' sum (at 1/s: the most one region held) then
 	badR1   float64
-	since   []time.Duration // per key at 1/s: since when no region holds the token (-1: one does)
+	noToken tokenGaps
 }
-
-// tokenTransit is how long a whole token may be held by no region at 1/s:
-// a gift in flight (the round trip of faultScenario, 80 ms, and a store
-// write), with room for one lost message's repair.
-const tokenTransit = 500 * time.Millisecond
 
 func (w *recovery) Start(env *sim.Env) error {
 	if err := w.Strategy.Start(env); err != nil {
 		return err
 	}
 	w.env, w.lastBad = env, -1
-	w.since = make([]time.Duration, len(env.Keys()))
-	for k := range w.since {
-		w.since[k] = -1
-	}
+	w.noToken = newTokenGaps(len(env.Keys()))
 	env.After(w.from, w.sample)
 	return nil
 }
@@ -54,24 +42,11 @@ func (w *recovery) sample() {
 	sh := w.Strategy.(sim.Sharer)
 	now := w.env.Now()
 	for k := range w.env.Keys() {
-		sum, most := 0.0, 0.0
-		for r := range w.env.Regions() {
-			sum += sh.Share(r, k)
-			most = max(most, sh.Share(r, k))
-		}
+		sum, most := shares(sh, w.env, k)
 		r1 := sh.Share(1, k)
-		var bad bool
+		bad := sum < 0.95 || r1 < w.want
 		if w.token {
-			switch {
-			case most >= 1-1e-9:
-				w.since[k] = -1
-			case w.since[k] < 0:
-				w.since[k] = now
-			default:
-				bad, sum = now-w.since[k] > tokenTransit, most
-			}
-		} else {
-			bad = sum < 0.95 || r1 < w.want
+			bad, sum = w.noToken.observe(k, now, most >= 1-1e-9) > tokenTransit, most
 		}
 		if bad {
 			w.lastBad, w.badSum, w.badR1 = now, sum, r1
@@ -80,11 +55,7 @@ func (w *recovery) sample() {
 	w.env.After(100*time.Millisecond, w.sample)
 }
 
-func (w *recovery) RegionLost(r int)       { w.Strategy.(sim.Disrupted).RegionLost(r) }
-func (w *recovery) RegionBack(r int)       { w.Strategy.(sim.Disrupted).RegionBack(r) }
-func (w *recovery) AgentDown(r int)        { w.Strategy.(sim.Disrupted).AgentDown(r) }
-func (w *recovery) AgentUp(r int)          { w.Strategy.(sim.Disrupted).AgentUp(r) }
-func (w *recovery) StoreReset(r int)       { w.Strategy.(sim.Reset).StoreReset(r) }
+// Share passes the wrapped strategy's shares on (the run's share series).
 func (w *recovery) Share(r, k int) float64 { return w.Strategy.(sim.Sharer).Share(r, k) }
 
 // faultAt is when TestFaultsServeAgain's faults begin.
@@ -149,10 +120,8 @@ var faultCases = []struct {
 // next tick and its records and marker written again (an interval and two
 // store round trips).
 func faultBound(sc *scenario.Scenario) time.Duration {
-	c := ledger.DefaultConfig()
+	c, _ := strategy.LedgerConfig(sc)
 	y := sc.Sync
-	c.Interval, c.Lease, c.Rho, c.StoreTimeout = y.Interval.D(), y.Lease.D(), *y.ClockError, y.StoreTimeout.D()
-	c.HeartbeatEvery, c.GiftWait = y.Heartbeat.D(), y.GiftWait.D()
 	reg := time.Duration(2 * *sc.Network.RegistryMs * 1e6)
 	store := time.Duration(2 * *y.StoreMs * 1e6)
 	var delay time.Duration
@@ -184,7 +153,7 @@ func TestFaultsServeAgain(t *testing.T) {
 					sc := faultScenario(t, n, rate, keys, 0)
 					end := fc.apply(sc)
 					sc.Duration = scenario.Duration(end + 30*time.Second)
-					led := &recovery{Strategy: &strategy.Ledger{}, from: 10 * time.Second, token: rate == 1, want: 0.3 / float64(n-1)}
+					led := &recovery{fwd: fwd{&strategy.Ledger{}}, from: 10 * time.Second, token: rate == 1, want: 0.3 / float64(n-1)}
 					res, err := sim.Run(context.Background(), sc, []sim.Strategy{led}, sim.Options{})
 					if err != nil {
 						t.Fatal(err)

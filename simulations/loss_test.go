@@ -58,8 +58,8 @@ func TestRegionLossServesTheLimit(t *testing.T) {
 				}
 				after := lossAt + wait + 5*time.Second
 				sc := lossScenario(t, n, rate, keys, after+30*time.Second)
-				ideal := &watched{Strategy: &strategy.Ideal{}, after: after, cut: 1}
-				led := &watched{Strategy: &strategy.Ledger{}, after: after, cut: 1}
+				ideal := &watched{fwd: fwd{&strategy.Ideal{}}, after: after, cut: 1}
+				led := &watched{fwd: fwd{&strategy.Ledger{}}, after: after, cut: 1}
 				res, err := sim.Run(context.Background(), sc, []sim.Strategy{ideal, led}, sim.Options{})
 				if err != nil {
 					t.Fatal(err)

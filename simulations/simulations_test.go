@@ -12,7 +12,7 @@ import (
 	"github.com/apportion/apportion/simulations/report"
 	"github.com/apportion/apportion/simulations/scenario"
 	"github.com/apportion/apportion/simulations/sim"
-	"github.com/apportion/apportion/sync/ledger"
+	"github.com/apportion/apportion/simulations/strategy"
 )
 
 // testDuration shortens the long scenarios for the test (the README's table
@@ -164,8 +164,7 @@ func faultReachBound(sc *scenario.Scenario, fault string) time.Duration {
 	b := faultBound(sc)
 	switch {
 	case strings.HasSuffix(fault, " lost"):
-		cfg := ledger.DefaultConfig()
-		cfg.Lease, cfg.WitnessLease, cfg.Margin, cfg.Rho = sc.Sync.Lease.D(), sc.Sync.WitnessLease.D(), sc.Sync.Margin.D(), *sc.Sync.ClockError
+		cfg, _ := strategy.LedgerConfig(sc)
 		if len(sc.Regions) == 2 {
 			return b + cfg.WitnessReclaimAfter()
 		}

@@ -12,11 +12,92 @@ import (
 	"github.com/apportion/apportion/simulations/strategy"
 )
 
+// fwd wraps a strategy and passes the disruptions on to it (sim.Run looks
+// for them on the strategy it is given, the wrapper).
+type fwd struct{ sim.Strategy }
+
+func (f fwd) RegionLost(r int) {
+	if x, ok := f.Strategy.(sim.Disrupted); ok {
+		x.RegionLost(r)
+	}
+}
+
+func (f fwd) RegionBack(r int) {
+	if x, ok := f.Strategy.(sim.Disrupted); ok {
+		x.RegionBack(r)
+	}
+}
+
+func (f fwd) AgentDown(r int) {
+	if x, ok := f.Strategy.(sim.Disrupted); ok {
+		x.AgentDown(r)
+	}
+}
+
+func (f fwd) AgentUp(r int) {
+	if x, ok := f.Strategy.(sim.Disrupted); ok {
+		x.AgentUp(r)
+	}
+}
+
+func (f fwd) StoreReset(r int) {
+	if x, ok := f.Strategy.(sim.Reset); ok {
+		x.StoreReset(r)
+	}
+}
+
+// tokenTransit is how long a whole token (a limit of 1/s, burst 1) may be
+// held by no region: a gift in flight (a round trip between two regions
+// of faultScenario, 80 ms, and a store write), with room for one lost
+// message's repair. A token split in fractions admits nothing, however
+// they sum, so the tests at 1/s ask for a whole token in one region.
+const tokenTransit = 500 * time.Millisecond
+
+// tokenGaps follows, per key, how long no region has held the whole token.
+type tokenGaps struct {
+	since   []time.Duration // since when none has (-1: one holds it)
+	longest []time.Duration // the longest such time so far
+}
+
+func newTokenGaps(keys int) tokenGaps {
+	g := tokenGaps{since: make([]time.Duration, keys), longest: make([]time.Duration, keys)}
+	for k := range g.since {
+		g.since[k] = -1
+	}
+	return g
+}
+
+// observe records whether some region holds key k's token at now, and
+// returns how long none has (0 while one does).
+func (g tokenGaps) observe(k int, now time.Duration, held bool) time.Duration {
+	switch {
+	case held:
+		g.since[k] = -1
+		return 0
+	case g.since[k] < 0:
+		g.since[k] = now
+	}
+	gap := now - g.since[k]
+	g.longest[k] = max(g.longest[k], gap)
+	return gap
+}
+
+// shares returns, for key k, the sum of the regions' shares and the most
+// one region holds.
+func shares(sh sim.Sharer, env *sim.Env, k int) (sum, most float64) {
+	for r := range env.Regions() {
+		s := sh.Share(r, k)
+		sum, most = sum+s, max(most, s)
+	}
+	return sum, most
+}
+
 // watched wraps a strategy and, from the time after on, counts what it
 // admits per key and in the cut region, and samples every key's shares
-// (their sum over the regions, and the cut region's own) every 100 ms.
+// (their sum over the regions, and the cut region's own, and how long no
+// region held the whole token) every 100 ms.
 type watched struct {
-	sim.Strategy
+	fwd
 	env      *sim.Env
 	after    time.Duration
 	admitted []int64   // per key, from after on
@@ -24,6 +105,7 @@ type watched struct {
 	minSum   []float64 // per key: the least sum of the regions' shares from after on
 	cutShare []float64 // per key: the least share of region cut from after on
 	minLive  []float64 // per key: the least sum of the other regions' shares from after on
+	noToken  tokenGaps // per key: how long no region held a whole token, from after on
 	cut      int
 }
 
@@ -38,6 +120,7 @@ func (w *watched) Start(env *sim.Env) error {
 	n := len(env.Keys())
 	w.admitted = make([]int64, n)
 	w.minSum, w.cutShare, w.minLive = make([]float64, n), make([]float64, n), make([]float64, n)
+	w.noToken = newTokenGaps(n)
 	for k := range n {
 		w.minSum[k], w.cutShare[k], w.minLive[k] = 2, 2, 2
 	}
@@ -50,14 +133,9 @@ func (w *watched) Start(env *sim.Env) error {
 func (w *watched) sample() {
 	sh := w.Strategy.(sim.Sharer)
 	for k := range w.env.Keys() {
-		sum, cut := 0.0, 0.0
-		for r := range w.env.Regions() {
-			s := sh.Share(r, k)
-			sum += s
-			if r == w.cut {
-				cut = s
-			}
-		}
+		sum, most := shares(sh, w.env, k)
+		cut := sh.Share(w.cut, k)
+		w.noToken.observe(k, w.env.Now(), most >= 1-1e-9)
 		w.cutShare[k] = min(w.cutShare[k], cut)
 		w.minSum[k] = min(w.minSum[k], sum)
 		w.minLive[k] = min(w.minLive[k], sum-cut)
@@ -152,9 +230,9 @@ func TestPartitionSplitMessages(t *testing.T) {
 				t.Parallel()
 				sc := faultScenario(t, n, rate, keys, 0)
 				after := healAt + splitLiveBound
-				ideal := &watched{Strategy: &strategy.Ideal{}, after: after, cut: 1}
-				whole := &watched{Strategy: &strategy.Ledger{}, after: after, cut: 1}
-				split := &watched{Strategy: &strategy.Ledger{ReceiveWindow: 1, SendWindow: 2}, after: after, cut: 1}
+				ideal := &watched{fwd: fwd{&strategy.Ideal{}}, after: after, cut: 1}
+				whole := &watched{fwd: fwd{&strategy.Ledger{}}, after: after, cut: 1}
+				split := &watched{fwd: fwd{&strategy.Ledger{ReceiveWindow: 1, SendWindow: 2}}, after: after, cut: 1}
 				res, err := sim.Run(context.Background(), sc, []sim.Strategy{ideal, whole, split}, sim.Options{})
 				if err != nil {
 					t.Fatal(err)
@@ -180,9 +258,9 @@ func TestPartitionSplitMessages(t *testing.T) {
 						k, after, ideal.admitted[k], whole.admitted[k], split.admitted[k], whole.minSum[k], split.minSum[k], whole.cutShare[k], split.cutShare[k])
 					idealSum, splitSum = idealSum+ideal.admitted[k], splitSum+split.admitted[k]
 					if rate == 1 {
-						// One whole token: some region holds it at every sample.
-						if split.minSum[k] < 1-1e-9 {
-							t.Errorf("k%d: the regions held %.3f of the one token at a sample", k, split.minSum[k])
+						// One whole token: some region holds it, but for a move.
+						if g := split.noToken.longest[k]; g > tokenTransit {
+							t.Errorf("k%d: no region held the whole token for %v", k, g)
 						}
 						continue
 					}
@@ -222,8 +300,8 @@ func TestQuotaPartition(t *testing.T) {
 	// against the central counter's, and the most a key admitted in one
 	// window.
 	admitted := func(t *testing.T, sc *scenario.Scenario) (float64, int64, int64) {
-		ideal := &watched{Strategy: &strategy.Ideal{}, after: after, cut: 1}
-		led := &watched{Strategy: &strategy.Ledger{}, after: after, cut: 1}
+		ideal := &watched{fwd: fwd{&strategy.Ideal{}}, after: after, cut: 1}
+		led := &watched{fwd: fwd{&strategy.Ledger{}}, after: after, cut: 1}
 		res, err := sim.Run(context.Background(), sc, []sim.Strategy{ideal, led}, sim.Options{})
 		if err != nil {
 			t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"github.com/apportion/apportion/allocation"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
+	"github.com/apportion/apportion/simulations/scenario"
 	"github.com/apportion/apportion/simulations/sim"
 	"github.com/apportion/apportion/sync/driver"
 	"github.com/apportion/apportion/sync/ledger"
@@ -103,9 +104,9 @@ type lagent struct {
 
 func (s *Ledger) Name() string { return "ledger" }
 
-// ledgerConfig returns the ledger's Config for the scenario.
-func ledgerConfig(env *sim.Env) (ledger.Config, []ledger.RegionSpec) {
-	sc := env.Scenario()
+// LedgerConfig returns the ledger's Config for the scenario, as every
+// region's agent in the simulator runs it, and the regions' specs.
+func LedgerConfig(sc *scenario.Scenario) (ledger.Config, []ledger.RegionSpec) {
 	cfg := ledger.DefaultConfig()
 	cfg.MinShare = sc.Rule.MinShare
 	cfg.Interval = sc.Sync.Interval.D()
@@ -133,7 +134,7 @@ func ledgerConfig(env *sim.Env) (ledger.Config, []ledger.RegionSpec) {
 
 func (s *Ledger) Start(env *sim.Env) error {
 	s.env = env
-	s.cfg, s.specs = ledgerConfig(env)
+	s.cfg, s.specs = LedgerConfig(env.Scenario())
 	s.floor, _ = ledger.Split(s.cfg, s.specs)
 	var err error
 	if s.reg, err = ledger.NewRegistry(s.cfg, s.specs); err != nil {

@@ -18,7 +18,7 @@ func (s *Static) Name() string { return "static" }
 
 func (s *Static) Start(env *sim.Env) error {
 	s.env = env
-	cfg, specs := ledgerConfig(env)
+	cfg, specs := LedgerConfig(env.Scenario())
 	floor, initial := ledger.Split(cfg, specs)
 	s.total = cfg.Units
 	for r := range floor {
