@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -372,7 +371,7 @@ func (e *Enforcer) match(c *compiled, req *Request) []matched {
 		// tag (one script, one slot): sub-bucket "0", the plain key.
 		r := out[0].rule
 		if i := rand.IntN(r.Split); i > 0 {
-			out[0].bucket.Key = redisstore.Key(splitParts[0]+"#"+strconv.Itoa(i), r.ID, splitParts[1:]...)
+			out[0].bucket.Key = redisstore.SubKey(splitParts[0], i, r.ID, splitParts[1:]...)
 		}
 	}
 	return out

@@ -605,6 +605,12 @@ func TestSplitHotKey(t *testing.T) {
 	if r := e.check(t, "tenant", "both", 1); r.Allowed {
 		t.Fatalf("a two-rule request on the spent key: %+v", r)
 	}
+	// Another client whose key looks like a sub-bucket's name has its own
+	// bucket: "tenant#1" (sub-bucket 0, the plain key, as above) is not
+	// tenant's sub-bucket 1, spent by the burst.
+	if r := e.check(t, "tenant#1", "both", 1); !r.Allowed {
+		t.Fatalf("client tenant#1 shares a bucket with tenant's sub-buckets: %+v (keys %v)", r, keys)
+	}
 }
 
 // A Redis that hangs (DEBUG SLEEP: connected, silent) fails the checks

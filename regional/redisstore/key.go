@@ -1,6 +1,9 @@
 package redisstore
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // Key builds "rl:{<tag escaped>}:<ruleID escaped>[:<extra escaped>...]".
 // The braces are a Redis Cluster hash tag, so every bucket of one client
@@ -13,14 +16,27 @@ import "strings"
 // choose another client's slot or key ("{user:1}" and "user:1" give
 // different keys and tags). An empty tag is written "%00" (a literal "%00"
 // tag escapes to "%2500"), because Redis Cluster ignores an empty hash tag.
-func Key(tag, ruleID string, extra ...string) string {
+func Key(tag, ruleID string, extra ...string) string { return SubKey(tag, 0, ruleID, extra...) }
+
+// SubKey is Key for sub-bucket sub of a hot key spread over several (a
+// rule's split): sub 0 is Key itself, sub i > 0 appends "%#i" to the
+// escaped tag ("rl:{tenant%#1}:r"), its own hash tag and so its own Redis
+// Cluster slot. The escaped tag never holds "%#" (escaping writes '%' only
+// as "%25", "%7B", "%7D" or the empty tag's "%00"), so no client key, split
+// or not, reaches another's sub-bucket: client "v#1" is "rl:{v#1}:r",
+// client "v"'s sub-bucket 1 "rl:{v%#1}:r".
+func SubKey(tag string, sub int, ruleID string, extra ...string) string {
 	var b strings.Builder
-	b.Grow(6 + len(tag) + len(ruleID) + 8*len(extra))
+	b.Grow(10 + len(tag) + len(ruleID) + 8*len(extra))
 	b.WriteString("rl:{")
 	if tag == "" {
 		b.WriteString("%00")
 	} else {
 		escape(&b, tag, false)
+	}
+	if sub > 0 {
+		b.WriteString("%#")
+		b.WriteString(strconv.Itoa(sub))
 	}
 	b.WriteString("}:")
 	escape(&b, ruleID, true)

@@ -33,6 +33,22 @@ func TestKey(t *testing.T) {
 		{"colon in rule id", "u", "a:b", nil, "rl:{u}:a%3Ab", "u"},
 		{"empty tag", "", "r", nil, "rl:{%00}:r", "%00"},
 	}
+	// Sub-buckets of a split rule: never another client's key.
+	for _, tc := range []struct {
+		tag  string
+		sub  int
+		want string
+	}{
+		{"v", 0, "rl:{v}:r"},
+		{"v", 1, "rl:{v%#1}:r"},
+		{"v#1", 0, "rl:{v#1}:r"},
+		{"", 2, "rl:{%00%#2}:r"},
+		{"v%#1", 0, "rl:{v%25#1}:r"},
+	} {
+		if got := SubKey(tc.tag, tc.sub, "r"); got != tc.want {
+			t.Errorf("SubKey(%q, %d) = %q, want %q", tc.tag, tc.sub, got, tc.want)
+		}
+	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got := Key(tc.tag, tc.rule, tc.extra...)
@@ -64,11 +80,12 @@ func hashTag(key string) string {
 }
 
 // TestKeyInjective draws keys from a small alphabet full of separators and
-// requires distinct inputs to give distinct keys, and every key's hash tag to
+// requires distinct inputs (sub-buckets of a split rule too) to give
+// distinct keys, and every key's hash tag to
 // be its escaped client key, brace-free.
 func TestKeyInjective(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
-	alphabet := []string{"{", "}", ":", "%", "7B", "a", ""}
+	alphabet := []string{"{", "}", ":", "%", "7B", "a", "", "#", "1"}
 	word := func() string {
 		var b strings.Builder
 		for n := r.IntN(5); n > 0; n-- {
@@ -78,13 +95,13 @@ func TestKeyInjective(t *testing.T) {
 	}
 	seen := map[string]string{}
 	for i := 0; i < 20000; i++ {
-		tag, rule := word(), word()
+		tag, rule, sub := word(), word(), r.IntN(3)
 		extra := make([]string, r.IntN(3))
 		for j := range extra {
 			extra[j] = word()
 		}
-		in := fmt.Sprintf("%q", append([]string{tag, rule}, extra...))
-		k := Key(tag, rule, extra...)
+		in := fmt.Sprintf("%d %q", sub, append([]string{tag, rule}, extra...))
+		k := SubKey(tag, sub, rule, extra...)
 		if prev, ok := seen[k]; ok && prev != in {
 			t.Fatalf("%s and %s both give %q", prev, in, k)
 		}
@@ -93,8 +110,8 @@ func TestKeyInjective(t *testing.T) {
 		if h == k || strings.ContainsAny(h, "{}") || !strings.HasPrefix(k, "rl:{"+h+"}:") {
 			t.Fatalf("key %q: hash tag %q", k, h)
 		}
-		// every key of one client shares the tag
-		if hashTag(Key(tag, "other")) != h {
+		// every key of one client (one sub-bucket) shares the tag
+		if hashTag(SubKey(tag, sub, "other")) != h {
 			t.Fatalf("tag of %q differs across rules", tag)
 		}
 	}
