@@ -390,7 +390,8 @@ func (e *Enforcer) fromStore(ms []matched, ans redisstore.Answer) Response {
 }
 
 // bind picks the binding rule: the rejecting enforced rule with the longest
-// retry, or when allowed the enforced rule with the fewest remaining tokens.
+// retry, or when allowed the enforced rule with the fewest remaining tokens
+// (and the longest delay of an admitting leaky bucket).
 // Shadow rules bind only when no enforced rule matched.
 func (e *Enforcer) bind(resp *Response) {
 	best := -1
@@ -422,6 +423,15 @@ func (e *Enforcer) bind(resp *Response) {
 	resp.RuleID, resp.Limit, resp.Remaining, resp.ResetAfterMs, resp.windowMs = s.RuleID, s.Limit, s.Remaining, s.ResetAfterMs, s.WindowMs
 	if !resp.Allowed {
 		resp.RetryAfterMs = s.RetryAfterMs
+		return
+	}
+	// Allowed: a leaky bucket admits with a delay to wait before acting
+	// (its RetryAfterMs); the caller waits for the longest of the enforced
+	// rules', whichever binds by remaining tokens.
+	for _, st := range resp.Statuses {
+		if !st.Shadow && st.RetryAfterMs > resp.RetryAfterMs {
+			resp.RetryAfterMs = st.RetryAfterMs
+		}
 	}
 }
 

@@ -153,7 +153,7 @@ func decodeCheck(body []byte) (Request, string, error) {
 // of cost tokens: regional/header writes the headers of every front end
 // (this HTTP API, the middleware, the Envoy service) from it.
 func HeaderAnswer(resp Response, cost int64) header.Answer {
-	a := header.Answer{Allowed: resp.Allowed, Cost: cost, Binding: resp.RuleID, Rules: make([]header.Rule, len(resp.Statuses))}
+	a := header.Answer{Allowed: resp.Allowed, Cost: cost, Binding: resp.RuleID, Rules: make([]header.Rule, len(resp.Statuses)), FailOpen: resp.FailOpen}
 	for i, s := range resp.Statuses {
 		a.Rules[i] = header.Rule{ID: s.RuleID, Allowed: s.Allowed, Shadow: s.Shadow, Limit: s.Limit, Remaining: s.Remaining,
 			RetryAfterMs: s.RetryAfterMs, ResetAfterMs: s.ResetAfterMs, WindowMs: s.WindowMs}

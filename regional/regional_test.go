@@ -560,3 +560,31 @@ func TestGlobalRuleFloorThenAgentShare(t *testing.T) {
 		t.Fatalf("with the agent's marker: %d of 60 allowed, want 50", a)
 	}
 }
+
+// A leaky bucket admits with a delay to wait before acting: the response's
+// own retry_after_ms carries it (the longest of the enforced rules'), not
+// only the rule's status, also when a token bucket with fewer remaining
+// tokens binds.
+func TestLeakyDelayAtTopLevel(t *testing.T) {
+	lb := rules.Rule{ID: "lb", Algorithm: rules.LeakyBucket, Capacity: 5, RefillPerSecond: 1}
+	tb := tokenBucket("tb", 3, 0.001)
+	tb.Match = map[string]string{"resource": "both"}
+	lb.Match = map[string]string{"resource": "both"}
+	e := newEnv(t, []rules.Rule{lb, tb}, nil)
+	var last *ratelimitv1.CheckLimitResponse
+	for i := 0; i < 3; i++ {
+		last = e.check(t, "u", "both", 1)
+		if !last.Allowed {
+			t.Fatalf("check %d rejected: %+v", i, last)
+		}
+	}
+	var lbDelay int64
+	for _, st := range last.Statuses {
+		if st.RuleId == "lb" {
+			lbDelay = st.RetryAfterMs
+		}
+	}
+	if lbDelay < 1000 || last.RetryAfterMs != lbDelay || last.RuleId != "tb" {
+		t.Fatalf("third check: retry_after_ms %d, rule %q; leaky bucket's delay %d (want >= 1000, at the top level, the token bucket binding)", last.RetryAfterMs, last.RuleId, lbDelay)
+	}
+}

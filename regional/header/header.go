@@ -53,13 +53,16 @@ type Answer struct {
 	Binding string
 	// Rules holds every matched rule's outcome.
 	Rules []Rule
+	// FailOpen: answered by the failure policy, the store having failed
+	// (CheckLimitResponse.fail_open); the buckets' state is unknown.
+	FailOpen bool
 }
 
 // FromProto is the Answer of a CheckLimit response to a request of cost
 // tokens. A response whose statuses do not list the binding rule (a server
 // that sends none) stands for it with its top-level fields.
 func FromProto(resp *ratelimitv1.CheckLimitResponse, cost int64) Answer {
-	a := Answer{Allowed: resp.GetAllowed(), Cost: cost, Binding: resp.GetRuleId(), Rules: make([]Rule, 0, len(resp.GetStatuses())+1)}
+	a := Answer{Allowed: resp.GetAllowed(), Cost: cost, Binding: resp.GetRuleId(), Rules: make([]Rule, 0, len(resp.GetStatuses())+1), FailOpen: resp.GetFailOpen()}
 	listed := false
 	for _, s := range resp.GetStatuses() {
 		a.Rules = append(a.Rules, Rule{ID: s.GetRuleId(), Allowed: s.GetAllowed(), Shadow: s.GetShadow(), Limit: s.GetLimit(),
@@ -128,9 +131,17 @@ type Field struct{ Name, Value string }
 //
 // None of them when no enforced rule bound the request (no rule matched,
 // or only shadow rules did: a rejection always has an enforced binding rule).
+// An answer of the failure policy (FailOpen) knows no bucket's state: it
+// carries X-RateLimit-Limit, RateLimit-Policy and, when rejected,
+// Retry-After, and no remaining tokens or reset that a client would take
+// for the bucket's (a remaining of 0 would hold back clients that pace
+// themselves on it, while the policy admits).
 func Fields(a Answer) []Field {
 	var out []Field
-	if b := a.binding(); b != nil {
+	if b := a.binding(); b != nil && a.FailOpen {
+		out = append(out, Field{Limit, strconv.FormatInt(b.Limit, 10)},
+			Field{Policy, fmt.Sprintf("%s;q=%d;w=%d", strconv.Quote(b.ID), b.Limit, max(ceilSeconds(b.WindowMs), 1))})
+	} else if b != nil {
 		name := strconv.Quote(b.ID)
 		limit, remaining := strconv.FormatInt(b.Limit, 10), strconv.FormatInt(b.Remaining, 10)
 		out = append(out, Field{Limit, limit}, Field{Remaining, remaining})

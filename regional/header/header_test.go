@@ -35,6 +35,10 @@ func TestFields(t *testing.T) {
 		{"never from a rule that is not the binding one", Answer{Cost: 5, Binding: "orders", Rules: []Rule{rejected, {ID: "small", Limit: 4, RetryAfterMs: -1}}},
 			[]Field{{Limit, "3"}, {Remaining, "0"}, {Reset, "3"}, {Policy, `"orders";q=3;w=3`}, {RateLimit, `"orders";r=0;t=3`}},
 			413, `rule "small"`},
+		{"failure policy allows: no remaining or reset", Answer{Allowed: true, FailOpen: true, Binding: "orders", Rules: []Rule{{ID: "orders", Allowed: true, Limit: 3, WindowMs: 3000}}},
+			[]Field{{Limit, "3"}, {Policy, `"orders";q=3;w=3`}}, 200, ""},
+		{"failure policy rejects (closed): Retry-After", Answer{FailOpen: true, Binding: "orders", Rules: []Rule{{ID: "orders", Limit: 3, RetryAfterMs: 1000, WindowMs: 3000}}},
+			[]Field{{Limit, "3"}, {Policy, `"orders";q=3;w=3`}, {RetryAfter, "1"}}, 429, "too many requests"},
 		{"shadow-only match: no headers", Answer{Allowed: true, Binding: "trial", Rules: []Rule{shadow}}, nil, 200, ""},
 		{"shadow rule never binds the headers", Answer{Allowed: true, Binding: "orders", Rules: []Rule{shadow, bucket}}, []Field{
 			{Limit, "3"}, {Remaining, "2"}, {Reset, "1"}, {Policy, `"orders";q=3;w=3`}, {RateLimit, `"orders";r=2;t=1`}}, 200, ""},
