@@ -420,7 +420,7 @@ func (e *Enforcer) bind(resp *Response) {
 		return
 	}
 	s := resp.Statuses[best]
-	resp.RuleID, resp.Limit, resp.Remaining, resp.ResetAfterMs, resp.windowMs = s.RuleID, s.Limit, s.Remaining, s.ResetAfterMs, s.WindowMs
+	resp.RuleID, resp.Limit, resp.Remaining, resp.ResetAfterMs, resp.WindowMs = s.RuleID, s.Limit, s.Remaining, s.ResetAfterMs, s.WindowMs
 	if !resp.Allowed {
 		resp.RetryAfterMs = s.RetryAfterMs
 		return

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -139,4 +140,36 @@ func hex4(b []byte) (rune, bool) {
 		r = r<<4 | rune(d)
 	}
 	return r, true
+}
+
+// exactFields refuses what encoding/json lets through in a body it decoded:
+// a field named in another case ("CLIENT_KEY" would fill client_key) and a
+// field given twice (the last would win), so that a body means one thing
+// to every reader.
+func exactFields(body []byte) (string, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if _, err := dec.Token(); err != nil { // '{', decoded once already
+		return "", fmt.Errorf("invalid JSON: %v", err)
+	}
+	seen := make([]bool, len(checkFields))
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return "", fmt.Errorf("invalid JSON: %v", err)
+		}
+		name, _ := t.(string)
+		i := slices.Index(checkFields, name)
+		switch {
+		case i < 0:
+			return name, fmt.Errorf("%s: unknown field (the fields are %s, spelled exactly)", name, strings.Join(checkFields, ", "))
+		case seen[i]:
+			return name, fmt.Errorf("%s: given twice", name)
+		}
+		seen[i] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return name, fmt.Errorf("invalid JSON: %v", err)
+		}
+	}
+	return "", nil
 }

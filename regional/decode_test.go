@@ -357,3 +357,52 @@ func TestSetRulesWarnsOfStrandedFloors(t *testing.T) {
 		t.Fatalf("want one warning, naming the stranded rule and min_share; got %q", warned)
 	}
 }
+
+// The HTTP API's field names are exact: encoding/json would fill
+// client_key from "CLIENT_KEY" and let the last of two keys win, so that
+// one body could mean two things to two readers. Errors name the field as
+// gRPC does, with no package prefix.
+func TestHTTPFieldsAreExact(t *testing.T) {
+	enf, mr := miniEnforcer(t)
+	srv := httptest.NewServer(NewHTTPHandler(enf, nil, nil))
+	t.Cleanup(srv.Close)
+	for _, tc := range []struct{ body, field, msg string }{
+		{`{"CLIENT_KEY":"dup","client_key":"x"}`, "CLIENT_KEY", "CLIENT_KEY: unknown field (the fields are client_key, resource, cost, attributes, spelled exactly)"},
+		{`{"client_key":"x","Resource":"tb"}`, "Resource", "Resource: unknown field"},
+		{`{"client_key":"a","client_key":"b"}`, "client_key", "client_key: given twice"},
+		{`[]`, "", "body: must be a JSON object, got array"},
+		{`{"client_key":5}`, "client_key", "client_key: must be a JSON string, got number"},
+		{`{"client_key":"u","attributes":[]}`, "attributes", "attributes: must be a JSON object, got array"},
+		{`{"resource":"tb"}`, "client_key", "client_key: is required"},
+	} {
+		resp, err := http.Post(srv.URL+"/v1/check", "application/json", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var eb errorBody
+		err = json.NewDecoder(resp.Body).Decode(&eb)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusBadRequest || eb.Field != tc.field || !strings.HasPrefix(eb.Error, tc.msg) {
+			t.Errorf("%s: got %d %+v (%v), want 400, field %q, error starting %q", tc.body, resp.StatusCode, eb, err, tc.field, tc.msg)
+		}
+	}
+	if keys := mr.Keys(); len(keys) != 0 {
+		t.Fatalf("refused requests reached the store: %q", keys)
+	}
+	// An answer has the gRPC fields, window_ms too (capacity 10 at 1/s: 10 s).
+	resp, err := http.Post(srv.URL+"/v1/check", "application/json", strings.NewReader(`{"client_key":"u"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		WindowMs *int64 `json:"window_ms"`
+		Statuses []struct {
+			WindowMs *int64 `json:"window_ms"`
+		} `json:"statuses"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || body.WindowMs == nil || *body.WindowMs != 10_000 ||
+		len(body.Statuses) != 1 || body.Statuses[0].WindowMs == nil || *body.Statuses[0].WindowMs != 10_000 {
+		t.Fatalf("answer %+v (%v): want window_ms 10000 at the top and in the status", body, err)
+	}
+}

@@ -187,7 +187,7 @@ type oneProto struct {
 // len(r.Statuses)).
 func toProtoInto(r Response, out *ratelimitv1.CheckLimitResponse, sts []ratelimitv1.RuleStatus, ptrs []*ratelimitv1.RuleStatus) {
 	out.Allowed, out.Limit, out.Remaining = r.Allowed, r.Limit, r.Remaining
-	out.RetryAfterMs, out.ResetAfterMs, out.RuleId, out.FailOpen, out.WindowMs = r.RetryAfterMs, r.ResetAfterMs, r.RuleID, r.FailOpen, r.windowMs
+	out.RetryAfterMs, out.ResetAfterMs, out.RuleId, out.FailOpen, out.WindowMs = r.RetryAfterMs, r.ResetAfterMs, r.RuleID, r.FailOpen, r.WindowMs
 	for i, s := range r.Statuses {
 		sts[i] = ratelimitv1.RuleStatus{RuleId: s.RuleID, Allowed: s.Allowed, Limit: s.Limit, Remaining: s.Remaining,
 			RetryAfterMs: s.RetryAfterMs, ResetAfterMs: s.ResetAfterMs, Shadow: s.Shadow, WindowMs: s.WindowMs}

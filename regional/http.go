@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"unicode/utf8"
 
@@ -101,7 +102,7 @@ func (h *HTTPHandler) check(w http.ResponseWriter, r *http.Request) {
 		var re *RequestError
 		switch {
 		case errors.As(err, &re):
-			badRequest(w, http.StatusBadRequest, re.Field, re.Error())
+			badRequest(w, http.StatusBadRequest, re.Field, re.Field+": "+re.Msg) // as gRPC says it
 		case errors.Is(err, ErrNoRules):
 			badRequest(w, http.StatusServiceUnavailable, "", err.Error())
 		default:
@@ -110,6 +111,24 @@ func (h *HTTPHandler) check(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeAnswer(w, resp, req.Cost)
+}
+
+// jsonKind names a Go kind as JSON spells its values.
+func jsonKind(k reflect.Kind) string {
+	switch k {
+	case reflect.Struct, reflect.Map:
+		return "object"
+	case reflect.Slice, reflect.Array:
+		return "array"
+	case reflect.Bool:
+		return "boolean"
+	case reflect.String:
+		return "string"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "integer"
+	}
+	return k.String()
 }
 
 // decodeCheck parses a strict JSON CheckLimit request. It returns the name
@@ -132,7 +151,11 @@ func decodeCheck(body []byte) (Request, string, error) {
 		var se *json.SyntaxError
 		switch {
 		case errors.As(err, &te):
-			return req, te.Field, fmt.Errorf("%s: must be a JSON %s", te.Field, te.Type.Kind())
+			field := te.Field
+			if field == "" {
+				field = "body"
+			}
+			return req, te.Field, fmt.Errorf("%s: must be a JSON %s, got %s", field, jsonKind(te.Type.Kind()), te.Value)
 		case errors.As(err, &se):
 			return req, "", fmt.Errorf("invalid JSON at offset %d: %v", se.Offset, se)
 		case strings.HasPrefix(err.Error(), "json: unknown field "):
@@ -145,6 +168,9 @@ func decodeCheck(body []byte) (Request, string, error) {
 	}
 	if dec.More() {
 		return req, "", errors.New("invalid JSON: data after the object")
+	}
+	if field, err := exactFields(body); err != nil {
+		return req, field, err
 	}
 	return req, "", nil
 }

@@ -141,8 +141,8 @@ type Status struct {
 	ResetAfterMs int64  `json:"reset_after_ms"`
 	Shadow       bool   `json:"shadow"`
 	// WindowMs is the rule's window (window algorithms) or the time to refill
-	// from empty (buckets); used for the RateLimit-Policy header.
-	WindowMs int64 `json:"-"`
+	// from empty (buckets); the w of the RateLimit-Policy header.
+	WindowMs int64 `json:"window_ms"`
 }
 
 // Response is the answer to a Request. Limit, Remaining, RetryAfterMs and
@@ -161,8 +161,8 @@ type Response struct {
 	// the store: rejected (unless only shadow rules matched), nothing
 	// consumed. Over gRPC it is the response header "apportion-shed".
 	Shed bool `json:"shed,omitempty"`
-
-	windowMs int64
+	// WindowMs is the binding rule's (Status.WindowMs).
+	WindowMs int64 `json:"window_ms"`
 }
 
 // RequestError is a bad request; Field names the offending field.
