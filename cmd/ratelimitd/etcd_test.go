@@ -17,6 +17,8 @@ import (
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/admin"
 	"github.com/apportion/apportion/rules/etcdstore"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 var adminRE = regexp.MustCompile(`admin=(\S+)`)
@@ -252,4 +254,72 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// An enforcer started while etcd is down listens at once: /healthz 200,
+// /readyz 503, checks Unavailable, no ready line; once etcd is back it
+// loads the rules, prints the ready line and enforces them.
+func TestStartsWhileEtcdDown(t *testing.T) {
+	integration(t)
+	et := testutil.StartEtcd(t)
+	r := testutil.StartRedis(t)
+	st, err := etcdstore.New(et.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := rules.Rule{ID: "orders", Match: map[string]string{"resource": "POST /orders"}, Algorithm: rules.TokenBucket, Capacity: 7, RefillPerSecond: 1}
+	if _, err := st.Put(context.Background(), rule, etcdstore.MustNotExist); err != nil {
+		t.Fatal(err)
+	}
+	et.Stop()
+
+	grpcAddr := "127.0.0.1:" + strconv.Itoa(testutil.FreePort(t))
+	httpAddr := "127.0.0.1:" + strconv.Itoa(testutil.FreePort(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	stdout, stderr := &testutil.SyncBuffer{}, &testutil.SyncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--region", "us-east", "--redis-addr", r.Addr, "--grpc-addr", grpcAddr, "--http-addr", httpAddr,
+			"--etcd-endpoints", et.Endpoint, "--timeout", "1s"}, stdout, stderr)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			t.Errorf("run did not return within 15s of cancel")
+		}
+	})
+	get := func(path string) int {
+		resp, err := http.Get("http://" + httpAddr + path)
+		if err != nil {
+			return 0
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	testutil.WaitFor(t, 10*time.Second, "/healthz while etcd is down", func() bool { return get("/healthz") == http.StatusOK })
+	if code := get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz with no rule set: %d, want 503", code)
+	}
+	c := dial(t, grpcAddr)
+	cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_, err = c.CheckLimit(cctx, &ratelimitv1.CheckLimitRequest{ClientKey: "k", Resource: "POST /orders"})
+	ccancel()
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("check with no rule set: %v, want Unavailable", err)
+	}
+	if readyRE.MatchString(stdout.String()) {
+		t.Errorf("ready line printed with no rule set: %q", stdout.String())
+	}
+
+	et.Restart(t)
+	testutil.WaitFor(t, 30*time.Second, "the ready line after etcd's return", func() bool { return readyRE.MatchString(stdout.String()) })
+	if code := get("/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz with the rules loaded: %d, want 200", code)
+	}
+	if id, limit := limitOf(t, c, "k"); id != "orders" || limit != 7 {
+		t.Errorf("after etcd's return: rule %q limit %d, want orders 7", id, limit)
+	}
 }

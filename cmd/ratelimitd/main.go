@@ -6,7 +6,8 @@
 //	ratelimitd --version
 //
 // Every flag also reads APPORTION_<FLAG> (upper snake case). It prints one
-// line "ready grpc=ADDR http=ADDR" once it serves. See regional/enforcerd.
+// line "ready grpc=ADDR http=ADDR" once it serves a rule set (its ports
+// answer /healthz, and /readyz 503, before). See regional/enforcerd.
 package main
 
 import (

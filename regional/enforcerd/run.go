@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -24,6 +25,7 @@ import (
 	"github.com/apportion/apportion/internal/backend"
 	"github.com/apportion/apportion/internal/flagenv"
 	"github.com/apportion/apportion/internal/serve"
+	"github.com/apportion/apportion/internal/tlsconfig"
 	"github.com/apportion/apportion/regional"
 	"github.com/apportion/apportion/regional/envoy"
 	"github.com/apportion/apportion/regional/redisstore"
@@ -184,8 +186,10 @@ const dialBreaker = 1024
 // Run parses the ratelimitd command line, starts the enforcer and blocks
 // until ctx is done, then shuts down gracefully: it stops accepting, finishes
 // in-flight checks, and closes. It prints "ready grpc=ADDR http=ADDR" to
-// stdout once it serves (with " admin=ADDR" when the admin API is on, then
-// " metrics=ADDR" with --metrics-addr).
+// stdout once it serves a rule set (with " admin=ADDR" when the admin API is
+// on, then " metrics=ADDR" with --metrics-addr); its ports listen before
+// that, answering /readyz 503 and checks Unavailable until the first rule
+// set is loaded (etcd down at start).
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
@@ -328,13 +332,6 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}()
 	defer wg.Wait()
 	defer stopSrc()
-	select {
-	case <-first:
-	case err := <-srcErr:
-		return fmt.Errorf("rules: %w", err)
-	case <-ctx.Done():
-		return nil
-	}
 
 	tp, err := o.tracing.start(ctx, o.region)
 	if err != nil {
@@ -402,30 +399,24 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		serving.Go(func() { serveErr <- serve.HTTP(hs, listeners[i]) })
 	}
 	serving.Go(func() { serveErr <- gs.Serve(lis.grpc) })
-	svc.SetServing(true)
-	log.Info("serving", "grpc", lis.grpc.Addr().String(), "http", lis.http.Addr().String(), "rules", len(enf.Rules()),
-		"tls", tlsSrv != nil, "mutual_tls", tlsSrv != nil && tlsSrv.MutualTLS())
-	line := fmt.Sprintf("ready grpc=%s http=%s", lis.grpc.Addr(), lis.http.Addr())
-	if lis.admin != nil {
-		log.Info("admin API serving", "addr", lis.admin.Addr().String())
-		line += " admin=" + lis.admin.Addr().String()
-	}
-	if lis.metrics != nil {
-		log.Info("metrics and health serving", "addr", lis.metrics.Addr().String())
-		line += " metrics=" + lis.metrics.Addr().String()
-	}
-	fmt.Fprintln(stdout, line)
 
+	// The ports serve before the first rule set arrives (an enforcer that
+	// starts while etcd is down): /healthz answers, /readyz is 503, checks
+	// are Unavailable (regional.ErrNoRules) and the gRPC health service
+	// says NOT_SERVING; the ready line and SERVING wait for the rules.
 	var runErr error
+	loaded := false
 	select {
-	case <-ctx.Done():
+	case <-first:
+		loaded = true
+	case err := <-srcErr:
+		runErr = fmt.Errorf("rules: %w", err)
 	case err := <-serveErr:
 		runErr = fmt.Errorf("server stopped: %w", err)
-	case err := <-srcErr:
-		if err != nil && srcCtx.Err() == nil {
-			log.Error("rule source stopped; serving the last good rule set", "error", err)
-		}
-		<-ctx.Done()
+	case <-ctx.Done():
+	}
+	if loaded {
+		runErr = serveUntilDone(ctx, log, stdout, svc, enf, lis, tlsSrv, serveErr, srcErr, srcCtx)
 	}
 
 	log.Info("shutting down: finishing in-flight checks")
@@ -448,6 +439,39 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	log.Info("stopped")
 	return runErr
+}
+
+// serveUntilDone announces that the enforcer serves (the gRPC health
+// service, the log, the ready line on stdout) and waits until ctx ends or
+// a server stops; a rule source that stops leaves the last good rule set
+// serving.
+func serveUntilDone(ctx context.Context, log *slog.Logger, stdout io.Writer, svc *regional.GRPCService, enf *regional.Enforcer,
+	lis *listeners, tlsSrv *tlsconfig.Server, serveErr, srcErr <-chan error, srcCtx context.Context) error {
+	svc.SetServing(true)
+	log.Info("serving", "grpc", lis.grpc.Addr().String(), "http", lis.http.Addr().String(), "rules", len(enf.Rules()),
+		"tls", tlsSrv != nil, "mutual_tls", tlsSrv != nil && tlsSrv.MutualTLS())
+	line := fmt.Sprintf("ready grpc=%s http=%s", lis.grpc.Addr(), lis.http.Addr())
+	if lis.admin != nil {
+		log.Info("admin API serving", "addr", lis.admin.Addr().String())
+		line += " admin=" + lis.admin.Addr().String()
+	}
+	if lis.metrics != nil {
+		log.Info("metrics and health serving", "addr", lis.metrics.Addr().String())
+		line += " metrics=" + lis.metrics.Addr().String()
+	}
+	fmt.Fprintln(stdout, line)
+
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		return fmt.Errorf("server stopped: %w", err)
+	case err := <-srcErr:
+		if err != nil && srcCtx.Err() == nil {
+			log.Error("rule source stopped; serving the last good rule set", "error", err)
+		}
+		<-ctx.Done()
+	}
+	return nil
 }
 
 // startCPUProfile profiles the process into path until stop is called.
