@@ -252,14 +252,14 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 						p.take = p.req.Cost
 						again = append(again, i)
 					} else {
-						p.resp = e.fromStore(p.ms, answers[j])
+						p.resp = e.fromStore(p.ms, answers[j], p.req.Cost)
 					}
 					e.leases.done(p.ms[0].bucket.Key, 0, p.ms[0].leaseLife(), true)
 					continue
 				}
 				e.leases.done(p.ms[0].bucket.Key, p.take-p.req.Cost, p.ms[0].leaseLife(), false)
 			}
-			p.resp = e.fromStore(p.ms, answers[j])
+			p.resp = e.fromStore(p.ms, answers[j], p.req.Cost)
 		case "queue_timeout":
 			e.leaseAbandon(p)
 			p.resp = e.shedAnswer(p.ms, kind)
@@ -377,13 +377,28 @@ func (e *Enforcer) match(c *compiled, req *Request) []matched {
 	return out
 }
 
-// fromStore builds the response from the store's answer.
-func (e *Enforcer) fromStore(ms []matched, ans redisstore.Answer) Response {
+// shareRetryAfter is the retry_after_ms of a coordinated global rule
+// whose share here is below the cost now (see fromStore).
+const shareRetryAfter = time.Second
+
+// fromStore builds the response from the store's answer to a request of
+// cost tokens.
+//
+// The store answers "never" (retry -1) when the cost is above the bucket's
+// capacity or its rate is zero. For a coordinated global rule that bucket
+// is this region's share, which the sync agents move to where the demand
+// is (a rejection is reported as demand): unless the cost is above the
+// whole rule's limit, waiting can help, and the answer says to try again
+// after shareRetryAfter (a 429 with Retry-After, not a 413).
+func (e *Enforcer) fromStore(ms []matched, ans redisstore.Answer, cost int64) Response {
 	resp := Response{Allowed: ans.Allowed, Statuses: make([]Status, len(ms))}
 	for i, m := range ms {
 		r := ans.Results[i]
 		resp.Statuses[i] = Status{RuleID: m.rule.ID, Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining,
 			RetryAfterMs: r.RetryAfterMs, ResetAfterMs: r.ResetAfterMs, Shadow: m.rule.Shadow, WindowMs: m.params.windowMs}
+		if m.params.global != nil && !r.Allowed && r.RetryAfterMs < 0 && max(cost, 1) <= m.wholeTokens() {
+			resp.Statuses[i].RetryAfterMs = shareRetryAfter.Milliseconds()
+		}
 	}
 	e.bind(&resp)
 	return resp

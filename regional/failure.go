@@ -180,9 +180,17 @@ func (e *Enforcer) failurePolicy(ms []matched, cost int64, cause error) Response
 }
 
 func (m matched) limitTokens() int64 {
-	if g := m.params.global; g != nil {
+	if g := m.params.global; g != nil && m.params.algorithm == rules.TokenBucket {
 		return m.params.capacity * g.Floor / g.Units / 1000
+	} else if g != nil { // a global window
+		return m.params.limit * g.Floor / g.Units
 	}
+	return m.wholeTokens()
+}
+
+// wholeTokens is the rule's limit in tokens, over every region for a
+// global rule: a bucket's capacity, a window's limit.
+func (m matched) wholeTokens() int64 {
 	if m.params.algorithm == rules.TokenBucket || m.params.algorithm == rules.LeakyBucket {
 		return m.params.capacity / 1000
 	}

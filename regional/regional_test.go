@@ -588,3 +588,24 @@ func TestLeakyDelayAtTopLevel(t *testing.T) {
 		t.Fatalf("third check: retry_after_ms %d, rule %q; leaky bucket's delay %d (want >= 1000, at the top level, the token bucket binding)", last.RetryAfterMs, last.RuleId, lbDelay)
 	}
 }
+
+// A global rule's share here moves to where the demand is, so a cost above
+// the share now but within the rule's limit is "try again" (429, retry
+// after shareRetryAfter), not "never" (413, retry -1); a cost above the
+// whole limit stays never.
+func TestGlobalShareBelowCostIsNotNever(t *testing.T) {
+	g := tokenBucket("global", 100, 0.001)
+	g.Scope = rules.Global
+	g.Regions = map[string]float64{"us-east": 2, "eu-west": 1, "ap-south": 1}
+	g.MinShare = 0.1 // us-east's floor, with no agent: 5 tokens
+	e := newEnv(t, []rules.Rule{g}, nil)
+	if r := e.check(t, "a", "GET /", 6); r.Allowed || r.RetryAfterMs != shareRetryAfter.Milliseconds() || r.Limit != 5 {
+		t.Fatalf("cost 6 over a share of 5 (limit 100): %+v, want rejected, limit 5, retry after %v", r, shareRetryAfter)
+	}
+	if r := e.check(t, "a", "GET /", 101); r.Allowed || r.RetryAfterMs != -1 {
+		t.Fatalf("cost 101 over the rule's limit of 100: %+v, want rejected for good (retry -1)", r)
+	}
+	if r := e.check(t, "a", "GET /", 5); !r.Allowed {
+		t.Fatalf("cost 5 within the share: %+v", r)
+	}
+}

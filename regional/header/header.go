@@ -198,7 +198,8 @@ func Set(h http.Header, a Answer) {
 //     cost or a higher limit can; no Retry-After;
 //   - 429 Too Many Requests otherwise; when a rule reports that waiting
 //     cannot help for another reason (its share of the rate is zero in this
-//     region) the sentence says so and there is no Retry-After.
+//     region for good: a global rule's static share) the sentence says so
+//     and there is no Retry-After.
 func Status(a Answer) (int, string) {
 	if a.Allowed {
 		return http.StatusOK, ""
