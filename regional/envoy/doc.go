@@ -12,18 +12,31 @@
 //     client_key, remote_address, generic_key, user_id, api_key, in that
 //     order of preference); without one, the descriptor's identity: its
 //     entries as key=value joined by "|" (envoyconfig.Identity), e.g.
-//     "key1=foo" or "source_cluster=proxy|destination_cluster=mock". A value
-//     over regional.MaxClientKeyBytes is replaced by "sha256:" and its hex
-//     SHA-256.
+//     "key1=foo" or "source_cluster=proxy|destination_cluster=mock". Over
+//     regional.MaxClientKeyBytes it is hashed (below).
 //   - Resource: the value of the "resource" entry; else the request's domain,
 //     a space and the value of the first resource entry (WithResourceEntries;
-//     default path, header_match), e.g. "edge /orders"; else the domain alone.
+//     default path, header_match), e.g. "edge /orders"; else the domain
+//     alone. Over 1024 bytes, it is hashed as a whole.
 //   - Attributes: every entry, key -> value (the first of repeated keys
-//     wins; a value over 1024 bytes becomes its "sha256:" form), "domain" ->
-//     the request's domain unless an entry is named so, and
-//     "envoy.descriptor" -> the identity. Entries named envoy.descriptor,
-//     envoy.node, envoy.name, envoy.replaces, envoy.limit, envoy.quota or
-//     envoy.share are not attributes: this service sets those.
+//     wins; a key or value over 1024 bytes is hashed), "domain" -> the
+//     request's domain (hashed over 1024 bytes) unless an entry is named so,
+//     and "envoy.descriptor" -> the identity (envoyconfig.Identity). Entries
+//     named envoy.descriptor, envoy.node, envoy.name, envoy.replaces,
+//     envoy.limit, envoy.quota or envoy.share are not attributes: this
+//     service sets those. With more than 64 attributes (a check's maximum),
+//     only those that the rules matching the descriptor read (match keys
+//     and key parts) are kept, rule by rule in id order; a rule whose
+//     attributes do not fit beside those of the rules before it is not
+//     applied, as if it did not match, and a descriptor to which no rule can
+//     be applied is OK without current_limit, like one no rule matches.
+//   - Hashing: a part that does not fit the enforcer (over its limit, or not
+//     valid UTF-8), and one that is already of the hashed form, is replaced
+//     by "sha256:" and the hex SHA-256 of it. That is injective: a kept part
+//     never has the hashed form, so two different parts never share a
+//     bucket or a match value, and a client cannot send the hashed form of a
+//     long value to be counted as (or match a rule written for) that value.
+//     A rule matches a long part by its hashed form, or by "*".
 //   - Cost: the descriptor's hits_addend when set, else the request's;
 //     0 means 1. A descriptor with is_negative_hits (a refund) is answered OK
 //     and consumes nothing: apportion does not refund. A descriptor without
@@ -75,9 +88,13 @@
 // unreachable (fail_open in ratelimit.v1) is OK when it allows, so a Redis
 // outage never turns into rejections unless a rule says failure_mode closed.
 //
-// Invariant: every descriptor envoyproxy/ratelimit accepts is answered (the
-// call fails only with no or too many descriptors, a hits_addend beyond
-// any cost, or no rule set loaded yet). Descriptors are checked
+// Invariant: every descriptor envoyproxy/ratelimit accepts is answered, on
+// its own, and within the enforcer's limits whatever its size (the call
+// fails only with no or too many descriptors, a hits_addend beyond any
+// cost, or no rule set loaded yet; FuzzShouldRateLimit checks it). A
+// descriptor the enforcer would still refuse is answered alone, OK without
+// current_limit as one no rule matches, and counted as invalid in
+// apportion_requests_total; no other descriptor's answer changes. Descriptors are checked
 // concurrently and independently, not as one atomic bucket set (they may
 // name different client keys, and a Check takes one): like
 // envoyproxy/ratelimit, a descriptor that passes consumes its tokens even

@@ -115,21 +115,27 @@ func (s *service) trees() *trees {
 
 // ShouldRateLimit implements envoy.service.ratelimit.v3.RateLimitService.
 func (s *service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	out, _, err := s.answer(ctx, in)
+	return out, err
+}
+
+// answer is ShouldRateLimit, also returning the descriptors' checks (for tests).
+func (s *service) answer(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, []check, error) {
 	ds := in.GetDescriptors()
 	switch {
 	case len(ds) == 0:
-		return nil, status.Error(codes.InvalidArgument, "descriptors: at least one descriptor is required")
+		return nil, nil, status.Error(codes.InvalidArgument, "descriptors: at least one descriptor is required")
 	case len(ds) > MaxDescriptors:
-		return nil, status.Errorf(codes.InvalidArgument, "descriptors: %d descriptors, the maximum is %d", len(ds), MaxDescriptors)
+		return nil, nil, status.Errorf(codes.InvalidArgument, "descriptors: %d descriptors, the maximum is %d", len(ds), MaxDescriptors)
 	}
 	if !s.e.Ready() {
-		return nil, status.Error(codes.Unavailable, regional.ErrNoRules.Error())
+		return nil, nil, status.Error(codes.Unavailable, regional.ErrNoRules.Error())
 	}
 	t := s.trees()
 	checks := make([]check, len(ds))
 	for i, d := range ds {
 		if err := s.mapDescriptor(in, i, d, &checks[i]); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		checks[i].node = t.resolve(in.GetDomain(), checks[i].path)
 	}
@@ -145,6 +151,7 @@ func (s *service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReques
 			continue
 		}
 		c.route()
+		c.fit(t.ix)
 		run := func() {
 			c.resp, c.err = s.e.Check(ctx, c.req)
 			s.e.CountRequest("envoy", c.resp, c.err)
@@ -164,7 +171,7 @@ func (s *service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReques
 	for i := range checks {
 		c := &checks[i]
 		if err := c.finish(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out.Statuses[i] = c.status
 		quota := c.node != nil && c.node.quota && c.node.kind != kindUnlimited
@@ -210,7 +217,7 @@ func (s *service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitReques
 			out.RawBody = []byte(checks[i].costErr + "\n")
 		}
 	}
-	return out, nil
+	return out, checks, nil
 }
 
 func hasRetryAfter(fs []header.Field) bool {
@@ -221,10 +228,6 @@ func hasRetryAfter(fs []header.Field) bool {
 	}
 	return false
 }
-
-// grpcError maps enforcer errors to gRPC status codes (regional.GRPCStatus),
-// naming fields as the descriptor spells them.
-func grpcError(err error, c *check) error { return regional.GRPCStatus(err, c.field) }
 
 // tighter reports whether descriptor a binds the client more than b:
 // rejected before allowed, then rejected for good (waiting cannot help)

@@ -2,8 +2,11 @@ package envoy
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"strings"
 	"testing"
@@ -111,17 +114,42 @@ func (rawCodec) Marshal(v any) ([]byte, error) {
 }
 func (rawCodec) Unmarshal(b []byte, v any) error { return proto.Unmarshal(b, v.(proto.Message)) }
 
-// FuzzShouldRateLimit: every request that decodes gets either an answer
-// per descriptor that encodes, or InvalidArgument naming the part at fault
-// (a descriptor, an entry, the domain or hits_addend), never another code,
-// and every descriptor's code is OK or OVER_LIMIT.
+// FuzzShouldRateLimit: every request that decodes (every request the
+// Envoy protocol accepts) gets an answer per descriptor that encodes, each
+// OK or OVER_LIMIT, and every descriptor is checked within the enforcer's
+// limits (none refused by it, but for a cost above its maximum, which is
+// that descriptor's OVER_LIMIT); the call fails only as documented:
+// InvalidArgument for no descriptors, more than MaxDescriptors, or a
+// hits_addend above 2^63-1, naming it.
 func FuzzShouldRateLimit(f *testing.F) {
+	long := strings.Repeat("a", 1100)
+	many := func(n int) *ratelimitv3.RateLimitDescriptor {
+		d := &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+			{Key: "remote_address", Value: "10.0.0.1"}, {Key: "path", Value: "/many"}}}
+		for i := len(d.Entries); i < n; i++ {
+			d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: fmt.Sprintf("e%d", i), Value: "v"})
+		}
+		return d
+	}
 	for _, in := range []*rlsv3.RateLimitRequest{
 		{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
 			{Key: "remote_address", Value: "10.0.0.1"}, {Key: "path", Value: "/orders"}, {Key: "tier", Value: "free"}}}}, HitsAddend: 2},
 		{Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "client_key", Value: "u"}, {Key: "resource", Value: "GET /"}}, HitsAddend: wrapperspb.UInt64(3)},
 			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "api_key", Value: ""}, {Key: "user_id", Value: "v"}}, IsNegativeHits: true}}},
+		// The tester's report: a long :path with its query string.
+		{Domain: "edge2", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "198.51.100.9"}}},
+			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "198.51.100.9"}, {Key: "path", Value: "/index.html?q=" + long}}}}},
+		{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+			{Key: "client_key", Value: "u"}, {Key: "path", Value: strings.Repeat("p", 1018)}}}}},
+		{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+			{Key: "client_key", Value: "u"}, {Key: "resource", Value: long}}}}},
+		{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+			{Key: "client_key", Value: "u"}, {Key: long, Value: "v"}, {Key: hashedForm(long), Value: "w"}}}}},
+		{Domain: long, Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+			{Key: "tier", Value: "free"}}}}},
+		{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{many(62), many(63), many(64), many(65), many(200)}},
 	} {
 		b, err := proto.Marshal(in)
 		if err != nil {
@@ -135,11 +163,10 @@ func FuzzShouldRateLimit(f *testing.F) {
 		if proto.Unmarshal(data, in) != nil {
 			return // the codec answers InvalidArgument (TestMalformedRequestIsInvalidArgument)
 		}
-		resp, err := s.ShouldRateLimit(context.Background(), in)
-		if err != nil {
-			msg := status.Convert(err).Message()
-			if status.Code(err) != codes.InvalidArgument || !(strings.HasPrefix(msg, "descriptors") || strings.HasPrefix(msg, "domain") || strings.HasPrefix(msg, "hits_addend")) {
-				t.Fatalf("got %v: want InvalidArgument naming the part at fault", err)
+		resp, checks, err := s.answer(context.Background(), in)
+		if want := refusal(in); want != "" || err != nil {
+			if msg := status.Convert(err).Message(); status.Code(err) != codes.InvalidArgument || want == "" || !strings.HasPrefix(msg, want) {
+				t.Fatalf("got %v: want the call refused only as documented (%q)", err, want)
 			}
 			return
 		}
@@ -150,9 +177,41 @@ func FuzzShouldRateLimit(f *testing.F) {
 			if c := st.GetCode(); c != rlsv3.RateLimitResponse_OK && c != rlsv3.RateLimitResponse_OVER_LIMIT {
 				t.Fatalf("descriptor %d: code %v", i, c)
 			}
+			c := &checks[i]
+			var re *regional.RequestError
+			if errors.As(c.err, &re) && (re.Field != "cost" || st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT) {
+				t.Fatalf("descriptor %d: the enforcer refused its mapping: %v", i, c.err)
+			}
+			if c.needsCheck() && (len(c.req.Attributes) > maxAttributes || len(c.req.Resource) > maxFieldBytes ||
+				len(c.req.ClientKey) > regional.MaxClientKeyBytes) {
+				t.Fatalf("descriptor %d: mapped beyond the enforcer's limits: %d attributes, %d-byte resource, %d-byte client key",
+					i, len(c.req.Attributes), len(c.req.Resource), len(c.req.ClientKey))
+			}
 		}
 		if _, err := proto.Marshal(resp); err != nil {
 			t.Fatalf("answer does not encode: %v", err)
 		}
 	})
+}
+
+// refusal is the start of the message of the documented InvalidArgument
+// for in, or "" when every descriptor must be answered.
+func refusal(in *rlsv3.RateLimitRequest) string {
+	ds := in.GetDescriptors()
+	switch {
+	case len(ds) == 0:
+		return "descriptors: at least one descriptor is required"
+	case len(ds) > MaxDescriptors:
+		return fmt.Sprintf("descriptors: %d descriptors, the maximum is %d", len(ds), MaxDescriptors)
+	}
+	for i, d := range ds {
+		field, cost := "hits_addend", uint64(in.GetHitsAddend())
+		if h := d.GetHitsAddend(); h != nil {
+			field, cost = fmt.Sprintf("descriptors[%d].hits_addend", i), h.GetValue()
+		}
+		if cost > math.MaxInt64 {
+			return fmt.Sprintf("%s: %d is above the maximum", field, cost)
+		}
+	}
+	return ""
 }

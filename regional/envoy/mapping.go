@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/apportion/apportion/regional"
 	"github.com/apportion/apportion/regional/redisstore"
@@ -23,11 +24,9 @@ import (
 // check is one descriptor: its mapping to an enforcer request, the
 // configuration node it resolved to, and its answer.
 type check struct {
-	index     int
 	entries   []*ratelimitv3.RateLimitDescriptor_Entry
 	path      []envoyconfig.Entry
 	keyEntry  int    // entry that gave the client key; -1: the descriptor's identity
-	resEntry  int    // entry that gave the resource; -1: the domain alone
 	costField string // where the cost came from
 	skip      bool   // a refund (is_negative_hits) or no entries: answered OK, nothing checked
 	node      *node  // the imported node with a rate_limit it resolved to; nil: none (or replaced)
@@ -45,22 +44,75 @@ type check struct {
 var reserved = []string{envoyconfig.AttrDescriptor, envoyconfig.AttrNode, envoyconfig.AttrName,
 	envoyconfig.AttrReplaces, envoyconfig.AttrLimit, envoyconfig.AttrQuota, envoyconfig.AttrShare}
 
-// hashed is s when it is at most max bytes, else "sha256:" and its hex
-// SHA-256: an identity within the enforcer's limits for any value.
-func hashed(s string, max int) string {
-	if len(s) <= max {
+// The enforcer's limits on a request (regional's, which TestEnforcerLimits
+// checks): a resource, an attribute's key and an attribute's value are at
+// most maxFieldBytes of valid UTF-8 each, and a request has at most
+// maxAttributes attributes. A client key is at most regional.MaxClientKeyBytes.
+const (
+	maxFieldBytes = rules.MaxMatchValueLen
+	maxAttributes = 64
+)
+
+// hashPrefix begins every hashed form: "sha256:" and 64 lowercase hex digits.
+const hashPrefix = "sha256:"
+
+// hashedForm is "sha256:" and the hex SHA-256 of s (71 bytes).
+func hashedForm(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hashPrefix + hex.EncodeToString(sum[:])
+}
+
+// isHashedForm reports whether s is of the form hashedForm returns.
+func isHashedForm(s string) bool {
+	if len(s) != len(hashPrefix)+2*sha256.Size || !strings.HasPrefix(s, hashPrefix) {
+		return false
+	}
+	for i := len(hashPrefix); i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// mapped is s as a field of an enforcer request that takes at most max
+// bytes: s itself when it is at most max bytes of valid UTF-8 and not of the
+// hashed form, else hashedForm(s). It is injective: a kept s is never of
+// the hashed form and a hashed one always is, so a hashed form never equals
+// a kept value, and two different hashed values differ (barring a SHA-256
+// collision). So every value gets its own bucket and match value, long ones
+// included, and a client cannot send the hashed form of another value to
+// share its bucket: that form is hashed again.
+func mapped(s string, max int) string {
+	if len(s) <= max && !isHashedForm(s) && utf8.ValidString(s) {
 		return s
 	}
-	sum := sha256.Sum256([]byte(s))
-	return "sha256:" + hex.EncodeToString(sum[:])
+	return hashedForm(s)
+}
+
+// identity is the envoy.descriptor attribute of a descriptor whose entries
+// (or, at share_threshold levels, wildcard values) are path:
+// envoyconfig.Identity, whose hashed form is already that of mapped (its
+// un-hashed form always holds a "=", so it never has the hashed form), made
+// valid UTF-8 the same way.
+func identity(path []envoyconfig.Entry) string {
+	id := envoyconfig.Identity(path, maxFieldBytes)
+	if isHashedForm(id) {
+		return id
+	}
+	return mapped(id, maxFieldBytes)
 }
 
 // mapDescriptor maps descriptor i of in to c. It fails only on a
 // hits_addend beyond any cost (InvalidArgument naming it): envoyproxy/ratelimit
-// limits any descriptor, and so does this service.
+// limits any descriptor, and so does this service. Every part is mapped
+// within the enforcer's limits (mapped): a client key over
+// regional.MaxClientKeyBytes, and a resource, an entry key or value and the
+// domain over maxFieldBytes, are hashed; fit then keeps the number of
+// attributes within maxAttributes.
 func (s *service) mapDescriptor(in *rlsv3.RateLimitRequest, i int, d *ratelimitv3.RateLimitDescriptor, c *check) error {
 	entries := d.GetEntries()
-	*c = check{index: i, entries: entries, keyEntry: -1, resEntry: -1, costField: "hits_addend"}
+	*c = check{entries: entries, keyEntry: -1, costField: "hits_addend"}
 	cost := uint64(in.GetHitsAddend())
 	if h := d.GetHitsAddend(); h != nil {
 		cost, c.costField = h.GetValue(), fmt.Sprintf("descriptors[%d].hits_addend", i)
@@ -77,39 +129,42 @@ func (s *service) mapDescriptor(in *rlsv3.RateLimitRequest, i int, d *ratelimitv
 	attrs := make(map[string]string, len(entries)+3)
 	for j, e := range entries {
 		c.path[j] = envoyconfig.Entry{Key: e.GetKey(), Value: e.GetValue()}
-		if _, dup := attrs[e.GetKey()]; !dup {
-			attrs[e.GetKey()] = hashed(e.GetValue(), rules.MaxMatchValueLen)
+		k := mapped(e.GetKey(), maxFieldBytes)
+		if _, dup := attrs[k]; !dup {
+			attrs[k] = mapped(e.GetValue(), maxFieldBytes)
 		}
 	}
 	for _, k := range reserved {
 		delete(attrs, k)
 	}
-	identity := envoyconfig.Identity(c.path, rules.MaxMatchValueLen)
-	attrs[envoyconfig.AttrDescriptor] = identity
+	id := identity(c.path)
+	attrs[envoyconfig.AttrDescriptor] = id
 	if dom := in.GetDomain(); dom != "" {
 		if _, ok := attrs[AttrDomain]; !ok {
-			attrs[AttrDomain] = dom
+			attrs[AttrDomain] = mapped(dom, maxFieldBytes)
 		}
 	}
 
 	clientKey := ""
 	for _, k := range s.clientKeys {
 		if j := c.find(k); j >= 0 && entries[j].GetValue() != "" {
-			c.keyEntry, clientKey = j, hashed(entries[j].GetValue(), regional.MaxClientKeyBytes)
+			c.keyEntry, clientKey = j, mapped(entries[j].GetValue(), regional.MaxClientKeyBytes)
 			break
 		}
 	}
 	if c.keyEntry < 0 {
-		clientKey = hashed(identity, regional.MaxClientKeyBytes)
+		// The identity's hashed form is already the one mapped gives.
+		if clientKey = id; !isHashedForm(id) {
+			clientKey = mapped(id, regional.MaxClientKeyBytes)
+		}
 	}
 
 	resource := in.GetDomain()
 	if j := c.find(EntryResource); j >= 0 {
-		c.resEntry, resource = j, entries[j].GetValue()
+		resource = entries[j].GetValue()
 	} else {
 		for _, k := range s.resourceKeys {
 			if j := c.find(k); j >= 0 {
-				c.resEntry = j
 				if resource != "" {
 					resource += " "
 				}
@@ -118,8 +173,58 @@ func (s *service) mapDescriptor(in *rlsv3.RateLimitRequest, i int, d *ratelimitv
 			}
 		}
 	}
-	c.req = regional.Request{ClientKey: clientKey, Resource: resource, Cost: int64(cost), Attributes: attrs}
+	c.req = regional.Request{ClientKey: clientKey, Resource: mapped(resource, maxFieldBytes), Cost: int64(cost), Attributes: attrs}
 	return nil
+}
+
+// fit keeps the check's attributes within the enforcer's maxAttributes. A
+// descriptor with more entries keeps only the attributes that the rules
+// matching it read (their match keys and key parts), rule by rule in id
+// order; a rule whose attributes no longer fit beside those of the rules
+// before it is not applied to the descriptor, as if it did not match (only
+// rules that together read more than maxAttributes distinct attributes do
+// that; a rule with more match keys than that matches no request at all).
+// Dropping the attributes no rule reads changes nothing: a rule matches
+// the kept attributes exactly when it matches all of them. ix is the rule
+// index the descriptor was resolved with; a rule set swapped in before the
+// check may read attributes not kept, for that check only.
+func (c *check) fit(ix *rules.Index) {
+	attrs := c.req.Attributes
+	if len(attrs) <= maxAttributes {
+		return
+	}
+	kept := make(map[string]string, maxAttributes)
+	var add []string
+	for _, r := range ix.Match(c.req.Resource, attrs) {
+		add = add[:0]
+		need := func(k string) bool { // false: the request has no attribute k
+			if _, ok := attrs[k]; !ok {
+				return false
+			}
+			if _, ok := kept[k]; !ok && !slices.Contains(add, k) {
+				add = append(add, k)
+			}
+			return true
+		}
+		for k := range r.Match {
+			if k != rules.PartResource {
+				need(k)
+			}
+		}
+		applies := true
+		for _, k := range r.Key {
+			if k != rules.PartClientKey && k != rules.PartResource && !need(k) {
+				applies = false // no bucket for this request: the enforcer skips the rule
+			}
+		}
+		if !applies || len(kept)+len(add) > maxAttributes {
+			continue
+		}
+		for _, k := range add {
+			kept[k] = attrs[k]
+		}
+	}
+	c.req.Attributes = kept
 }
 
 // applyReplaces drops the nodes that another descriptor's node replaces,
@@ -167,13 +272,14 @@ func (c *check) route() {
 		for l, v := range c.node.shares {
 			path[l].Value = v
 		}
-		c.req.Attributes[envoyconfig.AttrDescriptor] = envoyconfig.Identity(path, rules.MaxMatchValueLen)
+		c.req.Attributes[envoyconfig.AttrDescriptor] = identity(path)
 	}
 }
 
 // finish builds the descriptor's status. It returns the gRPC error of a
-// failed check, except that a cost above the enforcer's maximum is an
-// over-limit answer for this descriptor alone.
+// check that failed for the whole call (the caller has gone away, no rule
+// set); a request the enforcer refuses is answered for this descriptor
+// alone: a cost above its maximum is OVER_LIMIT, anything else OK.
 func (c *check) finish() error {
 	switch {
 	case c.skip:
@@ -193,13 +299,23 @@ func (c *check) finish() error {
 	}
 	if c.err != nil {
 		var re *regional.RequestError
-		if errors.As(c.err, &re) && re.Field == "cost" {
+		if !errors.As(c.err, &re) {
+			return regional.GRPCStatus(c.err, nil)
+		}
+		c.resp = regional.Response{}
+		if re.Field == "cost" {
 			c.costErr = fmt.Sprintf("%s: %s", c.costField, re.Msg)
-			c.resp = regional.Response{}
 			c.status = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OVER_LIMIT}
 			return nil
 		}
-		return grpcError(c.err, c)
+		// Not reached: mapDescriptor and fit keep every part within the
+		// enforcer's limits (TestEnforcerLimits, FuzzShouldRateLimit).
+		// Should a part still be refused, the descriptor is answered alone,
+		// as one that no rule matches (OK, no current_limit; the enforcer's
+		// refusal is counted as invalid in apportion_requests_total), and
+		// the others keep their answers.
+		c.status = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		return nil
 	}
 	c.status = descriptorStatus(c.resp)
 	c.bound = binding(c.resp) != nil || !c.resp.Allowed
@@ -231,35 +347,4 @@ func (c *check) find(k string) int {
 		}
 	}
 	return -1
-}
-
-func (c *check) entryName(j int) string {
-	return fmt.Sprintf("descriptors[%d].entries[%d] (key %q)", c.index, j, c.entries[j].GetKey())
-}
-
-// field names the part of the Envoy request that a regional.RequestError is about.
-func (c *check) field(re *regional.RequestError) string {
-	switch f := re.Field; {
-	case f == "client_key" && c.keyEntry >= 0:
-		return c.entryName(c.keyEntry)
-	case f == "client_key":
-		return fmt.Sprintf("descriptors[%d].entries", c.index)
-	case f == "resource" && c.resEntry >= 0:
-		return c.entryName(c.resEntry)
-	case f == "resource":
-		return "domain"
-	case f == "cost":
-		return c.costField
-	case strings.HasPrefix(f, "attributes."):
-		k := strings.TrimPrefix(f, "attributes.")
-		for j, e := range c.entries {
-			if strings.HasPrefix(e.GetKey(), k) {
-				return c.entryName(j)
-			}
-		}
-		if strings.HasPrefix(AttrDomain, k) {
-			return "domain"
-		}
-	}
-	return fmt.Sprintf("descriptors[%d].entries", c.index)
 }
