@@ -12,7 +12,10 @@
 // every change. Invariants:
 //   - a delivered set holds only valid rules. A document that fails validation
 //     (written by hand, or by an older binary) is logged, counted and skipped,
-//     and the last good version of that rule stays in the set;
+//     and the last good version of that rule stays in the set: the one the
+//     watcher had, or for a watcher started after the bad write the last
+//     valid version in etcd's history since the key was created (unless
+//     compacted away);
 //   - the caller never waits on etcd: while etcd is unreachable the last set
 //     stays in force and Run keeps reconnecting with exponential backoff;
 //   - after a compaction past the watched revision, or any watch error, the

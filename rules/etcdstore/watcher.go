@@ -158,6 +158,12 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 			w.badDocument(st, string(kv.Key), kv.ModRevision, err)
 			if old, ok := st.rules[id]; ok {
 				next[id] = old
+			} else if old, rev, ok := w.lastGood(rctx, kv, id); ok {
+				// A process that never had the good version (started
+				// after the bad put) serves it as those that had it do.
+				next[id] = old
+				w.cfg.log.Warn("etcdstore: serving the last good version of an invalid rule document, from etcd's history",
+					logKeyKey, string(kv.Key), logKeyRevision, rev)
 			}
 			continue
 		}
@@ -167,6 +173,31 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 	rev := resp.Header.Revision
 	w.deliver(st, rev, update)
 	return rev, nil
+}
+
+// maxHistory is how many earlier versions of an invalid document lastGood
+// reads at most.
+const maxHistory = 16
+
+// lastGood finds the last valid version of kv's document in etcd's history,
+// among the versions since the key was last created (a deleted rule is not
+// brought back) and not compacted away; it returns that version's
+// ModRevision.
+func (w *Watcher) lastGood(ctx context.Context, kv *mvccpb.KeyValue, id string) (rules.Rule, int64, bool) {
+	for range maxHistory {
+		if kv.Version <= 1 || kv.ModRevision-1 < kv.CreateRevision {
+			return rules.Rule{}, 0, false // the first version of this life
+		}
+		resp, err := w.c.Get(ctx, string(kv.Key), clientv3.WithRev(kv.ModRevision-1))
+		if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != kv.CreateRevision {
+			return rules.Rule{}, 0, false // compacted, unreachable, or another life
+		}
+		kv = resp.Kvs[0]
+		if r, err := decode(id, kv.Value); err == nil {
+			return r, kv.ModRevision, true
+		}
+	}
+	return rules.Rule{}, 0, false
 }
 
 // watch applies watch responses from rev+1 until the watch ends. It returns

@@ -99,21 +99,35 @@ func TestWatcherSkipsInvalidDocumentKeepsLastGood(t *testing.T) {
 	}
 
 	// A fresh watcher meeting the bad docs in its snapshot counts them too,
-	// and serves only the valid rules it can see.
+	// and serves the last good version from etcd's history, as the first
+	// watcher does; "z" never had one.
 	w2 := fastWatcher(t, c)
 	col2 := runWatcher(t, w2)
-	waitSet(t, col2, []rules.Rule{}, "snapshot with only bad docs")
+	waitSet(t, col2, good, "snapshot with only bad docs")
 	if got := w2.InvalidDocuments(); got != 2 {
 		t.Fatalf("second watcher InvalidDocuments = %d, want 2", got)
 	}
+	// Two bad versions in a row: still the good one before them.
+	if _, err := c.Put(ctx, DefaultPrefix+"a", `not json`); err != nil {
+		t.Fatal(err)
+	}
+	waitSet(t, runWatcher(t, fastWatcher(t, c)), good, "snapshot after two bad versions")
+	// Deleted and created again, invalid: the deleted rule does not come back.
+	if _, err := c.Delete(ctx, DefaultPrefix+"a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, DefaultPrefix+"a", `{"id":"a","capacity":-1}`); err != nil {
+		t.Fatal(err)
+	}
+	waitSet(t, runWatcher(t, fastWatcher(t, c)), []rules.Rule{}, "snapshot after delete and a bad create")
 
 	// Repairing the document delivers it.
 	if _, err := s.Put(ctx, testRule("a", 11), Unconditional); err != nil {
 		t.Fatal(err)
 	}
 	waitSet(t, col, []rules.Rule{normalized(testRule("a", 11))}, "repaired rule")
-	if got := w.InvalidDocuments(); got != 2 {
-		t.Fatalf("InvalidDocuments after repair = %d, want 2", got)
+	if got := w.InvalidDocuments(); got != 4 {
+		t.Fatalf("InvalidDocuments after repair = %d, want 4 (two bad versions of a since)", got)
 	}
 }
 
