@@ -23,6 +23,7 @@ var rlctlFlags = map[string]string{
 	"etcd-endpoints": "", "etcd-prefix": "/ratelimit/rules/", "prefix": "/ratelimit/rules/", "admin-url": "", "token": "",
 	"output": "table", "timeout": "10s", "file": "", "if-match": "0", "create": "false",
 	"rate": "0", "burst": "0", "addr": "", "client-key": "", "resource": "", "cost": "1", "attr": "",
+	"registry-prefix": "/ratelimit/registry/",
 }
 
 // ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Limits on the values of a rule. They are those of the store: tokens are
@@ -337,7 +338,8 @@ func (r *Rule) validateShares(fe func(string, string, ...any) error) error {
 }
 
 // checkName returns "" when s is 1..max characters of [A-Za-z0-9_.-], and
-// otherwise what is wrong with it.
+// otherwise what is wrong with it: the first other character (the whole
+// rune, not a byte of it) and its byte offset in s.
 func checkName(s string, max int) string {
 	if s == "" {
 		return "empty"
@@ -345,12 +347,17 @@ func checkName(s string, max int) string {
 	if len(s) > max {
 		return fmt.Sprintf("%d characters, over the limit of %d", len(s), max)
 	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
+	for i, c := range s {
 		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-' {
 			continue
 		}
-		return fmt.Sprintf("%q has character %q at %d; use only letters, digits, '_', '.' and '-'", s, rune(c), i)
+		const only = "use only the ASCII letters, digits, '_', '.' and '-'"
+		if c == utf8.RuneError {
+			if _, n := utf8.DecodeRuneInString(s[i:]); n == 1 {
+				return fmt.Sprintf("%q has the byte 0x%02x, which is not UTF-8, at byte offset %d; %s", s, s[i], i, only)
+			}
+		}
+		return fmt.Sprintf("%q has character %q (%U) at byte offset %d; %s", s, c, c, i, only)
 	}
 	return ""
 }

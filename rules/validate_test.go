@@ -329,3 +329,21 @@ func TestCheckFloors(t *testing.T) {
 		t.Fatalf("min_share %v, above what the message offered, passed", r.MinShare)
 	}
 }
+
+// A name with a character outside [A-Za-z0-9_.-] is refused naming the
+// character (the whole rune, not a byte of it) and its byte offset.
+func TestNameErrorNamesTheRune(t *testing.T) {
+	for _, tc := range []struct{ id, want string }{
+		{"ordérs", `"ordérs" has character 'é' (U+00E9) at byte offset 3`},
+		{"a b", `"a b" has character ' ' (U+0020) at byte offset 1`},
+		{"日本", `"日本" has character '日' (U+65E5) at byte offset 0`},
+		{"x\xffy", `"x\xffy" has the byte 0xff, which is not UTF-8, at byte offset 1`},
+	} {
+		r := Rule{ID: tc.id, Algorithm: TokenBucket, Capacity: 1, RefillPerSecond: 1}
+		err := r.Validate()
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != "id" || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("id %q: %v, want an id error containing %s", tc.id, err, tc.want)
+		}
+	}
+}

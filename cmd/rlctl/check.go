@@ -88,7 +88,12 @@ func (c *cli) check(cmd *cobra.Command, f *checkFlags) error {
 		return fmt.Errorf("CheckLimit on %s: %w", f.addr, err)
 	}
 	var rejected error
-	if !resp.GetAllowed() {
+	switch {
+	case resp.GetAllowed():
+	case resp.GetRetryAfterMs() < 0:
+		// -1: waiting cannot help (docs/api.md, retry_after_ms).
+		rejected = fmt.Errorf("check: %w by rule %s: waiting cannot help (the cost is above what the rule can admit here, or its share of the rate here is zero); lower --cost or raise the limit", errRejected, resp.GetRuleId())
+	default:
 		rejected = fmt.Errorf("check: %w by rule %s (retry after %d ms)", errRejected, resp.GetRuleId(), resp.GetRetryAfterMs())
 	}
 	if c.structured() {

@@ -134,6 +134,8 @@ func TestOutputYAML(t *testing.T) {
 	if !strings.HasPrefix(list, "- ") || !strings.Contains(list, "id: orders-free") {
 		t.Errorf("rules list -o yaml:\n%s", list)
 	}
+	// The list goes back with rules put -f.
+	cmd("rules", "put", "-f", f.file(t, "list.yaml", list)).must(t, exitOK, "orders-free", "stored")
 	cmd("rules", "validate", "-f", f.file(t, "l.yaml", listYAML), "-o", "yaml").must(t, exitOK, "valid: true", "- login")
 	cmd("limits", "show", "orders-free", "-o", "yaml").must(t, exitOK, "regions:", "static_rate: 5")
 	cmd("rules", "shadow", "orders-free", "on", "-o", "yaml").must(t, exitOK, "shadow: true", "changed: true")

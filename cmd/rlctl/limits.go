@@ -92,22 +92,30 @@ concurrent change makes this fail with exit code 4, nothing overwritten.`,
 		Args:              exactArgs(1, "ID"),
 		ValidArgsFunction: c.completeRuleIDs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			fs := cmd.Flags()
+			switch {
+			case !fs.Changed("rate") && !fs.Changed("burst"):
+				return usagef("give --rate N and/or --burst N")
+			case fs.Changed("rate") && !(rate > 0):
+				return usagef("%s %v: the rate (refill_per_second) must be above 0", c.flagSource("rate"), rate)
+			case fs.Changed("burst") && burst < 1:
+				return usagef("%s %d: the burst (capacity) must be at least 1", c.flagSource("burst"), burst)
+			}
+			if err := c.ifMatchFlag(cmd, ifMatch, "update the revision just read"); err != nil {
+				return err
+			}
 			return c.limitsSet(cmd.Context(), args[0], rate, burst, ifMatch)
 		},
 	}
 	cmd.Flags().Float64Var(&rate, "rate", 0, "global rate: refill_per_second (tokens per second)")
 	cmd.Flags().Int64Var(&burst, "burst", 0, "global burst: capacity (tokens)")
-	cmd.Flags().Int64Var(&ifMatch, "if-match", 0, "update only if the rule is still at this revision (default: the revision just read)")
+	cmd.Flags().Int64Var(&ifMatch, "if-match", 0, "update only if the rule is still at this revision, above 0 (default: the revision just read)")
 	return cmd
 }
 
+// limitsSet sets rate and/or burst (0: unchanged) at ifMatch (0: the
+// revision read).
 func (c *cli) limitsSet(ctx context.Context, id string, rate float64, burst int64, ifMatch int64) error {
-	if rate == 0 && burst == 0 {
-		return usagef("give --rate N and/or --burst N")
-	}
-	if ifMatch < 0 {
-		return usagef("--if-match must be a revision (> 0)")
-	}
 	st, closeStore, err := c.store()
 	if err != nil {
 		return err

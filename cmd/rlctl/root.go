@@ -76,6 +76,10 @@ type globals struct {
 	token    string
 	output   string
 	timeout  time.Duration
+	// registryPrefix is the sync agents' --registry-prefix: with
+	// --etcd-endpoints, a global rule's put is checked against the split
+	// registered there (etcdstore.WithRegistryPrefix).
+	registryPrefix string
 	// Client TLS for the admin API (https://) and check's gRPC (--tls):
 	// the CA that signs the server's certificate, and this client's own
 	// certificate and key for servers that require mutual TLS.
@@ -97,6 +101,18 @@ type cli struct {
 	stdout io.Writer
 	stderr io.Writer
 	cancel context.CancelFunc // of the --timeout context, set by prepare
+	// fromEnv holds the flags prepare set from their APPORTION_* variable.
+	fromEnv map[string]bool
+}
+
+// flagSource says where flag name's value came from, for messages:
+// "--name" (the command line) or "--name (from APPORTION_NAME in the
+// environment)".
+func (c *cli) flagSource(name string) string {
+	if c.fromEnv[name] {
+		return fmt.Sprintf("--%s (from %s in the environment)", name, flagenv.Name(name))
+	}
+	return "--" + name
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -184,6 +200,7 @@ func (c *cli) registerGlobals(pfs *pflag.FlagSet) {
 	pfs.MarkHidden("prefix")
 	pfs.StringVar(&g.adminURL, "admin-url", "", "admin API base URL (talk through the admin API)")
 	pfs.StringVar(&g.token, "token", "", "admin API bearer token (prefer APPORTION_TOKEN)")
+	pfs.StringVar(&g.registryPrefix, "registry-prefix", etcdstore.DefaultRegistryPrefix, "with --etcd-endpoints: etcd key prefix of the sync agents' registry (their --registry-prefix), against which a global rule's split is checked")
 	pfs.StringVar(&g.tlsCA, "tls-ca", "", "PEM CA bundle that signs the admin API's or enforcer's certificate")
 	pfs.StringVar(&g.tlsCert, "tls-cert", "", "client certificate for servers that require mutual TLS (with --tls-key)")
 	pfs.StringVar(&g.tlsKey, "tls-key", "", "client key for --tls-cert")
@@ -198,9 +215,11 @@ var deprecated = map[string]string{"prefix": "etcd-prefix"}
 // prepare runs before every command: it reads the flags the command line
 // did not set from the environment, checks -o, and starts --timeout.
 func (c *cli) prepare(cmd *cobra.Command, args []string) error {
-	if err := applyEnv(cmd.Flags(), os.LookupEnv); err != nil {
+	set, err := applyEnv(cmd.Flags(), os.LookupEnv)
+	if err != nil {
 		return err
 	}
+	c.fromEnv = set
 	for old, cur := range deprecated {
 		if f := cmd.Flags().Lookup(old); f != nil && f.Changed {
 			fmt.Fprintf(c.stderr, "rlctl: --%s (%s) is deprecated, use --%s (%s)\n", old, flagenv.Name(old), cur, flagenv.Name(cur))
@@ -218,13 +237,15 @@ func (c *cli) prepare(cmd *cobra.Command, args []string) error {
 }
 
 // applyEnv sets every flag of fs that the command line did not set from
-// its APPORTION_* variable. A deprecated flag and the flag it stands for
-// count as one: once either is set, the other's variable is not read.
-func applyEnv(fs *pflag.FlagSet, lookup func(string) (string, bool)) error {
+// its APPORTION_* variable, and returns the names of those it set. A
+// deprecated flag and the flag it stands for count as one: once either is
+// set, the other's variable is not read.
+func applyEnv(fs *pflag.FlagSet, lookup func(string) (string, bool)) (map[string]bool, error) {
 	partner := map[string]string{}
 	for old, cur := range deprecated {
 		partner[old], partner[cur] = cur, old
 	}
+	set := map[string]bool{}
 	var err error
 	fs.VisitAll(func(f *pflag.Flag) {
 		if err != nil || f.Changed || f.Name == "help" || f.Name == "version" {
@@ -239,9 +260,11 @@ func applyEnv(fs *pflag.FlagSet, lookup func(string) (string, bool)) error {
 		}
 		if e := fs.Set(f.Name, v); e != nil {
 			err = usagef("invalid value %q for %s (flag --%s): %v", v, flagenv.Name(f.Name), f.Name, e)
+			return
 		}
+		set[f.Name] = true
 	})
-	return err
+	return set, err
 }
 
 // group makes cmd a holder of subcommands: without one it prints its usage

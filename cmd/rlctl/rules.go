@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/apportion/apportion/rules"
@@ -43,10 +45,15 @@ func (c *cli) rulesPutCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "put -f FILE",
 		Short: "Store one rule or a list (JSON or YAML)",
-		Long: `Store the rules of FILE. With --create a rule is stored only if it does not
-exist yet; with --if-match REV only if it is still at that revision (a file
-of one rule). A refused rule is named with its field; the rules before it
-in the file stay stored.`,
+		Long: `Store the rules of FILE. Every rule of FILE is checked first, offline and as
+rules validate checks it: if one is refused (named with its field), nothing
+is stored. With --create a rule is stored only if it does not exist yet;
+with --if-match REV (above 0) only if it is still at that revision (a file
+of one rule). Without either, a rule that another writer changes while it
+is being checked and stored is read, checked and stored again. A rule the
+store refuses (a global rule whose regions, weights or min_share differ
+from those stored or registered by the sync agents for its id) is named
+with its field; the rules before it in the file stay stored.`,
 		Example: `  rlctl rules put -f deploy/rules.yaml
   rlctl rules get orders-free -o yaml > r.yaml && $EDITOR r.yaml && rlctl rules put -f r.yaml`,
 		Args: exactArgs(0, "no arguments (the rules come from -f FILE)"),
@@ -55,18 +62,31 @@ in the file stay stored.`,
 		},
 	}
 	fileFlag(cmd, &file)
-	cmd.Flags().Int64Var(&ifMatch, "if-match", 0, "store only if the rule is still at this revision (single rule)")
+	cmd.Flags().Int64Var(&ifMatch, "if-match", 0, "store only if the rule is still at this revision, above 0 (single rule)")
 	cmd.Flags().BoolVar(&create, "create", false, "store only if the rule does not exist yet")
 	return cmd
 }
 
+// ifMatchFlag refuses an --if-match (or APPORTION_IF_MATCH) that is not a
+// revision: revisions start at 1, and 0 would read as "not given".
+// without says what leaving the flag out does.
+func (c *cli) ifMatchFlag(cmd *cobra.Command, rev int64, without string) error {
+	if !cmd.Flags().Changed("if-match") || rev > 0 {
+		return nil
+	}
+	return usagef("%s %d: a revision is above 0 (as rules get prints it); leave --if-match out to %s", c.flagSource("if-match"), rev, without)
+}
+
 func (c *cli) rulesPut(cmd *cobra.Command, file string, ifMatch int64, create bool) error {
-	rs, err := parseRuleFile(file)
-	if err != nil {
+	if err := c.ifMatchFlag(cmd, ifMatch, "store the rules whatever revision they are at"); err != nil {
 		return err
 	}
 	if ifMatch != 0 && create {
 		return usagef("--if-match and --create are exclusive")
+	}
+	rs, err := loadRuleFile(file)
+	if err != nil {
+		return err
 	}
 	if ifMatch != 0 && len(rs) != 1 {
 		return usagef("--if-match needs a file with exactly one rule, %s holds %d", file, len(rs))
@@ -88,7 +108,7 @@ func (c *cli) rulesPut(cmd *cobra.Command, file string, ifMatch int64, create bo
 	for _, r := range rs {
 		rev, err := st.Put(cmd.Context(), r, ifMatch)
 		if err != nil {
-			putErr = fmt.Errorf("rule %q: %w", r.ID, err)
+			putErr = nameRule(r.ID, err)
 			break
 		}
 		out = append(out, stored{r.ID, rev})
@@ -97,7 +117,7 @@ func (c *cli) rulesPut(cmd *cobra.Command, file string, ifMatch int64, create bo
 		if err := c.emit(out); err != nil {
 			return err
 		}
-	} else {
+	} else if len(out) > 0 || putErr == nil {
 		tw := c.table()
 		fmt.Fprintln(tw, "ID\tREVISION\tSTATUS")
 		for _, s := range out {
@@ -109,6 +129,15 @@ func (c *cli) rulesPut(cmd *cobra.Command, file string, ifMatch int64, create bo
 		return fmt.Errorf("%w (stored %d of %d rules before this one)", putErr, len(out), len(rs))
 	}
 	return putErr
+}
+
+// nameRule prefixes err with the rule's id, unless its message already
+// names the rule (the store's field and conflict errors do).
+func nameRule(id string, err error) error {
+	if strings.Contains(err.Error(), strconv.Quote(id)) {
+		return err
+	}
+	return fmt.Errorf("rule %q: %w", id, err)
 }
 
 func (c *cli) rulesGetCmd() *cobra.Command {
@@ -166,34 +195,64 @@ func (c *cli) rulesListCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:     "list",
 		Aliases: []string{"ls"},
-		Short:   "List all rules",
-		Long:    "List all rules. -o json and -o yaml print the list of rule documents, ready for rules put -f.",
-		Args:    exactArgs(0, "no arguments"),
+		Short:   "List all rules, and the stored documents that are not valid rules",
+		Long: `List all rules, then every document stored under --etcd-prefix that is not
+a valid rule (status invalid, with what is wrong: the enforcers skip it and
+keep the last valid version they had; fix it with rules put -f, or delete
+it). -o json and -o yaml print the list of rule documents, ready for
+rules put -f, and name each invalid document on stderr. The exit code is 0
+either way.`,
+		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			st, closeStore, err := c.store()
 			if err != nil {
 				return err
 			}
 			defer closeStore()
-			rs, _, err := st.List(cmd.Context())
+			rs, bad, _, err := st.ListAll(cmd.Context())
 			if err != nil {
 				return err
 			}
-			if c.structured() {
-				if rs == nil {
-					rs = []rules.Rule{}
-				}
-				return c.emit(rs)
-			}
-			tw := c.table()
-			fmt.Fprintln(tw, "ID\tALGORITHM\tLIMIT\tSCOPE\tSHADOW\tMATCH")
-			for _, r := range rs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%s\n", r.ID, r.Algorithm, limitText(r), r.Scope, r.Shadow, formatMap(r.Match))
-			}
-			return tw.Flush()
+			return c.printList(rs, bad)
 		},
 	}
 }
+
+// printList prints the rules and the invalid documents: in a table, or
+// with -o json|yaml the list of rules on stdout (its shape unchanged, ready
+// for rules put -f) and one line per invalid document on stderr.
+func (c *cli) printList(rs []rules.Rule, bad []etcdstore.InvalidDocument) error {
+	if c.structured() {
+		if rs == nil {
+			rs = []rules.Rule{}
+		}
+		for _, d := range bad {
+			fmt.Fprintf(c.stderr, "rlctl: stored document %q (revision %d) is not a valid rule, and the enforcers skip it: %s\n", d.ID, d.Revision, oneLine(d.Error))
+		}
+		return c.emit(rs)
+	}
+	tw := c.table()
+	fmt.Fprintln(tw, "ID\tALGORITHM\tLIMIT\tSCOPE\tSHADOW\tMATCH")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%s\n", r.ID, r.Algorithm, limitText(r), r.Scope, r.Shadow, formatMap(r.Match))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	fmt.Fprintf(c.stdout, "\n%d stored document(s) are not valid rules: the enforcers skip them and keep the last valid version they had (fix with rules put -f, or delete):\n", len(bad))
+	tw = c.table()
+	fmt.Fprintln(tw, "ID\tREVISION\tSTATUS\tERROR")
+	for _, d := range bad {
+		fmt.Fprintf(tw, "%s\t%d\tinvalid\t%s\n", d.ID, d.Revision, oneLine(d.Error))
+	}
+	return tw.Flush()
+}
+
+// oneLine keeps a message on one table row.
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 func (c *cli) rulesDeleteCmd() *cobra.Command {
 	var ifMatch int64
@@ -204,8 +263,8 @@ func (c *cli) rulesDeleteCmd() *cobra.Command {
 		Args:              exactArgs(1, "ID"),
 		ValidArgsFunction: c.completeRuleIDs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if ifMatch < 0 {
-				return usagef("--if-match must be a revision (> 0)")
+			if err := c.ifMatchFlag(cmd, ifMatch, "delete the rule whatever revision it is at"); err != nil {
+				return err
 			}
 			st, closeStore, err := c.store()
 			if err != nil {
@@ -222,7 +281,7 @@ func (c *cli) rulesDeleteCmd() *cobra.Command {
 			return err
 		},
 	}
-	cmd.Flags().Int64Var(&ifMatch, "if-match", 0, "delete only if the rule is still at this revision")
+	cmd.Flags().Int64Var(&ifMatch, "if-match", 0, "delete only if the rule is still at this revision (above 0)")
 	return cmd
 }
 
@@ -231,18 +290,18 @@ func (c *cli) rulesValidateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "validate -f FILE",
 		Short: "Validate a rule file offline (no etcd)",
-		Long:  "Check every rule of FILE as the store would, without talking to etcd: exit 1 names the first wrong field.",
-		Args:  exactArgs(0, "no arguments (the rules come from -f FILE)"),
+		Long: `Check every rule of FILE as the store would, without talking to etcd: exit 1
+names the first wrong field. rules put -f runs the same check before it
+stores anything. What needs the store is not checked here: a global rule's
+split against the one stored or registered for its id.`,
+		Args: exactArgs(0, "no arguments (the rules come from -f FILE)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rs, err := parseRuleFile(file)
+			rs, err := loadRuleFile(file)
 			if err != nil {
 				return err
 			}
 			ids := make([]string, len(rs))
 			for i, r := range rs {
-				if err := r.CheckFloors(); err != nil { // as the store checks a put
-					return fmt.Errorf("%s: %w", file, err)
-				}
 				ids[i] = r.ID
 			}
 			if c.structured() {
@@ -306,6 +365,27 @@ change makes this fail with exit code 4, nothing overwritten.`,
 			return err
 		},
 	}
+}
+
+// loadRuleFile reads FILE and checks every rule of it offline as the store
+// checks a put (each rule parsed strictly and validated, and
+// rules.Rule.CheckFloors): rules validate is this check, and rules put runs
+// it on the whole file before it stores anything.
+func loadRuleFile(path string) ([]rules.Rule, error) {
+	rs, err := parseRuleFile(path)
+	if err != nil {
+		return nil, err
+	}
+	for i, r := range rs {
+		if err := r.CheckFloors(); err != nil {
+			var fe *rules.FieldError
+			if len(rs) > 1 && errors.As(err, &fe) {
+				fe.Item = i + 1
+			}
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	return rs, nil
 }
 
 // parseRuleFile reads one rule document or a list (JSON, or YAML).

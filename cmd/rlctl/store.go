@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/apportion/apportion/internal/flagenv"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/admin"
 	"github.com/apportion/apportion/rules/etcdstore"
@@ -21,6 +22,8 @@ import (
 type ruleStore interface {
 	Get(ctx context.Context, id string) (rules.Rule, int64, error)
 	List(ctx context.Context) ([]rules.Rule, int64, error)
+	// ListAll also returns the stored documents that are not valid rules.
+	ListAll(ctx context.Context) ([]rules.Rule, []etcdstore.InvalidDocument, int64, error)
 	Put(ctx context.Context, r rules.Rule, ifMatch int64) (int64, error)
 	Delete(ctx context.Context, id string, ifMatch int64) error
 }
@@ -30,7 +33,13 @@ func (c *cli) store() (st ruleStore, close func(), err error) {
 	g := &c.g
 	switch {
 	case g.etcd.Endpoints != "" && g.adminURL != "":
-		return nil, nil, usagef("give --etcd-endpoints or --admin-url, not both")
+		msg := fmt.Sprintf("give --etcd-endpoints or --admin-url, not both: got %s and %s", c.flagSource("etcd-endpoints"), c.flagSource("admin-url"))
+		for _, name := range []string{"etcd-endpoints", "admin-url"} {
+			if c.fromEnv[name] {
+				msg += fmt.Sprintf("; unset %s, or override it with --%s \"\"", flagenv.Name(name), name)
+			}
+		}
+		return nil, nil, usagef("%s", msg)
 	case g.adminURL != "":
 		var hc *http.Client
 		if g.tlsCA != "" || g.tlsCert != "" {
@@ -54,10 +63,10 @@ func (c *cli) store() (st ruleStore, close func(), err error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("etcd: %w", err)
 		}
-		s, err := etcdstore.New(ec, etcdstore.WithPrefix(g.etcd.Prefix))
+		s, err := etcdstore.New(ec, etcdstore.WithPrefix(g.etcd.Prefix), etcdstore.WithRegistryPrefix(g.registryPrefix))
 		if err != nil {
 			ec.Close()
-			return nil, nil, usagef("--etcd-prefix: %v", err)
+			return nil, nil, usagef("--etcd-prefix, --registry-prefix: %v", err)
 		}
 		return s, func() { ec.Close() }, nil
 	}
@@ -78,9 +87,14 @@ func (g *globals) etcdConfig() (clientv3.Config, error) {
 // rules, when the flags or the environment name a store that answers
 // quickly; else with nothing.
 func (c *cli) completeRuleIDs(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
-	if len(args) > 0 || applyEnv(cmd.Flags(), os.LookupEnv) != nil {
+	if len(args) > 0 {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
+	set, err := applyEnv(cmd.Flags(), os.LookupEnv)
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	c.fromEnv = set
 	st, closeStore, err := c.store()
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp

@@ -58,7 +58,7 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 	}
 	rs := &ruleSource{src: w, close: func() { cli.Close() }}
 	if o.adminAddr != "" {
-		st, err := etcdstore.New(cli, etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithLogger(log))
+		st, err := etcdstore.New(cli, etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithRegistryPrefix(o.registry), etcdstore.WithLogger(log))
 		if err != nil {
 			cli.Close()
 			return nil, err

@@ -3,14 +3,18 @@
 //
 //	PUT    /rules/{id}   one rule document; If-Match: "<rev>" or If-None-Match: *
 //	GET    /rules/{id}   the rule, ETag: "<mod revision>"
-//	GET    /rules        all valid rules as a JSON array, ETag: "<store revision>"
+//	GET    /rules        all valid rules as a JSON array, ETag: "<store revision>",
+//	                     Apportion-Invalid-Documents: <how many stored documents are not valid rules>
+//	GET    /rules?include=invalid
+//	                     {"rules": [...], "invalid": [{"id","revision","error","field"}, ...]}
 //	DELETE /rules/{id}   If-Match honoured
 //	GET    /healthz      no auth
 //
 // Invariants: a request that is refused changes nothing stored; every refusal
 // is a JSON body {"error": "...", "field": "..."} with field set when one
 // input is at fault (400 invalid, 401 auth, 404, 412 stale precondition, 413
-// body over MaxBodyBytes, 415 not JSON). Bodies are read through
+// body over MaxBodyBytes, 415 not JSON, 422 the stored document is not a
+// valid rule, 503 the store did not answer). Bodies are read through
 // http.MaxBytesReader, so an oversized body is refused without being read
 // whole. Every /rules route needs the bearer token unless auth was explicitly
 // disabled with WithoutAuth.
@@ -175,10 +179,20 @@ func (h *Handler) storeError(w http.ResponseWriter, r *http.Request, err error) 
 	case errors.Is(err, etcdstore.ErrNotFound):
 		writeError(w, http.StatusNotFound, "", "%v", err)
 	case errors.Is(err, etcdstore.ErrConflict):
-		writeError(w, http.StatusPreconditionFailed, "If-Match", "%v", err)
-	case errors.Is(err, etcdstore.ErrInvalidDocument) && errors.As(err, &fe):
-		// A hand-written bad document: the server's data is at fault.
-		writeError(w, http.StatusUnprocessableEntity, fe.Field, "%v", err)
+		// Name the precondition the request gave; none: the rule kept
+		// changing while the store checked an unconditional put.
+		field := ""
+		switch {
+		case r.Header.Get("If-None-Match") != "":
+			field = "If-None-Match"
+		case r.Header.Get("If-Match") != "":
+			field = "If-Match"
+		}
+		writeError(w, http.StatusPreconditionFailed, field, "%v", err)
+	case errors.Is(err, etcdstore.ErrInvalidDocument):
+		// A hand-written bad document (a wrong field, or not JSON at all):
+		// the server's data is at fault, not the store's availability.
+		writeError(w, http.StatusUnprocessableEntity, errField(err), "%v", err)
 	case errors.As(err, &fe):
 		writeError(w, http.StatusBadRequest, fe.Field, "%v", err)
 	case errors.Is(r.Context().Err(), context.Canceled):
@@ -213,13 +227,37 @@ func parseETag(s string) (int64, error) {
 	return rev, nil
 }
 
+// InvalidDocumentsHeader is the header of GET /rules that counts the stored
+// documents that are not valid rules (left out of the array; GET
+// /rules?include=invalid lists them).
+const InvalidDocumentsHeader = "Apportion-Invalid-Documents"
+
+// listing is the body of GET /rules?include=invalid.
+type listing struct {
+	Rules   []rules.Rule                `json:"rules"`
+	Invalid []etcdstore.InvalidDocument `json:"invalid"`
+}
+
 func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
-	rs, rev, err := h.store.List(r.Context())
+	include := r.URL.Query().Get("include")
+	if include != "" && include != "invalid" {
+		writeError(w, http.StatusBadRequest, "include", "include=%q: only include=invalid is supported", include)
+		return
+	}
+	rs, bad, rev, err := h.store.ListAll(r.Context())
 	if err != nil {
 		h.storeError(w, r, err)
 		return
 	}
 	w.Header().Set("ETag", etag(rev))
+	w.Header().Set(InvalidDocumentsHeader, strconv.Itoa(len(bad)))
+	if include == "invalid" {
+		if bad == nil {
+			bad = []etcdstore.InvalidDocument{}
+		}
+		writeJSON(w, http.StatusOK, listing{Rules: rs, Invalid: bad})
+		return
+	}
 	writeJSON(w, http.StatusOK, rs)
 }
 

@@ -74,11 +74,27 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, hdr h
 	return resp, b, nil
 }
 
+// remoteError is an error the admin API answered: its text is the
+// server's message as it is (the server's store error already says what
+// and where: wrapping it again would repeat it), and it matches the store
+// errors it stands for (errors.Is, errors.As).
+type remoteError struct {
+	msg  string
+	errs []error
+}
+
+func (e *remoteError) Error() string   { return e.msg }
+func (e *remoteError) Unwrap() []error { return e.errs }
+
 // responseError turns an error response back into the store's errors.
 func responseError(resp *http.Response, body []byte) error {
 	var e apiError
 	if json.Unmarshal(body, &e) != nil || e.Error == "" {
 		e.Error = strings.TrimSpace(string(body))
+	}
+	var fieldErr []error
+	if e.Field != "" {
+		fieldErr = []error{&rules.FieldError{Field: e.Field, Msg: e.Error}}
 	}
 	switch resp.StatusCode {
 	case http.StatusNotFound:
@@ -87,9 +103,12 @@ func responseError(resp *http.Response, body []byte) error {
 		return fmt.Errorf("%w (admin API: %s)", etcdstore.ErrConflict, e.Error)
 	case http.StatusUnauthorized, http.StatusForbidden:
 		return ErrUnauthorized
-	case http.StatusBadRequest, http.StatusUnprocessableEntity:
+	case http.StatusUnprocessableEntity:
+		// The stored document is not a valid rule.
+		return &remoteError{msg: e.Error, errs: append(fieldErr, etcdstore.ErrInvalidDocument)}
+	case http.StatusBadRequest:
 		if e.Field != "" {
-			return &rules.FieldError{Field: e.Field, Msg: e.Error}
+			return &remoteError{msg: e.Error, errs: fieldErr}
 		}
 	}
 	return fmt.Errorf("admin: %s: %s", resp.Status, e.Error)
@@ -127,6 +146,30 @@ func (c *Client) List(ctx context.Context) ([]rules.Rule, int64, error) {
 		return nil, 0, fmt.Errorf("admin: decoding rule list: %w", err)
 	}
 	return rs, revisionOf(resp), nil
+}
+
+// ListAll returns all valid rules, the stored documents that are not valid
+// rules, and the store revision (GET /rules?include=invalid). A server
+// from before include=invalid answers the valid rules alone: then the
+// invalid documents are not known (nil), as its Apportion-Invalid-Documents
+// header is absent too.
+func (c *Client) ListAll(ctx context.Context) ([]rules.Rule, []etcdstore.InvalidDocument, int64, error) {
+	resp, b, err := c.do(ctx, http.MethodGet, "/rules?include=invalid", nil, nil)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	if t := bytes.TrimSpace(b); len(t) > 0 && t[0] == '[' {
+		var rs []rules.Rule
+		if err := json.Unmarshal(b, &rs); err != nil {
+			return nil, nil, 0, fmt.Errorf("admin: decoding rule list: %w", err)
+		}
+		return rs, nil, revisionOf(resp), nil
+	}
+	var l listing
+	if err := json.Unmarshal(b, &l); err != nil {
+		return nil, nil, 0, fmt.Errorf("admin: decoding rule list: %w", err)
+	}
+	return l.Rules, l.Invalid, revisionOf(resp), nil
 }
 
 // Put stores r; ifMatch as in etcdstore.Store.Put. It returns the new revision.

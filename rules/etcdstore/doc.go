@@ -6,6 +6,13 @@
 // Delete, with optimistic concurrency on the key's ModRevision (an etcd Txn).
 // Invariant: Put normalizes and validates first, so Store never writes an
 // invalid rule, and what it writes is the canonical encoding of the rule.
+// A global rule's split (regions, weights, min_share) never changes under
+// its id: Put refuses one that differs from the stored global rule's or
+// from the split the sync agents registered for the id (their registry
+// document under WithRegistryPrefix, default DefaultRegistryPrefix, which
+// outlives the rule), and its write is conditional on both keys as read
+// (re-read and re-checked when only a concurrent change broke it). ListAll
+// also returns the stored documents that are not valid rules.
 //
 // Watcher is the read side, a rules.Source: it loads a snapshot, then watches
 // from the snapshot's revision + 1 and delivers the complete rule set after

@@ -7,17 +7,33 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/apportion/apportion/rules"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // DefaultPrefix is the etcd key prefix under which rules live.
 const DefaultPrefix = "/ratelimit/rules/"
+
+// DefaultRegistryPrefix is the etcd key prefix under which the sync agents
+// keep one reclaim-registry document per global rule (key = prefix + rule
+// id), holding the split (regions, weights, min_share) the rule's ledgers
+// started with. sync/agent.DefaultRegistryPrefix is this constant; the
+// store reads the documents (Put) and never writes them.
+const DefaultRegistryPrefix = "/ratelimit/registry/"
+
+// maxPutAttempts bounds how often Put reads, checks and writes a global rule
+// again when the rule (on a put without a precondition) or its registry
+// document changed between its read and its write.
+const maxPutAttempts = 16
 
 // Revision preconditions for Put and Delete.
 const (
@@ -41,6 +57,7 @@ type Option func(*config) error
 
 type config struct {
 	prefix         string
+	registryPrefix string
 	log            *slog.Logger
 	cacheFile      string
 	invalidCounter prometheus.Counter
@@ -53,6 +70,7 @@ type config struct {
 func newConfig(opts []Option) (config, error) {
 	c := config{
 		prefix:         DefaultPrefix,
+		registryPrefix: DefaultRegistryPrefix,
 		log:            slog.New(slog.DiscardHandler),
 		minBackoff:     100 * time.Millisecond,
 		maxBackoff:     10 * time.Second,
@@ -74,6 +92,21 @@ func WithPrefix(p string) Option {
 			return fmt.Errorf("etcdstore: prefix %q must be non-empty and end in \"/\"", p)
 		}
 		c.prefix = p
+		return nil
+	}
+}
+
+// WithRegistryPrefix sets the key prefix of the sync agents' reclaim
+// registry, against which Put checks a global rule's split: give the
+// agents' --registry-prefix where it is not the default. Default
+// DefaultRegistryPrefix. It must end in "/" and differ from the rules'
+// prefix. Store only.
+func WithRegistryPrefix(p string) Option {
+	return func(c *config) error {
+		if p == "" || !strings.HasSuffix(p, "/") {
+			return fmt.Errorf("etcdstore: registry prefix %q must be non-empty and end in \"/\"", p)
+		}
+		c.registryPrefix = p
 		return nil
 	}
 }
@@ -138,6 +171,9 @@ func WithBackoff(min, max time.Duration) Option {
 type Store struct {
 	c   *clientv3.Client
 	cfg config
+	// beforeWrite, when set (tests), runs in Put of a global rule between
+	// its read and its conditional write.
+	beforeWrite func(id string)
 }
 
 // New returns a Store over an etcd client owned by the caller.
@@ -149,13 +185,21 @@ func New(c *clientv3.Client, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.registryPrefix == cfg.prefix {
+		return nil, fmt.Errorf("etcdstore: the registry prefix %q is the rules' prefix", cfg.prefix)
+	}
 	return &Store{c: c, cfg: cfg}, nil
 }
 
 // Prefix is the key prefix of the rules.
 func (s *Store) Prefix() string { return s.cfg.prefix }
 
+// RegistryPrefix is the key prefix of the sync agents' registry documents.
+func (s *Store) RegistryPrefix() string { return s.cfg.registryPrefix }
+
 func (s *Store) key(id string) string { return s.cfg.prefix + id }
+
+func (s *Store) registryKey(id string) string { return s.cfg.registryPrefix + id }
 
 // checkID refuses ids that cannot name a key under the prefix.
 func checkID(id string) error {
@@ -191,23 +235,51 @@ func (s *Store) Get(ctx context.Context, id string) (rules.Rule, int64, error) {
 }
 
 // List returns the valid rules in id order and the store revision they were
-// read at. Documents that are not valid rules are left out (the Watcher logs
-// and counts them; Get explains them).
+// read at. Documents that are not valid rules are left out (ListAll returns
+// them too; the Watcher logs and counts them; Get explains them).
 func (s *Store) List(ctx context.Context) ([]rules.Rule, int64, error) {
+	rs, _, rev, err := s.ListAll(ctx)
+	return rs, rev, err
+}
+
+// InvalidDocument is a document under the rules' prefix that is not a valid
+// rule (written by hand or by another tool). The enforcers skip it and keep
+// the last valid version of the rule they saw, if any.
+type InvalidDocument struct {
+	// ID is the key without the prefix (it need not be a valid rule id).
+	ID       string `json:"id"`
+	Revision int64  `json:"revision"` // the key's ModRevision
+	// Error says what is wrong; Field names the rule field at fault, when one is.
+	Error string `json:"error"`
+	Field string `json:"field,omitempty"`
+}
+
+// ListAll returns, read at one store revision (returned), the valid rules
+// and the documents that are not valid rules, each in id order.
+func (s *Store) ListAll(ctx context.Context) ([]rules.Rule, []InvalidDocument, int64, error) {
 	resp, err := s.c.Get(ctx, s.cfg.prefix, clientv3.WithPrefix())
 	if err != nil {
-		return nil, 0, fmt.Errorf("etcdstore: list: %w", err)
+		return nil, nil, 0, fmt.Errorf("etcdstore: list: %w", err)
 	}
 	out := make([]rules.Rule, 0, len(resp.Kvs))
+	var bad []InvalidDocument
 	for _, kv := range resp.Kvs {
-		r, err := decode(strings.TrimPrefix(string(kv.Key), s.cfg.prefix), kv.Value)
+		id := strings.TrimPrefix(string(kv.Key), s.cfg.prefix)
+		r, err := parseDoc(id, kv.Value)
 		if err != nil {
+			d := InvalidDocument{ID: id, Revision: kv.ModRevision, Error: err.Error()}
+			var fe *rules.FieldError
+			if errors.As(err, &fe) {
+				d.Field = fe.Field
+			}
+			bad = append(bad, d)
 			continue
 		}
 		out = append(out, r)
 	}
 	sortRules(out)
-	return out, resp.Header.Revision, nil
+	slices.SortFunc(bad, func(a, b InvalidDocument) int { return strings.Compare(a.ID, b.ID) })
+	return out, bad, resp.Header.Revision, nil
 }
 
 // Put normalizes and validates r (Validate, and CheckFloors: a new rule
@@ -216,6 +288,16 @@ func (s *Store) List(ctx context.Context) ([]rules.Rule, int64, error) {
 // stored rule must still have. A failed precondition returns ErrConflict; an
 // invalid rule returns its *rules.FieldError and writes nothing. Put returns
 // the new ModRevision.
+//
+// A global rule is also checked against what is stored (see checkSplit): its
+// regions, weights and min_share must be those of the stored global rule,
+// and those of the sync agents' registry document for its id if there is
+// one. Its write is then conditional on the rule's key and the registry
+// document being as read: when either changed meanwhile, Put reads and
+// checks again (at most maxPutAttempts times in all), unless the change
+// broke the caller's own precondition (ErrConflict). So a put without a
+// precondition never fails for a concurrent change it could have been
+// applied after, short of the rule changing on every attempt.
 func (s *Store) Put(ctx context.Context, r rules.Rule, ifMatch int64) (int64, error) {
 	r.Normalize()
 	if err := r.Validate(); err != nil {
@@ -230,22 +312,39 @@ func (s *Store) Put(ctx context.Context, r rules.Rule, ifMatch int64) (int64, er
 	if ifMatch < MustNotExist {
 		return 0, fmt.Errorf("etcdstore: invalid precondition revision %d", ifMatch)
 	}
-	if r.Scope == rules.Global {
-		var err error
-		if ifMatch, err = s.checkSplit(ctx, r, ifMatch); err != nil {
-			return 0, err
-		}
-	}
 	doc, err := Encode(r)
 	if err != nil {
 		return 0, err
 	}
-	key := s.key(r.ID)
-	put := clientv3.OpPut(key, string(doc))
+	if r.Scope != rules.Global {
+		return s.putPlain(ctx, r.ID, doc, ifMatch)
+	}
+	for attempt := 1; ; attempt++ {
+		rev, err := s.putGlobal(ctx, r, doc, ifMatch)
+		if !errors.Is(err, errRaced) {
+			return rev, err
+		}
+		if attempt == maxPutAttempts {
+			return 0, fmt.Errorf("%w: rule %q: it or its registry document changed during each of %d attempts to check and store it; try again", ErrConflict, r.ID, attempt)
+		}
+		// A short random pause, so that writers racing on one key spread out.
+		t := time.NewTimer(rand.N(time.Duration(attempt) * 5 * time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, fmt.Errorf("etcdstore: put %q: %w", r.ID, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// putPlain writes doc under id's key on ifMatch, with no other check.
+func (s *Store) putPlain(ctx context.Context, id string, doc []byte, ifMatch int64) (int64, error) {
+	key := s.key(id)
 	if ifMatch == Unconditional {
 		resp, err := s.c.Put(ctx, key, string(doc))
 		if err != nil {
-			return 0, fmt.Errorf("etcdstore: put %q: %w", r.ID, err)
+			return 0, fmt.Errorf("etcdstore: put %q: %w", id, err)
 		}
 		return resp.Header.Revision, nil
 	}
@@ -253,51 +352,178 @@ func (s *Store) Put(ctx context.Context, r rules.Rule, ifMatch int64) (int64, er
 	if ifMatch == MustNotExist {
 		cmp = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
 	}
-	resp, err := s.c.Txn(ctx).If(cmp).Then(put).Commit()
+	resp, err := s.c.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(doc))).Commit()
 	if err != nil {
-		return 0, fmt.Errorf("etcdstore: put %q: %w", r.ID, err)
+		return 0, fmt.Errorf("etcdstore: put %q: %w", id, err)
 	}
 	if !resp.Succeeded {
-		if ifMatch == MustNotExist {
-			return 0, fmt.Errorf("%w: rule %q already exists", ErrConflict, r.ID)
-		}
-		return 0, fmt.Errorf("%w: rule %q is not at revision %d", ErrConflict, r.ID, ifMatch)
+		return 0, conflictError(id, ifMatch)
 	}
 	return resp.Header.Revision, nil
 }
 
-// checkSplit refuses to change the regions, weights or min_share of a
-// stored global rule: the sync agents keep the split a rule's ledgers started
-// with, and the enforcers derive their floors from the rule, so a changed
-// split would make the two disagree (a new rule id starts a new ledger).
-// It returns the precondition that makes the put conditional on the version
-// it checked (an unconditional put becomes one on the revision read).
-func (s *Store) checkSplit(ctx context.Context, r rules.Rule, ifMatch int64) (int64, error) {
-	old, rev, err := s.Get(ctx, r.ID)
+func conflictError(id string, ifMatch int64) error {
+	if ifMatch == MustNotExist {
+		return fmt.Errorf("%w: rule %q already exists", ErrConflict, id)
+	}
+	return fmt.Errorf("%w: rule %q is not at revision %d", ErrConflict, id, ifMatch)
+}
+
+// errRaced: the rule's key or its registry document changed between
+// putGlobal's read and its write, and the caller's precondition (if any)
+// still held: read, check and write again.
+var errRaced = errors.New("etcdstore: changed while being checked")
+
+// putGlobal is one attempt of Put for a global rule: it reads the stored
+// rule and its registry document at one revision, checks the split against
+// both (checkSplit), and writes doc if neither key changed since and the
+// caller's precondition holds.
+func (s *Store) putGlobal(ctx context.Context, r rules.Rule, doc []byte, ifMatch int64) (int64, error) {
+	key, regKey := s.key(r.ID), s.registryKey(r.ID)
+	read, err := s.c.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(regKey)).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("etcdstore: put %q: %w", r.ID, err)
+	}
+	ruleKV, regKV := firstKV(read.Responses[0]), firstKV(read.Responses[1])
+	var stored, regRev int64 // ModRevisions as read; 0: no such key
+	if ruleKV != nil {
+		stored = ruleKV.ModRevision
+	}
+	if regKV != nil {
+		regRev = regKV.ModRevision
+	}
+	// The caller's precondition, already broken: nothing to check.
 	switch {
-	case errors.Is(err, ErrNotFound):
-		if ifMatch == Unconditional {
-			ifMatch = MustNotExist
-		}
-		return ifMatch, nil
-	case errors.Is(err, ErrInvalidDocument):
-		return ifMatch, nil // a bad stored document may be replaced
-	case err != nil:
+	case ifMatch == MustNotExist && ruleKV != nil, ifMatch > 0 && stored != ifMatch:
+		return 0, conflictError(r.ID, ifMatch)
+	}
+	if err := s.checkSplit(r, ruleKV, regKey, regKV); err != nil {
 		return 0, err
 	}
-	if old.Scope == rules.Global {
-		const why = "cannot change on a stored global rule (the sync agents keep the split its ledgers started with); put the new split under a new rule id"
-		if !maps.Equal(old.Regions, r.Regions) {
-			return 0, &rules.FieldError{RuleID: r.ID, Field: "regions", Msg: why}
-		}
-		if old.MinShare != r.MinShare {
-			return 0, &rules.FieldError{RuleID: r.ID, Field: "min_share", Msg: why}
+	// The write holds only if both keys are still as read: the rule's at
+	// stored (or absent), which the caller's precondition implies when it
+	// gave one, and the registry document's at regRev (ModRevision 0: absent).
+	if s.beforeWrite != nil {
+		s.beforeWrite(r.ID)
+	}
+	ruleCmp := clientv3.Compare(clientv3.ModRevision(key), "=", stored)
+	if ruleKV == nil {
+		ruleCmp = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+	}
+	regCmp := clientv3.Compare(clientv3.ModRevision(regKey), "=", regRev)
+	resp, err := s.c.Txn(ctx).If(ruleCmp, regCmp).
+		Then(clientv3.OpPut(key, string(doc))).
+		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
+		Commit()
+	if err != nil {
+		return 0, fmt.Errorf("etcdstore: put %q: %w", r.ID, err)
+	}
+	if resp.Succeeded {
+		return resp.Header.Revision, nil
+	}
+	if ifMatch != Unconditional {
+		now := firstKV(resp.Responses[0])
+		if ifMatch == MustNotExist && now != nil || ifMatch > 0 && (now == nil || now.ModRevision != ifMatch) {
+			return 0, conflictError(r.ID, ifMatch)
 		}
 	}
-	if ifMatch == Unconditional {
-		ifMatch = rev
+	return 0, errRaced
+}
+
+func firstKV(op *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
+	if kvs := op.GetResponseRange().GetKvs(); len(kvs) > 0 {
+		return kvs[0]
 	}
-	return ifMatch, nil
+	return nil
+}
+
+// checkSplit refuses a global rule r whose regions, weights or min_share
+// differ from those of
+//   - the stored rule (ruleKV), if it is a valid global rule: changing the
+//     split of a live rule would make the enforcers' floors (derived from the
+//     rule) and the sync agents' ledgers (started with the old split)
+//     disagree. A stored document that is not a valid rule may be replaced.
+//   - the sync agents' registry document of r's id (regKV), if there is one:
+//     the agents keep the split a rule's ledgers started with there, also
+//     after the rule is deleted or its stored document replaced by hand, and
+//     build every later ledger of that id from it (sync/agent's Spec), so a
+//     rule re-created with another split would admit nothing where the two
+//     disagree. A registry document that cannot be read is refused too: no
+//     agent can coordinate the id.
+//
+// A new rule id starts a new ledger and a new registry document.
+func (s *Store) checkSplit(r rules.Rule, ruleKV *mvccpb.KeyValue, regKey string, regKV *mvccpb.KeyValue) error {
+	if ruleKV != nil {
+		if old, err := decode(r.ID, ruleKV.Value); err == nil && old.Scope == rules.Global {
+			const why = "cannot change on a stored global rule (the sync agents keep the split its ledgers started with); put the new split under a new rule id"
+			if !maps.Equal(old.Regions, r.Regions) {
+				return &rules.FieldError{RuleID: r.ID, Field: "regions", Msg: why}
+			}
+			if old.MinShare != r.MinShare {
+				return &rules.FieldError{RuleID: r.ID, Field: "min_share", Msg: why}
+			}
+		}
+	}
+	if regKV == nil {
+		return nil
+	}
+	regions, minShare, err := registeredSplit(regKV.Value)
+	if err != nil {
+		return &rules.FieldError{RuleID: r.ID, Field: "id", Msg: fmt.Sprintf(
+			"the sync agents' registry document of this id (%s) cannot be read (%v), so no sync agent can coordinate a global rule under it; use a new rule id", regKey, err)}
+	}
+	field := ""
+	switch {
+	case !maps.Equal(regions, r.Regions):
+		field = "regions"
+	case minShare != r.MinShare:
+		field = "min_share"
+	default:
+		return nil
+	}
+	return &rules.FieldError{RuleID: r.ID, Field: field, Msg: fmt.Sprintf(
+		"this id's split is still registered by the sync agents (regions %s, min_share %v, in %s): they keep it after the rule is deleted or its stored document is replaced, and build every ledger of the id from it; put the new split under a new rule id (or give this rule that split)",
+		formatRegions(regions), minShare, regKey)}
+}
+
+// registeredSplit reads the split of a sync agents' registry document
+// ({"spec": {"min_share": F, "regions": [{"name": N, "weight": W}, ...]},
+// ...}, sync/agent's registryDoc; names match case-insensitively, as the
+// agent reads them): the regions and weights as a rule's map, and min_share,
+// as the agent compares them with the spec it builds from a rule.
+func registeredSplit(doc []byte) (map[string]float64, float64, error) {
+	var d struct {
+		Spec *struct {
+			MinShare float64 `json:"min_share"`
+			Regions  []struct {
+				Name   string  `json:"name"`
+				Weight float64 `json:"weight"`
+			} `json:"regions"`
+		} `json:"spec"`
+	}
+	if err := json.Unmarshal(doc, &d); err != nil {
+		return nil, 0, err
+	}
+	if d.Spec == nil || len(d.Spec.Regions) == 0 {
+		return nil, 0, errors.New("it has no spec with regions")
+	}
+	regions := make(map[string]float64, len(d.Spec.Regions))
+	for _, x := range d.Spec.Regions {
+		if _, dup := regions[x.Name]; dup {
+			return nil, 0, fmt.Errorf("region %q is listed twice", x.Name)
+		}
+		regions[x.Name] = x.Weight
+	}
+	return regions, d.Spec.MinShare, nil
+}
+
+// formatRegions writes weights as "{a: 1, b: 2}", names in order.
+func formatRegions(m map[string]float64) string {
+	parts := make([]string, 0, len(m))
+	for _, n := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s: %v", n, m[n]))
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
 }
 
 // Delete removes the rule id. ifMatch is Unconditional (0) or the
@@ -351,13 +577,21 @@ func Encode(r rules.Rule) ([]byte, error) {
 // decode parses a stored document strictly and checks that it names the rule
 // of its key. Errors wrap ErrInvalidDocument.
 func decode(id string, doc []byte) (rules.Rule, error) {
-	r, err := rules.ParseRule(doc)
+	r, err := parseDoc(id, doc)
 	if err != nil {
 		return rules.Rule{}, fmt.Errorf("%w: key %q: %w", ErrInvalidDocument, id, err)
 	}
+	return r, nil
+}
+
+// parseDoc is decode without the wrapping: the document's own error.
+func parseDoc(id string, doc []byte) (rules.Rule, error) {
+	r, err := rules.ParseRule(doc)
+	if err != nil {
+		return rules.Rule{}, err
+	}
 	if r.ID != id {
-		return rules.Rule{}, fmt.Errorf("%w: key %q: %w", ErrInvalidDocument, id,
-			&rules.FieldError{RuleID: r.ID, Field: "id", Msg: fmt.Sprintf("does not match the key's id %q", id)})
+		return rules.Rule{}, &rules.FieldError{RuleID: r.ID, Field: "id", Msg: fmt.Sprintf("does not match the key's id %q", id)}
 	}
 	return r, nil
 }

@@ -316,3 +316,46 @@ func waitLikeStore(t *testing.T, s *Store, col *collector, what string) {
 	}
 	waitSet(t, col, want, what)
 }
+
+// ListAll returns the documents that are not valid rules beside the valid
+// rules, whatever is wrong with them (not JSON, empty, truncated, a wrong
+// field, another id), each with its revision and error; List leaves them out.
+func TestStoreListAllReturnsInvalidDocuments(t *testing.T) {
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	if _, err := s.Put(ctx, testRule("good", 3), Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	bad := map[string]struct{ doc, field, inText string }{
+		"badcap":   {`{"id":"badcap","algorithm":"token_bucket","capacity":-1,"refill_per_second":1}`, "capacity", "capacity"},
+		"empty":    {``, "", "empty document"},
+		"notjson":  {`not json at all`, "", "invalid JSON"},
+		"other":    {`{"id":"good","algorithm":"token_bucket","capacity":1,"refill_per_second":1}`, "id", "does not match"},
+		"truncate": {`{"id":"truncate"`, "", "unexpected end"},
+	}
+	for id, b := range bad {
+		if _, err := c.Put(ctx, DefaultPrefix+id, b.doc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rs, invalid, rev, err := s.ListAll(ctx)
+	if err != nil || len(rs) != 1 || rs[0].ID != "good" || rev == 0 {
+		t.Fatalf("ListAll rules = %v rev %d err %v", rs, rev, err)
+	}
+	if len(invalid) != len(bad) {
+		t.Fatalf("ListAll invalid = %+v, want %d", invalid, len(bad))
+	}
+	for i, d := range invalid {
+		want := bad[d.ID]
+		if i > 0 && invalid[i-1].ID >= d.ID || d.Revision == 0 || d.Field != want.field || !strings.Contains(d.Error, want.inText) {
+			t.Errorf("invalid[%d] = %+v, want field %q and an error containing %q, in id order", i, d, want.field, want.inText)
+		}
+		// Get explains the same document as invalid.
+		if _, _, err := s.Get(ctx, d.ID); !errors.Is(err, ErrInvalidDocument) {
+			t.Errorf("Get(%q) = %v, want ErrInvalidDocument", d.ID, err)
+		}
+	}
+	if list, _, err := s.List(ctx); err != nil || len(list) != 1 {
+		t.Fatalf("List = %v %v, want the valid rule only", list, err)
+	}
+}

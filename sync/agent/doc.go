@@ -275,7 +275,10 @@
 //     first agent that creates the rule's registry document, and every agent
 //     builds its ledger from the document's Spec, so all regions always agree.
 //     Changing a live global rule's regions, weights or min_share therefore
-//     needs a new rule id; capacity and rate changes apply at once (shares
+//     needs a new rule id, also after the rule is deleted: the document
+//     outlives it, and the rule store (rules/etcdstore, under
+//     DefaultRegistryPrefix) refuses a global rule whose split differs from
+//     its id's document; capacity and rate changes apply at once (shares
 //     are fractions of the limit). The Spec also records the units of one
 //     whole token when the document was made (Quantum, for limits of a few
 //     tokens), with which the registry pays reclaims out in whole tokens;

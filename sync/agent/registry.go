@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/rules/etcdstore"
 	"github.com/apportion/apportion/sync/driver"
 	"github.com/apportion/apportion/sync/ledger"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -18,8 +19,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// DefaultRegistryPrefix is where EtcdRegistry keeps one document per global rule.
-const DefaultRegistryPrefix = "/ratelimit/registry/"
+// DefaultRegistryPrefix is where EtcdRegistry keeps one document per global
+// rule. It is the rule store's (etcdstore), which reads the documents to
+// refuse a rule whose split differs from the one registered for its id.
+const DefaultRegistryPrefix = etcdstore.DefaultRegistryPrefix
 
 // ErrRegistry is wrapped by registry errors other than etcd's own.
 var ErrRegistry = errors.New("agent: registry")

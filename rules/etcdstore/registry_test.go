@@ -1,0 +1,293 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/apportion/apportion/rules"
+)
+
+// globalRule returns a valid global token-bucket rule with the given split.
+func globalRule(id string, regions map[string]float64, minShare float64) rules.Rule {
+	r := testRule(id, 100)
+	r.Scope, r.Regions, r.MinShare = rules.Global, regions, minShare
+	return r
+}
+
+// registryDoc is a registry document as sync/agent's EtcdRegistry writes it
+// (registryDoc{Spec, State}; ledger.RegionSpec has no JSON tags, so its
+// fields are "Name" and "Weight"), for the split of regions and minShare.
+func registryDoc(regions map[string]float64, minShare float64) string {
+	var parts []string
+	for _, n := range []string{"a", "b", "c", "d"} {
+		if w, ok := regions[n]; ok {
+			parts = append(parts, fmt.Sprintf(`{"Name":%q,"Weight":%v}`, n, w))
+		}
+	}
+	return fmt.Sprintf(`{"spec":{"units":1000000,"min_share":%v,"regions":[%s],"quantum":10000},"state":{"lives":[{"region":"a","inc":1}]}}`,
+		minShare, strings.Join(parts, ","))
+}
+
+// A global rule deleted and re-created under the same id, or whose stored
+// document was overwritten by hand, is refused naming regions or min_share
+// when the sync agents' registry document of the id holds another split:
+// they keep it and would build the new rule's ledgers from it. The same
+// split is accepted.
+func TestStoreRefusesASplitTheAgentsRegistered(t *testing.T) {
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	ab := map[string]float64{"a": 1, "b": 1}
+	if _, err := s.Put(ctx, globalRule("g", ab, 0.1), Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	// The agents registered the rule's split.
+	if _, err := c.Put(ctx, DefaultRegistryPrefix+"g", registryDoc(ab, 0.1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "g", Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		rule  rules.Rule
+		field string
+	}{
+		{"a new region", globalRule("g", map[string]float64{"a": 1, "c": 1}, 0.1), "regions"},
+		{"a region more", globalRule("g", map[string]float64{"a": 1, "b": 1, "c": 1}, 0.1), "regions"},
+		{"weights", globalRule("g", map[string]float64{"a": 2, "b": 1}, 0.1), "regions"},
+		{"min_share", globalRule("g", ab, 0.2), "min_share"},
+		{"no floor", globalRule("g", ab, 0), "min_share"},
+	} {
+		for _, ifMatch := range []int64{Unconditional, MustNotExist} {
+			t.Run(fmt.Sprintf("%s/ifMatch=%d", tc.name, ifMatch), func(t *testing.T) {
+				_, err := s.Put(ctx, tc.rule, ifMatch)
+				var fe *rules.FieldError
+				if !errors.As(err, &fe) || fe.Field != tc.field || fe.RuleID != "g" ||
+					!strings.Contains(err.Error(), "still registered by the sync agents") || !strings.Contains(err.Error(), "new rule id") ||
+					!strings.Contains(err.Error(), DefaultRegistryPrefix+"g") {
+					t.Fatalf("err = %v, want a FieldError naming %q that says the split is registered and to use a new rule id", err, tc.field)
+				}
+				if keys := rawKeys(t, c); len(keys) != 0 {
+					t.Fatalf("a refused put wrote %v", keys)
+				}
+			})
+		}
+	}
+	// Second path: the stored document is garbage (so there is no stored
+	// split to compare), and the registry still refuses another split.
+	if _, err := c.Put(ctx, DefaultPrefix+"g", `{"id":"g"`); err != nil {
+		t.Fatal(err)
+	}
+	before := rawKeys(t, c)
+	var fe *rules.FieldError
+	if _, err := s.Put(ctx, globalRule("g", map[string]float64{"a": 1, "c": 1}, 0.1), Unconditional); !errors.As(err, &fe) || fe.Field != "regions" {
+		t.Fatalf("over a garbage document: err = %v, want a FieldError naming regions", err)
+	}
+	if after := rawKeys(t, c); !reflect.DeepEqual(after, before) {
+		t.Fatalf("store changed: %v -> %v", before, after)
+	}
+	// The registered split is accepted, over the garbage and re-created.
+	if _, err := s.Put(ctx, globalRule("g", ab, 0.1), Unconditional); err != nil {
+		t.Fatalf("the registered split over a garbage document: %v", err)
+	}
+	if err := s.Delete(ctx, "g", Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, globalRule("g", map[string]float64{"b": 1, "a": 1}, 0.1), MustNotExist); err != nil {
+		t.Fatalf("re-created with the registered split: %v", err)
+	}
+	// A rule under a new id is not held to another id's split; a regional
+	// rule has no split.
+	if _, err := s.Put(ctx, globalRule("g2", map[string]float64{"a": 1, "c": 1}, 0.2), Unconditional); err != nil {
+		t.Fatalf("a new id: %v", err)
+	}
+	if err := s.Delete(ctx, "g", Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, testRule("g", 5), Unconditional); err != nil {
+		t.Fatalf("a regional rule under a registered id: %v", err)
+	}
+}
+
+// A registry document that cannot be read is refused naming the id: no
+// agent can coordinate a global rule under it.
+func TestStoreRefusesAnUnreadableRegistryDocument(t *testing.T) {
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	for _, doc := range []string{`not json`, `{"spec":{}}`, `{"state":{}}`} {
+		if _, err := c.Put(ctx, DefaultRegistryPrefix+"g", doc); err != nil {
+			t.Fatal(err)
+		}
+		_, err := s.Put(ctx, globalRule("g", map[string]float64{"a": 1}, 0), Unconditional)
+		var fe *rules.FieldError
+		if !errors.As(err, &fe) || fe.Field != "id" || !strings.Contains(err.Error(), "cannot be read") || !strings.Contains(err.Error(), "new rule id") {
+			t.Fatalf("registry %s: err = %v, want a FieldError naming id", doc, err)
+		}
+	}
+	if keys := rawKeys(t, c); len(keys) != 0 {
+		t.Fatalf("a refused put wrote %v", keys)
+	}
+}
+
+// WithRegistryPrefix: the store reads the registry where the agents keep it
+// (their --registry-prefix), and only there.
+func TestStoreRegistryPrefix(t *testing.T) {
+	_, c, _ := newStore(t)
+	ctx := context.Background()
+	if _, err := New(c, WithRegistryPrefix("no-slash")); err == nil {
+		t.Fatal("a registry prefix without a final / accepted")
+	}
+	if _, err := New(c, WithPrefix("/x/"), WithRegistryPrefix("/x/")); err == nil {
+		t.Fatal("a registry prefix equal to the rules' accepted")
+	}
+	s, err := New(c, WithPrefix("/team-a/rules/"), WithRegistryPrefix("/team-a/registry/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, "/team-a/registry/g", registryDoc(map[string]float64{"a": 1, "b": 1}, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, DefaultRegistryPrefix+"h", registryDoc(map[string]float64{"a": 1, "b": 1}, 0)); err != nil {
+		t.Fatal(err)
+	}
+	var fe *rules.FieldError
+	if _, err := s.Put(ctx, globalRule("g", map[string]float64{"a": 1}, 0), Unconditional); !errors.As(err, &fe) || fe.Field != "regions" ||
+		!strings.Contains(err.Error(), "/team-a/registry/g") {
+		t.Fatalf("err = %v, want a FieldError naming regions and /team-a/registry/g", err)
+	}
+	if _, err := s.Put(ctx, globalRule("h", map[string]float64{"a": 1}, 0), Unconditional); err != nil {
+		t.Fatalf("a document under another registry prefix was read: %v", err)
+	}
+}
+
+// The put is conditional on the registry document as read: an agent that
+// registers another split between the store's check and its write makes the
+// put check again and refuse; a registry write that keeps the split (a
+// reclaim, a new incarnation) only makes it check again and store, even on
+// the caller's precondition.
+func TestStorePutRechecksWhenTheRegistryChanges(t *testing.T) {
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	ab := map[string]float64{"a": 1, "b": 1}
+	race := func(doc string) {
+		done := false
+		s.beforeWrite = func(id string) {
+			if !done {
+				done = true
+				if _, err := c.Put(ctx, DefaultRegistryPrefix+id, doc); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+	}
+	t.Cleanup(func() { s.beforeWrite = nil })
+
+	race(registryDoc(map[string]float64{"a": 1, "c": 1}, 0.1))
+	var fe *rules.FieldError
+	if _, err := s.Put(ctx, globalRule("g", ab, 0.1), Unconditional); !errors.As(err, &fe) || fe.Field != "regions" {
+		t.Fatalf("registered meanwhile with another split: err = %v, want a FieldError naming regions", err)
+	}
+	if keys := rawKeys(t, c); len(keys) != 0 {
+		t.Fatalf("stored %v", keys)
+	}
+
+	if _, err := c.Put(ctx, DefaultRegistryPrefix+"h", registryDoc(ab, 0.1)); err != nil {
+		t.Fatal(err)
+	}
+	race(registryDoc(ab, 0.1)) // the same split, another state
+	rev, err := s.Put(ctx, globalRule("h", ab, 0.1), MustNotExist)
+	if err != nil {
+		t.Fatalf("create while the registry changed its state: %v", err)
+	}
+	race(registryDoc(ab, 0.1))
+	next := globalRule("h", ab, 0.1)
+	next.Capacity = 200
+	if _, err := s.Put(ctx, next, rev); err != nil {
+		t.Fatalf("update at the current revision while the registry changed its state: %v", err)
+	}
+	if got, _, err := s.Get(ctx, "h"); err != nil || got.Capacity != 200 {
+		t.Fatalf("after the update: %+v %v", got, err)
+	}
+}
+
+// A put without a precondition is not failed by a concurrent write of the
+// same rule: the store reads, checks and writes again. Only the caller's own
+// precondition surfaces as ErrConflict.
+func TestStoreUnconditionalPutRetriesAConflict(t *testing.T) {
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	ab := map[string]float64{"a": 1, "b": 1}
+	other := globalRule("g", ab, 0.1)
+	other.Capacity = 7
+	otherDoc, _ := Encode(normalized(other))
+	writes := 0
+	s.beforeWrite = func(id string) {
+		if writes < 3 { // another writer gets in first, three times
+			writes++
+			if _, err := c.Put(ctx, DefaultPrefix+id, string(otherDoc)); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(func() { s.beforeWrite = nil })
+	if _, err := s.Put(ctx, globalRule("g", ab, 0.1), Unconditional); err != nil {
+		t.Fatalf("unconditional put raced by another writer: %v", err)
+	}
+	if got, _, err := s.Get(ctx, "g"); err != nil || got.Capacity != 100 {
+		t.Fatalf("stored %+v %v, want this put's capacity 100", got, err)
+	}
+	// The caller's precondition broken meanwhile: a conflict, not a retry.
+	writes = 0
+	_, rev, _ := s.Get(ctx, "g")
+	if _, err := s.Put(ctx, globalRule("g", ab, 0.1), rev); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), fmt.Sprint(rev)) {
+		t.Fatalf("conditional put raced: err = %v, want ErrConflict naming revision %d", err, rev)
+	}
+	writes = 0
+	if err := s.Delete(ctx, "g", Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, globalRule("g", ab, 0.1), MustNotExist); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("create raced: err = %v, want ErrConflict saying it exists", err)
+	}
+	// A rule that changes on every attempt: bounded, then ErrConflict.
+	writes = -1 << 30
+	if _, err := s.Put(ctx, globalRule("g", ab, 0.1), Unconditional); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "attempts") {
+		t.Fatalf("a rule changing on every attempt: err = %v, want ErrConflict after the attempts", err)
+	}
+}
+
+// Concurrent unconditional puts of the same global rules all succeed (the
+// tester's 8 concurrent "rlctl rules put -f" of two global rules each).
+func TestStoreConcurrentUnconditionalPuts(t *testing.T) {
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	const writers = 8
+	ab := map[string]float64{"a": 1, "b": 1}
+	var wg sync.WaitGroup
+	errs := make(chan error, writers*2)
+	for w := range writers {
+		wg.Go(func() {
+			for _, id := range []string{"x-skew", "y-skew"} {
+				r := globalRule(id, ab, 0.1)
+				r.Capacity = int64(100 + w)
+				if _, err := s.Put(ctx, r, Unconditional); err != nil {
+					errs <- fmt.Errorf("writer %d: %w", w, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if keys := rawKeys(t, c); len(keys) != 2 {
+		t.Fatalf("stored %v", keys)
+	}
+}
