@@ -215,6 +215,9 @@ func (lenientCodec) Marshal(v any) ([]byte, error) {
 func (c lenientCodec) Unmarshal(data []byte, v any) error {
 	if t, ok := v.(*decodeTarget); ok {
 		t.err = c.Unmarshal(data, t.msg)
+		if t.err != nil && t.lenient != nil && t.lenient(data, t.msg) == nil {
+			t.err = nil
+		}
 		return nil
 	}
 	m, ok := v.(proto.Message)
@@ -238,10 +241,11 @@ func (c lenientCodec) Unmarshal(data []byte, v any) error {
 	return err
 }
 
-// walkFields calls fn with every field of the protobuf message b: its
+// WalkFields calls fn with every field of the protobuf message b: its
 // number, its wire type, and its value (the bytes of a length-delimited
-// field, or a varint). Other wire types are skipped. No UTF-8 checks.
-func walkFields(b []byte, fn func(num protowire.Number, typ protowire.Type, raw []byte, v uint64) error) error {
+// field, or a varint). Other wire types are skipped. No UTF-8 checks: it
+// is what a lenient decoder (RegisterServiceLenient) is built on.
+func WalkFields(b []byte, fn func(num protowire.Number, typ protowire.Type, raw []byte, v uint64) error) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -272,7 +276,7 @@ func walkFields(b []byte, fn func(num protowire.Number, typ protowire.Type, raw 
 // decodeRequestLenient decodes a CheckLimitRequest without UTF-8 checks.
 func decodeRequestLenient(b []byte, out *ratelimitv1.CheckLimitRequest) error {
 	out.Reset()
-	return walkFields(b, func(num protowire.Number, typ protowire.Type, raw []byte, v uint64) error {
+	return WalkFields(b, func(num protowire.Number, typ protowire.Type, raw []byte, v uint64) error {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
 			out.ClientKey = string(raw)
@@ -282,7 +286,7 @@ func decodeRequestLenient(b []byte, out *ratelimitv1.CheckLimitRequest) error {
 			out.Cost = int64(v)
 		case num == 4 && typ == protowire.BytesType: // a map entry: key 1, value 2
 			var key, val string
-			err := walkFields(raw, func(num protowire.Number, typ protowire.Type, raw []byte, _ uint64) error {
+			err := WalkFields(raw, func(num protowire.Number, typ protowire.Type, raw []byte, _ uint64) error {
 				if typ == protowire.BytesType && num == 1 {
 					key = string(raw)
 				} else if typ == protowire.BytesType && num == 2 {
@@ -305,7 +309,7 @@ func decodeRequestLenient(b []byte, out *ratelimitv1.CheckLimitRequest) error {
 // decodeBatchLenient decodes a CheckLimitsRequest without UTF-8 checks.
 func decodeBatchLenient(b []byte, out *ratelimitv1.CheckLimitsRequest) error {
 	out.Reset()
-	return walkFields(b, func(num protowire.Number, typ protowire.Type, raw []byte, _ uint64) error {
+	return WalkFields(b, func(num protowire.Number, typ protowire.Type, raw []byte, _ uint64) error {
 		if num != 1 || typ != protowire.BytesType {
 			return nil
 		}

@@ -14,6 +14,16 @@ import (
 // (gRPC itself answers Internal: it cannot tell a client's bad bytes from a
 // server fault). Streaming methods are registered as they are.
 func RegisterService(s *grpc.Server, desc *grpc.ServiceDesc, impl any) {
+	RegisterServiceLenient(s, desc, impl, nil)
+}
+
+// RegisterServiceLenient is RegisterService for a service whose requests
+// may hold strings that are not valid UTF-8 (proto3 refuses them; a
+// gateway forwards such header bytes as they came): when the proto codec
+// refuses a request, lenient decodes it instead, leaving the strings as
+// sent for the service to deal with. lenient returns an error for a message
+// it does not decode too; nil lenient is RegisterService.
+func RegisterServiceLenient(s *grpc.Server, desc *grpc.ServiceDesc, impl any, lenient func(data []byte, msg any) error) {
 	d := *desc
 	d.Methods = make([]grpc.MethodDesc, len(desc.Methods))
 	for i, m := range desc.Methods {
@@ -21,7 +31,7 @@ func RegisterService(s *grpc.Server, desc *grpc.ServiceDesc, impl any) {
 		d.Methods[i] = grpc.MethodDesc{MethodName: m.MethodName,
 			Handler: func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
 				return handler(srv, ctx, func(v any) error {
-					t := &decodeTarget{msg: v}
+					t := &decodeTarget{msg: v, lenient: lenient}
 					if err := dec(t); err != nil {
 						return err // not a decoding error: a read or size limit
 					}
@@ -39,6 +49,7 @@ func RegisterService(s *grpc.Server, desc *grpc.ServiceDesc, impl any) {
 // into: the codec decodes into msg and records a failure in err instead of
 // failing the read.
 type decodeTarget struct {
-	msg any
-	err error
+	msg     any
+	err     error
+	lenient func(data []byte, msg any) error // the service's own decoder, tried when the codec refuses
 }

@@ -31,7 +31,9 @@
 //     applied, as if it did not match, and a descriptor to which no rule can
 //     be applied is OK without current_limit, like one no rule matches.
 //   - Hashing: a part that does not fit the enforcer (over its limit, or not
-//     valid UTF-8), and one that is already of the hashed form, is replaced
+//     valid UTF-8: Envoy forwards header bytes as they came, so a request
+//     that proto3 refuses for them is decoded by decodeLenient instead of
+//     failing the call), and one that is already of the hashed form, is replaced
 //     by "sha256:" and the hex SHA-256 of it. That is injective: a kept part
 //     never has the hashed form, so two different parts never share a
 //     bucket or a match value, and a client cannot send the hashed form of a

@@ -68,7 +68,7 @@ var ServiceName = rlsv3.RateLimitService_ServiceDesc.ServiceName
 // Register adds envoy.service.ratelimit.v3.RateLimitService to s, answering
 // from e. Call it before s serves, e.g. right after regional.NewGRPCServer.
 func Register(s *grpc.Server, e *regional.Enforcer, opts ...Option) {
-	regional.RegisterService(s, &rlsv3.RateLimitService_ServiceDesc, newService(e, opts...))
+	regional.RegisterServiceLenient(s, &rlsv3.RateLimitService_ServiceDesc, newService(e, opts...), decodeLenient)
 }
 
 // service implements RateLimitService. Its settings are immutable after
