@@ -70,20 +70,7 @@ func miniEnforcer(t testing.TB, rs []rules.Rule) *regional.Enforcer {
 // A request that does not decode as protobuf answers InvalidArgument (gRPC
 // alone answers Internal), and the service keeps serving.
 func TestMalformedRequestIsInvalidArgument(t *testing.T) {
-	e := fuzzEnforcer(t)
-	gs, _ := regional.NewGRPCServer(e)
-	Register(gs, e)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(l)
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := serve(t, fuzzEnforcer(t))
 	for name, body := range map[string][]byte{
 		"truncated": protowire.AppendTag(nil, 2, protowire.BytesType),
 		"field 0":   {0x00},
@@ -101,6 +88,26 @@ func TestMalformedRequestIsInvalidArgument(t *testing.T) {
 	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("valid request after malformed ones: %v %v", resp, err)
 	}
+}
+
+// serve serves the Envoy service of e on a loopback port and returns a
+// connection to it; both end with the test.
+func serve(t *testing.T, e *regional.Enforcer) *grpc.ClientConn {
+	t.Helper()
+	gs, _ := regional.NewGRPCServer(e)
+	Register(gs, e)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(l)
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 // rawCodec sends []byte as they are.

@@ -2,15 +2,12 @@ package envoy
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
-	"github.com/apportion/apportion/regional"
 	"github.com/apportion/apportion/rules"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
@@ -41,19 +38,7 @@ func rawRequest(domain string, descriptors ...[]string) []byte {
 func TestInvalidUTF8IsLimited(t *testing.T) {
 	e := miniEnforcer(t, []rules.Rule{{ID: "per-key", Match: map[string]string{"domain": "edge"}, Key: []string{"client_key"},
 		Algorithm: rules.SlidingLog, Limit: 2, Window: rules.Duration(time.Hour)}})
-	gs, _ := regional.NewGRPCServer(e)
-	Register(gs, e)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(l)
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := serve(t, e)
 	call := func(body []byte) []rlsv3.RateLimitResponse_Code {
 		t.Helper()
 		var resp rlsv3.RateLimitResponse
