@@ -144,8 +144,8 @@ func hex4(b []byte) (rune, bool) {
 
 // exactFields refuses what encoding/json lets through in a body it decoded:
 // a field named in another case ("CLIENT_KEY" would fill client_key) and a
-// field given twice (the last would win), so that a body means one thing
-// to every reader.
+// field or an attribute given twice (the last would win), so that a body
+// means one thing to every reader.
 func exactFields(body []byte) (string, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if _, err := dec.Token(); err != nil { // '{', decoded once already
@@ -166,9 +166,47 @@ func exactFields(body []byte) (string, error) {
 			return name, fmt.Errorf("%s: given twice", name)
 		}
 		seen[i] = true
+		if name == "attributes" {
+			if attr, err := uniqueKeys(dec); err != nil {
+				return name, err
+			} else if attr != "" {
+				return name, fmt.Errorf("attributes: %q given twice", attr)
+			}
+			continue
+		}
 		var skip json.RawMessage
 		if err := dec.Decode(&skip); err != nil {
 			return name, fmt.Errorf("invalid JSON: %v", err)
+		}
+	}
+	return "", nil
+}
+
+// uniqueKeys reads the next value from dec and returns a key it gives
+// twice, when it is an object ("" when none, or not an object).
+func uniqueKeys(dec *json.Decoder) (string, error) {
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
+		return "", fmt.Errorf("invalid JSON: %v", err)
+	}
+	inner := json.NewDecoder(bytes.NewReader(raw))
+	if t, err := inner.Token(); err != nil || t != json.Delim('{') {
+		return "", nil // null; another type was refused when decoding
+	}
+	seen := map[string]bool{}
+	for inner.More() {
+		t, err := inner.Token()
+		if err != nil {
+			return "", fmt.Errorf("invalid JSON: %v", err)
+		}
+		k, _ := t.(string)
+		if seen[k] {
+			return k, nil
+		}
+		seen[k] = true
+		var skip json.RawMessage
+		if err := inner.Decode(&skip); err != nil {
+			return "", fmt.Errorf("invalid JSON: %v", err)
 		}
 	}
 	return "", nil

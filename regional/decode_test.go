@@ -374,6 +374,7 @@ func TestHTTPFieldsAreExact(t *testing.T) {
 		{`{"client_key":5}`, "client_key", "client_key: must be a JSON string, got number"},
 		{`{"client_key":"u","attributes":[]}`, "attributes", "attributes: must be a JSON object, got array"},
 		{`{"resource":"tb"}`, "client_key", "client_key: is required"},
+		{`{"client_key":"u","attributes":{"tier":"free","tier":"pro"}}`, "attributes", `attributes: "tier" given twice`},
 	} {
 		resp, err := http.Post(srv.URL+"/v1/check", "application/json", strings.NewReader(tc.body))
 		if err != nil {
