@@ -128,7 +128,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token the admin API requires (prefer APPORTION_ADMIN_TOKEN)")
 	fs.BoolVar(&o.adminNoAuth, "admin-no-auth", false, "serve the admin API without authentication (loopback test stacks only)")
 	fs.DurationVar(&o.adminTimeout, "admin-store-timeout", admin.DefaultStoreTimeout, "longest an admin API request waits for etcd before it answers 503")
-	fs.StringVar(&o.registry, "registry-prefix", etcdstore.DefaultRegistryPrefix, "etcd key prefix of the sync agents' reclaim registry (their --registry-prefix): the admin API refuses a global rule whose split differs from the one registered for its id")
+	fs.StringVar(&o.registry, "registry-prefix", etcdstore.DefaultRegistryPrefix, "etcd key prefix of the sync agents' reclaim registry (their --registry-prefix): a global rule whose split differs from the one registered for its id is refused by the admin API and skipped as invalid when found in etcd")
 	o.nats.Register(fs, "", "NATS URL for usage reports to the region's sync agent (empty: off)")
 	fs.BoolVar(&o.staticGlobal, "static-global", false, "global rules enforce their static share; ONLY for regions without a sync agent (see README)")
 	fs.DurationVar(&o.timeout, "timeout", def.Timeout, "Redis round trip of a check, from the moment it is sent, before the failure policy answers (time queued in the enforcer does not count)")

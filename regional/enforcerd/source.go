@@ -47,7 +47,7 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 		ConstLabels: prometheus.Labels{"region": o.region},
 		Help:        "Rule documents found in etcd that failed validation and were skipped (the previous version stays)."})
 	reg.MustRegister(invalid)
-	wopts := []etcdstore.Option{etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithLogger(log), etcdstore.WithInvalidCounter(invalid)}
+	wopts := []etcdstore.Option{etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithRegistryPrefix(o.registry), etcdstore.WithLogger(log), etcdstore.WithInvalidCounter(invalid)}
 	if o.etcdCache != "" {
 		wopts = append(wopts, etcdstore.WithCacheFile(o.etcdCache))
 	}

@@ -8,7 +8,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/apportion/apportion/internal/testutil"
 	"github.com/apportion/apportion/rules"
 )
 
@@ -290,4 +292,68 @@ func TestStoreConcurrentUnconditionalPuts(t *testing.T) {
 	if keys := rawKeys(t, c); len(keys) != 2 {
 		t.Fatalf("stored %v", keys)
 	}
+}
+
+// A global rule written by hand into etcd with another split than the one
+// the sync agents registered: the enforcers' watchers skip it as invalid
+// (their floors must stay those the agents' ledgers start from, or the
+// regions' shares could add up to more than the limit), a running watcher
+// keeping the last good version and a new one reading it from etcd's
+// history; and a put that gives the registered split back is accepted,
+// whatever the stored document says.
+func TestHandWrittenSplitIsSkipped(t *testing.T) {
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	ab := map[string]float64{"a": 1, "b": 1}
+	good := globalRule("g", ab, 0.1)
+	if _, err := s.Put(ctx, good, Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, DefaultRegistryPrefix+"g", registryDoc(ab, 0.1)); err != nil {
+		t.Fatal(err)
+	}
+	running := fastWatcher(t, c)
+	col := runWatcher(t, running)
+	want := []rules.Rule{normalized(good)}
+	waitSet(t, col, want, "first snapshot")
+
+	hand := globalRule("g", map[string]float64{"a": 4, "b": 1}, 0.3)
+	doc, err := Encode(hand)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put, err := c.Put(ctx, DefaultPrefix+"g", string(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 20*time.Second, "the watcher to pass the hand-written split", func() bool {
+		return running.Revision() >= put.Header.Revision
+	})
+	if got := running.InvalidDocuments(); got != 1 {
+		t.Fatalf("InvalidDocuments = %d, want 1 (the hand-written split)", got)
+	}
+	if got := col.last(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("running watcher: %v, want the registered split %v", ids(got), ids(want))
+	}
+	fresh := fastWatcher(t, c)
+	waitSet(t, runWatcher(t, fresh), want, "a watcher started after the hand-written split")
+	if got := fresh.InvalidDocuments(); got != 1 {
+		t.Fatalf("fresh watcher InvalidDocuments = %d, want 1", got)
+	}
+
+	// The way back: the registered split, put over the hand-written one.
+	if _, err := s.Put(ctx, good, Unconditional); err != nil {
+		t.Fatalf("putting the registered split back over a hand-written one: %v", err)
+	}
+	good.Capacity = 150
+	if _, err := s.Put(ctx, good, Unconditional); err != nil {
+		t.Fatalf("a capacity change after: %v", err)
+	}
+	waitSet(t, col, []rules.Rule{normalized(good)}, "the repaired rule")
+	// Without a registry document (no agent started a ledger yet) a
+	// global rule's split is the stored one's.
+	if _, err := s.Put(ctx, globalRule("h", ab, 0.1), Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	waitSet(t, col, []rules.Rule{normalized(good), normalized(globalRule("h", ab, 0.1))}, "a global rule with no registry document")
 }

@@ -100,7 +100,8 @@ func WithPrefix(p string) Option {
 // registry, against which Put checks a global rule's split: give the
 // agents' --registry-prefix where it is not the default. Default
 // DefaultRegistryPrefix. It must end in "/" and differ from the rules'
-// prefix. Store only.
+// prefix. The Store checks a global rule's put against the registered split,
+// the Watcher a stored document (registryMismatch).
 func WithRegistryPrefix(p string) Option {
 	return func(c *config) error {
 		if p == "" || !strings.HasSuffix(p, "/") {
@@ -439,20 +440,28 @@ func firstKV(op *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
 
 // checkSplit refuses a global rule r whose regions, weights or min_share
 // differ from those of
-//   - the stored rule (ruleKV), if it is a valid global rule: changing the
-//     split of a live rule would make the enforcers' floors (derived from the
-//     rule) and the sync agents' ledgers (started with the old split)
-//     disagree. A stored document that is not a valid rule may be replaced.
 //   - the sync agents' registry document of r's id (regKV), if there is one:
 //     the agents keep the split a rule's ledgers started with there, also
 //     after the rule is deleted or its stored document replaced by hand, and
 //     build every later ledger of that id from it (sync/agent's Spec), so a
 //     rule re-created with another split would admit nothing where the two
-//     disagree. A registry document that cannot be read is refused too: no
-//     agent can coordinate the id.
+//     disagree. It is the split in force: a put that gives it back is
+//     accepted whatever the stored document says. A registry document that
+//     cannot be read is refused too: no agent can coordinate the id.
+//   - else the stored rule (ruleKV), if it is a valid global rule: changing
+//     the split of a live rule would make the enforcers' floors (derived
+//     from the rule) and the sync agents' ledgers (started with the old
+//     split) disagree. A stored document that is not a valid rule may be
+//     replaced.
 //
 // A new rule id starts a new ledger and a new registry document.
 func (s *Store) checkSplit(r rules.Rule, ruleKV *mvccpb.KeyValue, regKey string, regKV *mvccpb.KeyValue) error {
+	if regKV != nil {
+		// The agents' registered split is the one in force (the stored
+		// rule may have been written by hand with another): a put that
+		// gives it back is accepted.
+		return registryMismatch(r, regKey, regKV.Value)
+	}
 	if ruleKV != nil {
 		if old, err := decode(r.ID, ruleKV.Value); err == nil && old.Scope == rules.Global {
 			const why = "cannot change on a stored global rule (the sync agents keep the split its ledgers started with); put the new split under a new rule id"
@@ -464,10 +473,17 @@ func (s *Store) checkSplit(r rules.Rule, ruleKV *mvccpb.KeyValue, regKey string,
 			}
 		}
 	}
-	if regKV == nil {
-		return nil
-	}
-	regions, minShare, err := registeredSplit(regKV.Value)
+	return nil
+}
+
+// registryMismatch is the FieldError of a global rule r whose split differs
+// from the one in the sync agents' registry document doc (at regKey), or
+// nil. Put refuses such a rule, and the Watcher skips a stored document
+// that is one (written by hand): the agents build every ledger of the id
+// from the registered split, and an enforcer must derive its floors from
+// the same one, or the regions' shares could add up to more than the limit.
+func registryMismatch(r rules.Rule, regKey string, doc []byte) error {
+	regions, minShare, err := registeredSplit(doc)
 	if err != nil {
 		return &rules.FieldError{RuleID: r.ID, Field: "id", Msg: fmt.Sprintf(
 			"the sync agents' registry document of this id (%s) cannot be read (%v), so no sync agent can coordinate a global rule under it; use a new rule id", regKey, err)}

@@ -54,6 +54,9 @@ func NewWatcher(c *clientv3.Client, opts ...Option) (*Watcher, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.registryPrefix == cfg.prefix {
+		return nil, fmt.Errorf("etcdstore: the registry prefix %q is the rules' prefix", cfg.prefix)
+	}
 	return &Watcher{c: c, cfg: cfg}, nil
 }
 
@@ -153,7 +156,10 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 	next := make(map[string]rules.Rule, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		id := strings.TrimPrefix(string(kv.Key), w.cfg.prefix)
-		r, err := decode(id, kv.Value)
+		r, err := w.check(rctx, id, kv.Value)
+		if errors.Is(err, errRegistryRead) {
+			return 0, err // try the snapshot again; the last set stays
+		}
 		if err != nil {
 			w.badDocument(st, string(kv.Key), kv.ModRevision, err)
 			if old, ok := st.rules[id]; ok {
@@ -193,11 +199,48 @@ func (w *Watcher) lastGood(ctx context.Context, kv *mvccpb.KeyValue, id string) 
 			return rules.Rule{}, 0, false // compacted, unreachable, or another life
 		}
 		kv = resp.Kvs[0]
-		if r, err := decode(id, kv.Value); err == nil {
+		r, err := w.check(ctx, id, kv.Value)
+		if err == nil {
 			return r, kv.ModRevision, true
+		}
+		if errors.Is(err, errRegistryRead) {
+			return rules.Rule{}, 0, false
 		}
 	}
 	return rules.Rule{}, 0, false
+}
+
+// errRegistryRead: the registry document a global rule is checked against
+// could not be read (etcd unreachable): nothing is decided, the last set
+// stays, and the watcher tries again.
+var errRegistryRead = errors.New("etcdstore: reading the sync agents' registry document")
+
+// check decodes a stored document as decode does and, for a global rule,
+// checks its split against the sync agents' registry document of its id
+// (registryMismatch): a document written by hand with another split than
+// the registered one is invalid, so that this enforcer's floors stay those
+// the agents' ledgers start from (else the regions' shares could add up to
+// more than the limit). No registry document: no agent has started a
+// ledger for the id, and the rule's split is the one they will take.
+func (w *Watcher) check(ctx context.Context, id string, doc []byte) (rules.Rule, error) {
+	r, err := decode(id, doc)
+	if err != nil || r.Scope != rules.Global {
+		return r, err
+	}
+	regKey := w.cfg.registryPrefix + id
+	rctx, cancel := context.WithTimeout(ctx, w.cfg.requestTimeout)
+	defer cancel()
+	resp, err := w.c.Get(rctx, regKey)
+	if err != nil {
+		return rules.Rule{}, fmt.Errorf("%w %s: %w", errRegistryRead, regKey, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return r, nil
+	}
+	if err := registryMismatch(r, regKey, resp.Kvs[0].Value); err != nil {
+		return rules.Rule{}, fmt.Errorf("%w: key %q: %w", ErrInvalidDocument, id, err)
+	}
+	return r, nil
 }
 
 // watch applies watch responses from rev+1 until the watch ends. It returns
@@ -215,7 +258,14 @@ func (w *Watcher) watch(ctx context.Context, st *state, rev int64, update func([
 		}
 		changed := false
 		for _, ev := range resp.Events {
-			if w.apply(st, ev) {
+			ok, err := w.apply(ctx, st, ev)
+			if err != nil {
+				if changed {
+					w.deliver(st, rev, update)
+				}
+				return rev, err // reloaded from a snapshot
+			}
+			if ok {
 				changed = true
 			}
 			rev = max(rev, ev.Kv.ModRevision)
@@ -232,25 +282,30 @@ func (w *Watcher) watch(ctx context.Context, st *state, rev int64, update func([
 	return rev, errors.New("etcdstore: watch channel closed")
 }
 
-// apply folds one event into the state and reports whether the set changed.
-func (w *Watcher) apply(st *state, ev *clientv3.Event) bool {
+// apply folds one event into the state and reports whether the set
+// changed; an error (a registry document it could not read) leaves the
+// event unapplied.
+func (w *Watcher) apply(ctx context.Context, st *state, ev *clientv3.Event) (bool, error) {
 	id := strings.TrimPrefix(string(ev.Kv.Key), w.cfg.prefix)
 	switch ev.Type {
 	case mvccpb.DELETE:
 		delete(st.badSeen, string(ev.Kv.Key))
 		if _, ok := st.rules[id]; !ok {
-			return false
+			return false, nil
 		}
 		delete(st.rules, id)
-		return true
+		return true, nil
 	default: // PUT
-		r, err := decode(id, ev.Kv.Value)
+		r, err := w.check(ctx, id, ev.Kv.Value)
+		if errors.Is(err, errRegistryRead) {
+			return false, err
+		}
 		if err != nil {
 			w.badDocument(st, string(ev.Kv.Key), ev.Kv.ModRevision, err)
-			return false
+			return false, nil
 		}
 		st.rules[id] = r
-		return true
+		return true, nil
 	}
 }
 
