@@ -10,6 +10,7 @@ package simulations
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -54,7 +55,7 @@ func Apply(sc *scenario.Scenario, param, value string) (*scenario.Scenario, floa
 				}
 			}
 			x = ms
-		} else if f, err := strconv.ParseFloat(value, 64); err == nil && f >= 0 {
+		} else if f, err := strconv.ParseFloat(value, 64); err == nil && f >= 0 && !math.IsInf(f, 0) {
 			for a, row := range sc.Network.DelayMs {
 				dm[a] = map[string]float64{}
 				for b, v := range row {
@@ -63,7 +64,7 @@ func Apply(sc *scenario.Scenario, param, value string) (*scenario.Scenario, floa
 			}
 			x = f
 		} else {
-			return nil, 0, fmt.Errorf("simulations: rtt value %q: want a factor (0.5) or a round-trip duration (100ms)", value)
+			return nil, 0, fmt.Errorf("simulations: rtt value %q: want a finite factor >= 0 (0.5) or a round-trip duration (100ms)", value)
 		}
 		c.Network.DelayMs = dm
 	case "interval", "lease", "half-life":

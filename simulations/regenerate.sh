@@ -81,10 +81,11 @@ awk -F, '
   FILENAME ~ /sweep-half-life-skewed\// { sk[$2] = $8 }
   FILENAME ~ /sweep-half-life-flash-crowd\// { fc[$2] = $8 }
   END {
-    print "| half-life | shift: utilization | shift: convergence (reach) | skewed: utilization | flash-crowd: utilization |"
+    print "| half-life | shift: utilization | shift: convergence (settle mean) | skewed: utilization | flash-crowd: utilization |"
     print "|---:|---:|---:|---:|---:|"
     for (i = 1; i <= n; i++) { a = v[i]
-      printf "| %s | %.2f%% | %.1f s | %.2f%% | %.2f%% |\n", a, 100 * su[a], sr[a], 100 * sk[a], 100 * fc[a] }
+      conv = sr[a] == "" ? "n/a" : sr[a] < 0 ? "never" : sprintf("%.1f s", sr[a])
+      printf "| %s | %.2f%% | %s | %.2f%% | %.2f%% |\n", a, 100 * su[a], conv, 100 * sk[a], 100 * fc[a] }
   }' simulations/results/sweep-half-life/sweep.csv simulations/results/sweep-half-life-skewed/sweep.csv \
   simulations/results/sweep-half-life-flash-crowd/sweep.csv >"$tmp/half-life.md"
 

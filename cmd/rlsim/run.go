@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -82,15 +83,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fs.StringVar(&c.out, "out", "", "directory for the CSV, JSON, SVG and PNG outputs (default: none, table only)")
 	fs.Uint64Var(&c.seed, "seed", 0, "seed (default: the scenario's)")
-	fs.DurationVar(&c.duration, "duration", 0, "override the scenario's duration (default: the scenario's)")
+	fs.DurationVar(&c.duration, "duration", 0, "override the scenario's duration (default and 0: the scenario's)")
 	switch cmd {
 	case "run":
 		fs.BoolVar(&c.quiet, "quiet", false, "no progress bar and no timing line on stderr")
 	case "sweep":
-		fs.StringVar(&c.param, "param", "", "setting to sweep: rtt (factor of the delay matrix, or a round trip such as 100ms), interval or lease")
+		fs.StringVar(&c.param, "param", "", "setting to sweep: rtt (factor of the delay matrix, or a round trip such as 100ms), interval, lease or half-life (of the ledger's demand estimate)")
 		fs.StringVar(&c.values, "values", "", "comma-separated values, e.g. 0.5,1,2 or 100ms,250ms,1s")
 	case "live":
-		fs.Float64Var(&c.speed, "speed", 1, "play the scenario's timeline (demand changes, duration) this many times faster; rates, delays and sync settings stay")
+		fs.Float64Var(&c.speed, "speed", 1, "play the scenario's timeline (demand changes, duration) this many times faster; rates, delays and sync settings stay (> 0)")
 		fs.Float64Var(&c.maxLoad, "max-load", live.DefaultMaxLoad, "cap on the total offered load, requests/s; above it rate, burst and demand are scaled down by the same factor")
 		fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
 	case "help", "-h", "--help":
@@ -105,6 +106,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if err != nil {
 		return err
+	}
+	if c.duration < 0 {
+		return fmt.Errorf("--duration %v: must not be negative (0 or absent: the scenario's duration)", c.duration)
+	}
+	if cmd == "live" && !(c.speed > 0 && c.speed <= math.MaxFloat64) {
+		return fmt.Errorf("--speed %v: must be a number above 0 (1: real time)", c.speed)
 	}
 	sc, err := scenario.Load(path)
 	if err != nil {

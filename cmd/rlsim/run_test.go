@@ -76,6 +76,14 @@ func TestErrors(t *testing.T) {
 		{[]string{"sweep", scenarios + "shift.yaml"}, "--param"},
 		{[]string{"sweep", scenarios + "shift.yaml", "--param", "colour", "--values", "1"}, "unknown parameter"},
 		{[]string{"run", scenarios + "shift.yaml", "--bogus"}, "flag provided but not defined"},
+		{[]string{"run", scenarios + "shift.yaml", "--duration", "-5s"}, "--duration -5s: must not be negative (0 or absent: the scenario's duration)"},
+		{[]string{"sweep", scenarios + "flash-crowd.yaml", "--duration", "-1s", "--param", "rtt", "--values", "1"}, "--duration -1s: must not be negative"},
+		{[]string{"live", scenarios + "shift.yaml", "--speed", "0", "--quiet"}, "--speed 0: must be a number above 0"},
+		{[]string{"live", scenarios + "shift.yaml", "--speed", "-2", "--quiet"}, "--speed -2: must be a number above 0"},
+		{[]string{"sweep", scenarios + "flash-crowd.yaml", "--duration", "1s", "--param", "rtt", "--values", "1e300"},
+			"rtt=1e300: scenario: network.delay_ms.eu-west.ap-south: 6e+301 ms is above the maximum of 3600000 ms (an hour)"},
+		{[]string{"sweep", scenarios + "flash-crowd.yaml", "--duration", "1s", "--param", "rtt", "--values", "inf"}, `rtt value "inf": want a finite factor`},
+		{[]string{"sweep", scenarios + "flash-crowd.yaml", "--duration", "1s", "--param", "rtt", "--values", "200h"}, "rtt=200h: scenario: network.delay_ms"},
 	}
 	for _, c := range cases {
 		var out, errb bytes.Buffer
@@ -118,6 +126,11 @@ func TestHelpAndVersion(t *testing.T) {
 		if !strings.Contains(out.String()+errb.String(), "rlsim run SCENARIO.yaml") {
 			t.Errorf("%v: no usage in\n%s%s", args, out.String(), errb.String())
 		}
+	}
+	// sweep's -param names every parameter it takes.
+	var help bytes.Buffer
+	if err := run(context.Background(), []string{"sweep", "--help"}, &help, &help); err != nil || !strings.Contains(help.String(), "interval, lease or half-life") {
+		t.Errorf("sweep --help: %v\n%s", err, help.String())
 	}
 	var out bytes.Buffer
 	if err := run(context.Background(), []string{"--version"}, &out, &out); err != nil || !strings.HasPrefix(out.String(), "rlsim ") {

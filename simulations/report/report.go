@@ -133,7 +133,9 @@ func Markdown(res *sim.Result) string {
 
 func g(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 
-// SummaryCSV has one row per strategy.
+// SummaryCSV has one row per strategy. convergence_s lists the settle time
+// after each shift (Result.Targets), -1 for a shift whose shares never
+// settled; it is empty for a strategy without shares (n/a).
 func SummaryCSV(res *sim.Result) []byte {
 	var b bytes.Buffer
 	w := csv.NewWriter(&b)
@@ -304,7 +306,10 @@ func SweepTable(pts []simulations.Point) string {
 	return b.String()
 }
 
-// SweepCSV has one row per value and strategy.
+// SweepCSV has one row per value and strategy. convergence_mean_s is the
+// mean settle time over the shifts whose shares settled (the table's
+// "settle" mean, not its "reach"), -1 when none did (summary.csv's
+// never), empty for a strategy without shares or a run without shifts.
 func SweepCSV(pts []simulations.Point) []byte {
 	var b bytes.Buffer
 	w := csv.NewWriter(&b)
@@ -312,13 +317,26 @@ func SweepCSV(pts []simulations.Point) []byte {
 	for _, p := range pts {
 		for _, s := range p.Result.Strategies {
 			_ = w.Write([]string{p.Param, p.Value, g(p.X), s.Name, g(s.Overshoot[0]), g(s.Overshoot[1]), g(s.Overshoot[2]),
-				g(s.Utilization), g(s.WronglyRejectedPct), g(meanConv(s)), g(s.BytesPerKeySecond)})
+				g(s.Utilization), g(s.WronglyRejectedPct), convMeanCSV(s), g(s.BytesPerKeySecond)})
 		}
 	}
 	w.Flush()
 	return b.Bytes()
 }
 
+// convMeanCSV is sweep.csv's convergence_mean_s (SweepCSV).
+func convMeanCSV(s sim.StrategyResult) string {
+	if !s.HasShares || len(s.Convergence) == 0 {
+		return ""
+	}
+	if m := meanConv(s); !math.IsNaN(m) {
+		return g(m)
+	}
+	return "-1"
+}
+
+// meanConv is the mean settle time over the shifts that settled, NaN when
+// none did (a point the charts skip).
 func meanConv(s sim.StrategyResult) float64 {
 	var sum float64
 	var n int

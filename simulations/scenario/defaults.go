@@ -9,7 +9,14 @@ import (
 
 func fptr(v float64) *float64 { return &v }
 
-func (sc *Scenario) defaults() {
+// defaults fills in what the file leaves out; set reports whether the file
+// gives a field (a dotted path; nil: none), for a field whose 0 is a value
+// of its own (sync.margin). Every other zero is the default: Parse refuses
+// an explicit 0 where it is not a value (Scenario.checkWritten).
+func (sc *Scenario) defaults(set func(path string) bool) {
+	if set == nil {
+		set = func(string) bool { return false }
+	}
 	if sc.Seed == 0 {
 		sc.Seed = 1
 	}
@@ -45,7 +52,7 @@ func (sc *Scenario) defaults() {
 	if s.ClockError == nil {
 		s.ClockError = fptr(lc.Rho)
 	}
-	if s.Margin == 0 {
+	if s.Margin == 0 && !set("sync.margin") {
 		s.Margin = Duration(lc.Margin)
 	}
 	if s.StoreTimeout == 0 {

@@ -32,6 +32,24 @@ func (d *Demand) LevelAt(t time.Duration) float64 {
 	return d.Level
 }
 
+// Peak returns the highest level the demand reaches (the simulator draws
+// Poisson arrivals at it and thins them to the level of the moment).
+func (d *Demand) Peak() float64 {
+	switch d.Shape {
+	case "steps":
+		v := 0.0
+		for _, s := range d.Steps {
+			v = math.Max(v, s.Level)
+		}
+		return v
+	case "ramp":
+		return math.Max(d.From, d.To)
+	case "sinusoid":
+		return d.Level + math.Abs(d.Amplitude)
+	}
+	return d.Level
+}
+
 // Changes returns the times in (0, until) at which the demand changes in a
 // step (the starts of steps), for convergence measurements.
 func (d *Demand) Changes() []time.Duration {

@@ -1,8 +1,12 @@
 // Package scenario is the YAML schema of a simulation: regions and the
 // one-way delay matrix between them, the global rule, the sync settings,
 // demand per region over time and disruptions (partitions, region loss, agent
-// restarts). Decoding is strict: an unknown field, a bad value or an
-// inconsistent file is refused with an error that names the file's line.
+// restarts). Decoding is strict: an unknown field, a value of the wrong
+// type, a second YAML document, a bad value or an inconsistent file is
+// refused with an error that names the file's line and the field. The rule
+// is held to the rule store's limits (rules.Rule.Validate), an explicit 0 is
+// never taken for a default (Parse), and CheckSize refuses a run larger
+// than the simulator runs.
 //
 // Invariant: a Scenario returned by Parse or Load is valid (Validate returns
 // nil), so the simulator never has to second-guess it.
@@ -27,6 +31,9 @@ type Error struct {
 	Line  int    // 0: unknown
 	Field string // dotted path, e.g. regions[2].name
 	Msg   string
+	// see lists other fields (dotted paths) that Msg names; Parse adds
+	// their lines to Msg.
+	see []string
 }
 
 func (e *Error) Error() string {
@@ -53,6 +60,17 @@ func (e *Error) Unwrap() error { return ErrInvalid }
 // Duration is a time.Duration written as "250ms", "60s", "24h".
 type Duration time.Duration
 
+// durationError is the error of Duration.UnmarshalYAML; Parse names the
+// field from its line and value.
+type durationError struct {
+	line  int
+	value string
+}
+
+func (e *durationError) Error() string {
+	return fmt.Sprintf("line %d: bad duration %q (use e.g. 250ms, 60s, 1h)", e.line, e.value)
+}
+
 // UnmarshalYAML parses a Go duration string.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	var s string
@@ -61,7 +79,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("line %d: bad duration %q (use e.g. 250ms, 60s, 1h)", n.Line, s)
+		return &durationError{line: n.Line, value: s}
 	}
 	*d = Duration(v)
 	return nil
@@ -78,7 +96,7 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 type Scenario struct {
 	Name        string   `yaml:"name"`        // required
 	Description string   `yaml:"description"` // free text
-	Seed        uint64   `yaml:"seed"`        // default 1; --seed overrides
+	Seed        uint64   `yaml:"seed"`        // default 1 (0: 1); --seed overrides
 	Duration    Duration `yaml:"duration"`    // required, > 0
 	// Regions, in order (the order of every table and plot). At least one.
 	Regions []Region `yaml:"regions"`
@@ -87,8 +105,19 @@ type Scenario struct {
 	Sync    Sync     `yaml:"sync"`
 	Demand  []Demand `yaml:"demand"` // at least one entry
 	Events  []Event  `yaml:"events"`
-	// Sample is the period of the time series and share samples (default 1s).
+	// Sample is the period of the time series and share samples (default
+	// 1s; an explicit 0 is refused).
 	Sample Duration `yaml:"sample"`
+
+	// src is the file the scenario was parsed from (nil: built in code),
+	// for the lines of errors found after Parse (CheckSize).
+	src *source
+}
+
+// source is a parsed file: its name and its YAML tree.
+type source struct {
+	file string
+	root *yaml.Node
 }
 
 // Region is one region.
@@ -106,7 +135,9 @@ type Region struct {
 // Network is the virtual WAN.
 type Network struct {
 	// DelayMs is the one-way delay matrix in milliseconds, by region name.
-	// A pair given once applies both ways; every pair of regions must be given.
+	// A pair given once applies both ways; every pair of regions must be
+	// given. Every delay in ms (these, JitterMs, RegistryMs, Sync.StoreMs)
+	// is finite and at most MaxDelay.
 	DelayMs map[string]map[string]float64 `yaml:"delay_ms"`
 	// JitterMs adds a uniform [0, jitter] ms to every message (default 0).
 	JitterMs float64 `yaml:"jitter_ms"`
@@ -118,8 +149,8 @@ type Network struct {
 
 // Rule is the global limit, per key.
 type Rule struct {
-	Rate     float64 `yaml:"rate"`      // tokens per second, > 0
-	Burst    float64 `yaml:"burst"`     // capacity in tokens, > 0 (default: rate)
+	Rate     float64 `yaml:"rate"`      // tokens per second, in the rule store's refill range
+	Burst    float64 `yaml:"burst"`     // capacity in whole tokens, in the rule store's range (default: rate)
 	MinShare float64 `yaml:"min_share"` // fraction held as floors, [0,1] (default 0, as in a rule: no floor)
 	// Weights per region; they must name every region once and add up to 1
 	// (default: equal).
@@ -136,10 +167,12 @@ type Rule struct {
 // own) and the usage sync interval of the async strategy. Every default is
 // the production default (sync/agent.DefaultConfig).
 type Sync struct {
+	// Interval, Lease, StoreTimeout, RegistryPoll and EtcdTimeout are
+	// positive (an explicit 0 is refused); Margin 0 is no margin.
 	Interval     Duration `yaml:"interval"`      // default 100ms
 	Lease        Duration `yaml:"lease"`         // default 3s
 	ClockError   *float64 `yaml:"clock_error"`   // the ledger's Rho: agent clock rate bound (default 0.01)
-	Margin       Duration `yaml:"margin"`        // reclaim margin (default 500ms)
+	Margin       Duration `yaml:"margin"`        // reclaim margin (default 500ms; 0s: none)
 	StoreTimeout Duration `yaml:"store_timeout"` // default 100ms
 	RegistryPoll Duration `yaml:"registry_poll"` // how often an agent reads the reclaim registry (default 500ms)
 	EtcdTimeout  Duration `yaml:"etcd_timeout"`  // a registry call without a reply is given up after it (default 5s)
@@ -193,13 +226,14 @@ type Demand struct {
 	To    float64  `yaml:"to"`
 	Start Duration `yaml:"start"`
 	End   Duration `yaml:"end"`
-	// sinusoid: Level + Amplitude*sin(2*pi*(t+Phase)/Period), clamped at 0.
+	// sinusoid: Level + Amplitude*sin(2*pi*(t+Phase)/Period), clamped at
+	// 0; Amplitude >= 0.
 	Amplitude float64  `yaml:"amplitude"`
 	Period    Duration `yaml:"period"`
 	Phase     Duration `yaml:"phase"`
 	// Arrivals: poisson (default) or uniform (evenly spaced).
 	Arrivals string `yaml:"arrivals"`
-	Cost     int64  `yaml:"cost"` // tokens per request (default 1)
+	Cost     int64  `yaml:"cost"` // tokens per request, a whole number (default 1; 0 means 1, as in CheckLimit)
 }
 
 // Step is a level from a time on.
@@ -211,7 +245,7 @@ type Step struct {
 // KeySet is many keys with a Zipf popularity: key i (0-based) is drawn with
 // probability proportional to 1/(1+i)^S.
 type KeySet struct {
-	Count  int     `yaml:"count"`  // >= 1
+	Count  int     `yaml:"count"`  // 1 to MaxKeys
 	S      float64 `yaml:"zipf_s"` // > 1 (default 1.1)
 	Prefix string  `yaml:"prefix"` // key names are prefix + index (default "key")
 }
@@ -225,12 +259,14 @@ type Event struct {
 	// its traffic and agent carry on; For does not apply), loss (every
 	// message between the regions and any other region is dropped with
 	// probability Loss, on top of network.loss; the registry is not
-	// affected).
+	// affected). Two events of one kind that touch a common region must
+	// not overlap or adjoin in time: Validate refuses them (the simulator
+	// would end both at the first end).
 	Kind    string   `yaml:"kind"`
-	Regions []string `yaml:"regions"`
+	Regions []string `yaml:"regions"` // each once
 	At      Duration `yaml:"at"`
-	// For is how long (partition, region_loss: 0 means until the end;
-	// agent_restart: downtime, default 1s).
+	// For is how long (partition, region_loss, loss: 0 means until the
+	// end; agent_restart: downtime, default 1s, an explicit 0 refused).
 	For Duration `yaml:"for"`
 	// Loss is a loss event's drop probability, in (0, 1].
 	Loss float64 `yaml:"loss"`

@@ -212,7 +212,7 @@ func (m *metrics) result(seed uint64, dur time.Duration, events int) *Result {
 	for _, W := range Windows {
 		res.WindowsS = append(res.WindowsS, W.Seconds())
 	}
-	res.Demand = perSecond(m.demand, sc.Sample.D())
+	res.Demand = perSecond(m.demand, sc.Sample.D(), dur)
 	ideal := m.per[0].admitted
 	for i, s := range m.strats {
 		x := m.per[i]
@@ -235,17 +235,26 @@ func (m *metrics) result(seed uint64, dur time.Duration, events int) *Result {
 			}
 		}
 		sr.WindowMax = x.quotaMax
-		sr.AdmittedRate = perSecond(x.series, sc.Sample.D())
+		sr.AdmittedRate = perSecond(x.series, sc.Sample.D(), dur)
 		sr.Shares = x.shares
 		res.Strategies = append(res.Strategies, sr)
 	}
 	return res
 }
 
-func perSecond(xs []float64, sample time.Duration) []float64 {
+// perSecond turns the cost per sample into a rate: each sample's cost
+// over the time it covers, the whole period but for the last sample of a
+// run whose duration dur is not a multiple of it (the time left).
+func perSecond(xs []float64, sample, dur time.Duration) []float64 {
 	out := make([]float64, len(xs))
 	for i, x := range xs {
-		out[i] = round(x/sample.Seconds(), 3)
+		span := sample
+		if i == len(xs)-1 {
+			if left := dur - time.Duration(i)*sample; left > 0 && left < sample {
+				span = left
+			}
+		}
+		out[i] = round(x/span.Seconds(), 3)
 	}
 	return out
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/allocation"
-	"github.com/apportion/apportion/simulations/scenario"
 )
 
 // world is the state every strategy shares: the clock, the scenario, the
@@ -176,6 +175,9 @@ func Run(ctx context.Context, sc *Scenario, strategies []Strategy, opt Options) 
 	if opt.Duration > 0 {
 		dur = opt.Duration
 	}
+	if err := sc.CheckSize(dur); err != nil {
+		return nil, err
+	}
 	nr := len(sc.Regions)
 	w := &world{sc: sc, lost: make([]bool, nr), group: make([]int, nr), lossy: make([]float64, nr)}
 	setup := rand.New(rand.NewPCG(seed, 0x5eed))
@@ -218,7 +220,7 @@ func Run(ctx context.Context, sc *Scenario, strategies []Strategy, opt Options) 
 			if f <= 0 {
 				continue
 			}
-			st := &stream{region: r, d: di, frac: f, max: maxLevel(d), key: first,
+			st := &stream{region: r, d: di, frac: f, max: d.Peak(), key: first,
 				rng: rand.New(rand.NewPCG(seed, uint64(1000+len(streams))))}
 			if d.Keys != nil && d.Keys.Count > 1 {
 				st.zipf = rand.NewZipf(st.rng, d.Keys.S, 1, uint64(d.Keys.Count-1))
@@ -318,22 +320,6 @@ func Run(ctx context.Context, sc *Scenario, strategies []Strategy, opt Options) 
 	res.Targets = shifts
 	m.convergence(res)
 	return res, nil
-}
-
-func maxLevel(d *scenario.Demand) float64 {
-	switch d.Shape {
-	case "steps":
-		v := 0.0
-		for _, s := range d.Steps {
-			v = math.Max(v, s.Level)
-		}
-		return v
-	case "ramp":
-		return math.Max(d.From, d.To)
-	case "sinusoid":
-		return d.Level + math.Abs(d.Amplitude)
-	}
-	return d.Level
 }
 
 // Shift is a demand change, or the end of a fault (or a region lost), and
