@@ -212,7 +212,7 @@ func (m *metrics) result(seed uint64, dur time.Duration, events int) *Result {
 	for _, W := range Windows {
 		res.WindowsS = append(res.WindowsS, W.Seconds())
 	}
-	res.Demand = perSecond(m.demand, sc.Sample.D(), dur)
+	res.Demand = PerSecond(m.demand, sc.Sample.D(), dur)
 	ideal := m.per[0].admitted
 	for i, s := range m.strats {
 		x := m.per[i]
@@ -235,17 +235,17 @@ func (m *metrics) result(seed uint64, dur time.Duration, events int) *Result {
 			}
 		}
 		sr.WindowMax = x.quotaMax
-		sr.AdmittedRate = perSecond(x.series, sc.Sample.D(), dur)
+		sr.AdmittedRate = PerSecond(x.series, sc.Sample.D(), dur)
 		sr.Shares = x.shares
 		res.Strategies = append(res.Strategies, sr)
 	}
 	return res
 }
 
-// perSecond turns the cost per sample into a rate: each sample's cost
+// PerSecond turns the cost per sample into a rate: each sample's cost
 // over the time it covers, the whole period but for the last sample of a
 // run whose duration dur is not a multiple of it (the time left).
-func perSecond(xs []float64, sample, dur time.Duration) []float64 {
+func PerSecond(xs []float64, sample, dur time.Duration) []float64 {
 	out := make([]float64, len(xs))
 	for i, x := range xs {
 		span := sample

@@ -231,10 +231,7 @@ func score(sc *scenario.Scenario, vres *sim.Result, reqs []request, keys []strin
 	if sr.Requests > 0 {
 		sr.WronglyRejectedPct = round(100*float64(sr.WronglyRejected)/float64(sr.Requests), 4)
 	}
-	for i := range series {
-		series[i] = round(series[i]/sample.Seconds(), 3)
-	}
-	sr.AdmittedRate = series
+	sr.AdmittedRate = sim.PerSecond(series, sample, sc.Duration.D()) // the last sample over the time it covers
 	if rp.conv != nil {
 		sr.HasShares = true
 		sr.Reach, sr.Convergence = sim.Converge(rp.conv, vres.Targets)
