@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +61,13 @@ type Agent struct {
 	m     *metrics
 	start time.Time
 	ver   *wire.Verifier
+
+	// This region's own subject (own.go): the messages this agent
+	// published lately, the verifier of the region's key, and the loop's
+	// queue of messages there that it did not publish.
+	sent   *sentRing
+	ownVer *wire.Verifier
+	ownCh  chan []byte
 
 	mu     sync.Mutex // guards cancel, subs, closed
 	cancel context.CancelFunc
@@ -170,6 +179,9 @@ func New(cfg Config, store Store, nc *nats.Conn, reg Registry, src rules.Source)
 		cfg: cfg, lcfg: cfg.LedgerConfig(), store: store, nc: nc, reg: reg, src: src,
 		log:       cfg.Logger,
 		ver:       wire.NewVerifier(cfg.PeerKeys, cfg.InsecureUnsigned),
+		sent:      newSentRing(),
+		ownVer:    ownVerifier(cfg),
+		ownCh:     make(chan []byte, 4),
 		logs:      logsample.New(cfg.Logger, logEvery),
 		rulesCh:   make(chan []rules.Rule, 1),
 		inbox:     newInbox(),
@@ -179,13 +191,7 @@ func New(cfg Config, store Store, nc *nats.Conn, reg Registry, src rules.Source)
 		peers:     map[string]time.Time{},
 		reclaimed: map[string]bool{},
 	}
-	if mp := nc.MaxPayload(); mp > 0 {
-		// A split report repeats its closures in every part: keep them to
-		// a quarter of a part (the ledger's default is a quarter of NATS's
-		// default payload), so a server with a smaller max_payload still
-		// leaves room for keys.
-		a.lcfg.MaxClosureBytes = min(a.lcfg.MaxClosureBytes, max(1, int(mp)/4))
-	}
+	a.lcfg.MaxClosureBytes = closureRoom(nc, a.lcfg.MaxClosureBytes)
 	if wk, ok := reg.(witnessKeys); ok && a.lcfg.WitnessLease > 0 {
 		a.wit.keys, a.wit.nonce = wk, randomNonce()
 	} else {
@@ -194,6 +200,34 @@ func New(cfg Config, store Store, nc *nats.Conn, reg Registry, src rules.Source)
 	a.drv = driver.New(cfg.Region, ports{a})
 	a.m = newMetrics(cfg.Region, cfg.Metrics, a)
 	return a, nil
+}
+
+// closureRoom bounds room, a ledger's MaxClosureBytes, by a quarter of the
+// NATS server's max payload once it is known (the connection was made; a
+// ledger started before keeps room, the ledger's default, a quarter of
+// NATS's default payload). A split report repeats its closures in every
+// part: a server with a smaller max_payload must still leave room for keys.
+func closureRoom(nc *nats.Conn, room int) int {
+	if mp := nc.MaxPayload(); mp > 0 {
+		return min(room, max(1, int(mp)/4))
+	}
+	return room
+}
+
+// RedactURLs returns urls (NATS server URLs) for a log: comma-separated,
+// without their user information (a user and password, or a token).
+func RedactURLs(urls []string) string {
+	out := make([]string, 0, len(urls))
+	for _, s := range urls {
+		u, err := url.Parse(strings.TrimSpace(s))
+		if err != nil {
+			out = append(out, "(a URL that does not parse)")
+			continue
+		}
+		u.User = nil
+		out = append(out, u.String())
+	}
+	return strings.Join(out, ",")
 }
 
 // Start subscribes to usage and reports and launches the agent's goroutines.
@@ -218,7 +252,12 @@ func (a *Agent) Start() error {
 	}
 	rs.SetPendingLimits(64*1024, 256<<20)
 	a.subs = []*nats.Subscription{us, rs}
-	if err := a.nc.Flush(); err != nil {
+	if !a.nc.IsConnected() {
+		// A flush would wait for a server for its whole timeout (10 s):
+		// the subscriptions apply when the connection is made.
+		a.log.Warn("NATS not connected: no report is sent or received, and the agent is not ready, until it connects (subscriptions apply then)",
+			"servers", RedactURLs(a.nc.Servers()), "status", a.nc.Status().String())
+	} else if err := a.nc.Flush(); err != nil {
 		a.logs.Log(slog.LevelWarn, "nats-flush", "NATS flush after subscribing failed; subscriptions apply on reconnect", logKeyErr, err)
 	}
 	a.start = time.Now()
@@ -256,8 +295,11 @@ func (a *Agent) Close(ctx context.Context) error {
 	}
 }
 
-// Ready reports whether the agent has a rule set and its first run id.
-func (a *Agent) Ready() bool { return a.ready.Load() }
+// Ready reports whether the agent has a rule set, its store's run id and
+// a NATS connection: without one it neither sends nor hears reports, so
+// its ledgers coordinate nothing (and, among three regions or more, fence
+// to their floors).
+func (a *Agent) Ready() bool { return a.ready.Load() && a.nc.IsConnected() }
 
 func (a *Agent) now() time.Duration { return time.Since(a.start) }
 

@@ -50,7 +50,8 @@ type Config struct {
 	// ledger's StoreTimeout. See the package doc.
 	StoreTimeout time.Duration
 	// RecordHold is the TTL of a share record that is not a Release
-	// record (default 1h; never below 4(Lease + Interval + StoreTimeout)):
+	// record (default DefaultRecordHold, 1h, which 0 means too; never
+	// below 4(Lease + Interval + StoreTimeout)):
 	// the agent writes each such record again every half of it, so that
 	// the record of an agent gone for good, or of a region taken out,
 	// expires (see refresh.go).
@@ -125,17 +126,25 @@ type Config struct {
 	// Cluster whose marker writes cover the shard's slots
 	// (redisstore.WithMarkerSlots of redisstore.ShardSlots).
 	Shard Shard
+	// RulePrefix is where the rule source reads the rules (agentd: the
+	// etcd prefix, --etcd-prefix), for the log only: an agent that finds
+	// no rule to coordinate says where it looked.
+	RulePrefix string
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// Metrics, if set, gets the agent's metrics, labelled with Region.
 	Metrics prometheus.Registerer
 }
 
+// DefaultRecordHold is the default Config.RecordHold.
+const DefaultRecordHold = time.Hour
+
 // DefaultConfig returns the defaults documented on Config (Region unset).
 func DefaultConfig() Config {
 	lc := ledger.DefaultConfig()
 	return Config{
 		Interval:     100 * time.Millisecond,
+		RecordHold:   DefaultRecordHold,
 		Lease:        lc.Lease,
 		Rho:          lc.Rho,
 		Margin:       lc.Margin,

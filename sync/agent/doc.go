@@ -49,9 +49,13 @@
 //   - Reports: one message per tick on "ratelimit.report.<region>" (a shard:
 //     Shard.ReportSubject) carrying the
 //     report of every ledger that has one (sync/wire; split by EncodeParts
-//     when larger than the connection's max payload); the agent subscribes
-//     to "ratelimit.report.*", ignores its own subject and feeds the rest to
-//     Ledger.Receive. A message whose From differs from its subject token is
+//     when larger than the connection's max payload; none is built before
+//     the connection was first made, while that is unknown); the agent
+//     subscribes to "ratelimit.report.*" and feeds the other regions'
+//     reports to Ledger.Receive; on its own subject it only looks for another agent
+//     serving its region (own.go: a message it did not publish, signed with
+//     the region's key, of a newer incarnation than its own, is counted and
+//     logged). A message whose From differs from its subject token is
 //     malformed.
 //   - Authentication (verify.go): every message is sealed with the
 //     region's Ed25519 key (Config.Signer, an NKey seed: wire.Signer) and
@@ -279,12 +283,20 @@
 //     outlives it, and the rule store (rules/etcdstore, under
 //     DefaultRegistryPrefix) refuses a global rule whose split differs from
 //     its id's document; capacity and rate changes apply at once (shares
-//     are fractions of the limit). The Spec also records the units of one
-//     whole token when the document was made (Quantum, for limits of a few
-//     tokens), with which the registry pays reclaims out in whole tokens;
-//     advisory only (any payout sums to what was freed), so a capacity
-//     changed since only rounds payouts to the old token, and a document
-//     from before it pays by weight alone.
+//     are fractions of the limit), and so do the whole tokens of limits of
+//     a few tokens: each rule set gives the running ledgers the Quantum of
+//     the rule's capacity as it is now (followCapacity,
+//     ledger.Ledger.SetQuantum; TestCapacityChangeWholeTokens: three
+//     regions cut from a burst of 4 to 2 hold whole tokens of the new one
+//     within a second, where they kept tokens of the old one, a fraction
+//     of the new, until restarted). The Spec also records the units of one
+//     whole token (Quantum), with which the registry pays reclaims out in
+//     whole tokens: each write of the document records the Quantum of the
+//     rule's capacity as the writing agent has it (EtcdRegistry.setLimit).
+//     Advisory only (any payout sums to what was freed), so a write a
+//     capacity change behind only rounds a payout to the old token, which
+//     the ledgers' gifts then round to the new, and a document from before
+//     it pays by weight alone.
 //   - The contract store in the tests (memstore_test.go) implements the store
 //     contract in memory under one lock shared by the regions, so its sampler
 //     checks the sum at true instants; the same scenario runs against real
@@ -298,7 +310,9 @@
 //     leader's marker (a Create with a higher incarnation) replaces it, after
 //     which its renewals are refused by the store.
 //   - agentd.RunCommand's HTTP server (--http-addr) serves /metrics, /healthz,
-//     /readyz and GET /v1/shares?rule=ID (the rule's coordinated keys with
+//     /readyz (200 once the agent has a rule set, its store's run id and a
+//     NATS connection: Agent.Ready; a standby needs the connection too)
+//     and GET /v1/shares?rule=ID (the rule's coordinated keys with
 //     their units, rate and burst, busiest first), which rlctl limits show
 //     --agents reads. It has no authentication: keep it on a private address.
 //

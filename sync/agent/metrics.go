@@ -40,6 +40,7 @@ type metrics struct {
 	storeErrors  prometheus.Counter
 	witness      *prometheus.CounterVec
 	witnessTakes prometheus.Counter
+	otherAgent   prometheus.Counter
 }
 
 func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
@@ -76,6 +77,8 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 			Help: "Renewals of this region's witness key in etcd (two-region rules), by result: renewed, taken (the peer had taken it: written again), error.", ConstLabels: cl}, []string{"result"}),
 		witnessTakes: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_witness_takes_total",
 			Help: "Witness keys of silent peer regions this agent took (their shares of two-region rules reclaimed).", ConstLabels: cl}),
+		otherAgent: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_other_agent_reports_total",
+			Help: "Reports on this region's own subject, signed with its key, of a newer incarnation than this agent runs: another agent appears to serve the region (run one per region and shard, the others with --standby).", ConstLabels: cl}),
 	}
 	for _, r := range []string{"renewed", "taken", "error"} {
 		m.witness.WithLabelValues(r)
@@ -92,7 +95,7 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reports, m.bytes, m.rejected, m.peersSeen, m.peerLag, m.coordinated, m.closures, m.gifts, m.fenced,
-			m.reclaims, m.tickDuration, m.usageDropped, m.storeErrors, m.witness, m.witnessTakes, newShareCollector(a, region))
+			m.reclaims, m.tickDuration, m.usageDropped, m.storeErrors, m.witness, m.witnessTakes, m.otherAgent, newShareCollector(a, region))
 		if er, ok := a.reg.(*EtcdRegistry); ok {
 			reg.MustRegister(
 				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apportion_sync_registry_document_bytes",

@@ -38,7 +38,17 @@ func (p ports) Publish(m wire.Message) {
 	// One part encoded, sealed and handed to NATS at a time: a report of
 	// every key is several parts of up to the max payload each.
 	m.Version = a.cfg.WireVersion
-	parts, err := wire.EncodeParts(m, int(a.nc.MaxPayload())-wire.Overhead)
+	mp := a.nc.MaxPayload()
+	if mp <= 0 {
+		// Never connected: the server's max payload is unknown (0), and a
+		// message published now would wait in the reconnect buffer and
+		// reach the peers stale. The report is lost, which the ledger
+		// tolerates (its next reports carry what it said).
+		a.logs.Log(slog.LevelWarn, "publish-unconnected", "report not sent: NATS has not connected yet (its max payload is unknown)",
+			"servers", RedactURLs(a.nc.Servers()), "status", a.nc.Status().String())
+		return
+	}
+	parts, err := wire.EncodeParts(m, int(mp)-wire.Overhead)
 	if err != nil {
 		a.logs.Log(slog.LevelError, "encode", "cannot encode reports", logKeyErr, err)
 		return
@@ -52,6 +62,7 @@ func (p ports) Publish(m wire.Message) {
 		if a.cfg.Signer != nil {
 			part = a.cfg.Signer.Seal(part)
 		}
+		a.sent.add(part) // its echo is not another agent's (own.go)
 		total += int64(len(part))
 		if err := a.nc.Publish(a.cfg.Shard.ReportSubject(a.cfg.Region), part); err != nil {
 			a.logs.Log(slog.LevelWarn, "publish", "report publish failed (the ledger tolerates loss)", logKeyErr, err)

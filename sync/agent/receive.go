@@ -62,6 +62,7 @@ type queuedReport struct {
 func (a *Agent) onReport(msg *nats.Msg) {
 	from := a.cfg.Shard.regionOf(msg.Subject)
 	if from == a.cfg.Region {
+		a.onOwnSubject(msg.Data) // its own echoes, or another agent of the region (own.go)
 		return
 	}
 	a.m.reports.WithLabelValues("received").Inc()

@@ -54,18 +54,15 @@ import (
 // maxmemory policy may now evict a held record, which then enforces its
 // base (volatile-ttl evicts it only after every key closer to expiry).
 
-// minRecordHold is the least Hold the agent gives its records.
-const minRecordHold = time.Hour
-
 // refreshBatch bounds the records one refresh call writes (per rule and tick).
 const refreshBatch = 1024
 
 // recordHold is the Hold of the agent's records: cfg.RecordHold, else
-// minRecordHold, and never below 4(Lease + Interval + StoreTimeout).
+// DefaultRecordHold, and never below 4(Lease + Interval + StoreTimeout).
 func recordHold(cfg Config) time.Duration {
 	h := cfg.RecordHold
 	if h == 0 {
-		h = minRecordHold
+		h = DefaultRecordHold
 	}
 	return max(h, 4*(cfg.Lease+cfg.Interval+cfg.StoreTimeout))
 }

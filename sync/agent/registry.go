@@ -36,12 +36,16 @@ type Spec struct {
 	Units    int64               `json:"units"`
 	MinShare float64             `json:"min_share"`
 	Regions  []ledger.RegionSpec `json:"regions"`
-	// Quantum is the units of one whole token when the document was made
-	// (ledger.QuantumOf the rule's capacity or limit; 0: none, and in
-	// documents from before it): the registry pays reclaims out in whole
-	// tokens with it. Advisory: any payout sums to what is freed, so it is
-	// not part of what the ledgers must agree on (equal), and a capacity
-	// changed since only makes payouts round to the old token.
+	// Quantum is the units of one whole token of the rule's capacity or
+	// limit (ledger.QuantumOf; 0: none, and in documents from before it)
+	// as the agent that last wrote the document knew it: each write
+	// records the one of the rule the writing agent has now
+	// (EtcdRegistry.setLimit), so a capacity changed since the document
+	// was made counts from the next write on. The registry pays reclaims
+	// out in whole tokens with it. Advisory: any payout sums to what is
+	// freed, so it is not part of what the ledgers must agree on (equal),
+	// and a Quantum a change behind only makes a payout round to the old
+	// token (the ledgers' gifts then move it to whole tokens of the new).
 	Quantum int64 `json:"quantum,omitempty"`
 }
 
@@ -140,6 +144,46 @@ type EtcdRegistry struct {
 	// beforeCAS, when set (tests), runs between a write's chunk puts and
 	// its compare-and-swap.
 	beforeCAS func(rule string)
+	limits    *ruleLimits
+}
+
+// ruleLimits is each rule's limit in whole tokens as the agent's rule set
+// has it now (EtcdRegistry.setLimit; absent: not known).
+type ruleLimits struct {
+	mu sync.Mutex
+	m  map[string]int64
+}
+
+// setLimit records rule's limit in whole tokens (a token bucket's
+// capacity, a window's limit; 0: forget the rule): every later write of
+// the rule's document records the Quantum of it in the Spec (the
+// document's is the one of the capacity when it was made, or when an
+// agent last wrote it) and pays reclaims out in its whole tokens. The
+// Quantum is advisory (any payout sums to what was freed), so agents that
+// disagree for a moment, each writing its own, change no total.
+func (r *EtcdRegistry) setLimit(rule string, tokens int64) {
+	r.limits.mu.Lock()
+	defer r.limits.mu.Unlock()
+	if tokens <= 0 {
+		delete(r.limits.m, rule)
+		return
+	}
+	r.limits.m[rule] = tokens
+}
+
+// followLimit sets the Quantum of cur and reg (rule's document, read or
+// new) to that of rule's limit as setLimit last recorded it, if any.
+func (r *EtcdRegistry) followLimit(rule string, cur *Spec, reg *ledger.Registry) {
+	r.limits.mu.Lock()
+	tokens, ok := r.limits.m[rule]
+	r.limits.mu.Unlock()
+	if !ok {
+		return
+	}
+	if q := ledger.QuantumOf(cur.Units, float64(tokens)); q != cur.Quantum {
+		cur.Quantum = q
+		reg.SetQuantum(q)
+	}
 }
 
 // registryStats is what an EtcdRegistry last wrote (the agent's
@@ -167,7 +211,8 @@ func NewEtcdRegistry(kv clientv3.KV, prefix string, base ledger.Config) *EtcdReg
 		prefix += "/"
 	}
 	return &EtcdRegistry{kv: kv, prefix: prefix, base: base, format: defaultChunkFormat,
-		cache: newChunkCache(defaultCacheBytes), recs: &recordCache{m: map[string]RuleRecords{}}, stats: &registryStats{}}
+		cache: newChunkCache(defaultCacheBytes), recs: &recordCache{m: map[string]RuleRecords{}}, stats: &registryStats{},
+		limits: &ruleLimits{m: map[string]int64{}}}
 }
 
 // forShard returns r checking sh's layout and reading sh's groups.
@@ -344,6 +389,7 @@ func (r *EtcdRegistry) update(ctx context.Context, rule string, spec *Spec, fn f
 			}
 			cmp = clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)
 		}
+		r.followLimit(rule, &cur, reg)
 		if err := fn(reg, cur); err != nil {
 			return err
 		}

@@ -2,7 +2,11 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/apportion/apportion/regional/redisstore"
@@ -106,6 +110,7 @@ func (a *Agent) setRules(rs []rules.Rule) {
 			a.log.Info("rule no longer coordinated here; dropping its ledger", logKeyRule, id)
 			delete(a.rules, id)
 			a.drv.Remove(id)
+			a.setRegistryLimit(id, 0)
 		}
 	}
 	for id, r := range want {
@@ -118,15 +123,94 @@ func (a *Agent) setRules(rs []rules.Rule) {
 			a.logs.Log(slog.LevelWarn, "spec/"+id, "rule's regions, weights or min_share changed; coordination keeps the spec it started with (use a new rule id to change it)", logKeyRule, id)
 		}
 		st.rule = r
+		a.setRegistryLimit(id, wholeLimit(r))
+		a.followCapacity(st)
 		if added {
 			// A new rule starts its incarnation now (the boot marker follows
 			// one registry round trip later: driver.Started), not at the next tick.
 			a.maybeStart(a.ctx, st)
 		}
 	}
+	if len(want) == 0 {
+		a.nothingToCoordinate(rs)
+	}
 	a.everRules = true
 	a.ready.Store(a.everRules && a.runID != "")
 	a.publishSnapshot()
+}
+
+// nothingToCoordinate warns that no rule of rs, a new rule set, is one
+// this agent coordinates, and why: no rules at all where the agent reads
+// them (--etcd-prefix), no global rule, or none listing this region
+// (--region), or only such rules as are not coordinated. The agent is
+// ready all the same (a rule set may list the region later), and drops
+// every peer's report as unknown_rule: without this line, that was all
+// its log said. Logged for every rule set that leaves it so.
+func (a *Agent) nothingToCoordinate(rs []rules.Rule) {
+	prefix := a.cfg.RulePrefix
+	if len(rs) == 0 {
+		a.log.Warn("no rules under the rule prefix: this agent has nothing to coordinate (check --etcd-prefix)", "prefix", prefix)
+		return
+	}
+	global := 0
+	listed := map[string]bool{}
+	for _, r := range rs {
+		if r.Scope != rules.Global {
+			continue
+		}
+		global++
+		for n := range r.Regions {
+			listed[n] = true
+		}
+	}
+	switch {
+	case global == 0:
+		a.log.Warn("no global rule under the rule prefix: this agent has nothing to coordinate", "prefix", prefix, "rules", len(rs))
+	case !listed[a.cfg.Region]:
+		a.log.Warn(fmt.Sprintf("no global rule lists region %s: this agent has nothing to coordinate (check --region)", a.cfg.Region),
+			"prefix", prefix, "global_rules", global, "regions_listed", strings.Join(slices.Sorted(maps.Keys(listed)), ","))
+	default:
+		a.log.Warn(fmt.Sprintf("the global rules that list region %s are none this agent coordinates (a token_bucket, fixed_window or sliding_window with a positive rate and limit)", a.cfg.Region),
+			"prefix", prefix, "global_rules", global)
+	}
+}
+
+// followCapacity gives st's running ledger the Quantum of its rule's
+// capacity (a token bucket's) or limit (a window's) as it is now: a rule's
+// capacity may change at any time, and the ledger's whole tokens must be
+// the new capacity's (ledger.Ledger.SetQuantum, which says why a change
+// is safe at once). Without it the Quantum stayed the one the ledger
+// started with: a cut from a capacity of 4 to 2 over three regions left
+// two of them half a token each for good, admitting nothing. A ledger
+// started later gets it in started.
+func (a *Agent) followCapacity(st *ruleState) {
+	if st.Led == nil {
+		return
+	}
+	q := ledger.QuantumOf(st.spec.Units, float64(wholeLimit(st.rule)))
+	old := st.Led.Quantum()
+	if q == old {
+		return
+	}
+	if err := st.Led.SetQuantum(q); err != nil {
+		a.logs.Log(slog.LevelError, "quantum/"+st.ID, "cannot apply the rule's new capacity to its whole tokens", logKeyRule, st.ID, logKeyErr, err)
+		return
+	}
+	a.log.Info("rule's capacity changed: whole tokens follow it", logKeyRule, st.ID, "limit", wholeLimit(st.rule), "quantum", q, "was", old)
+}
+
+// registryLimits is a Registry that pays reclaims out in whole tokens of
+// each rule's current limit (EtcdRegistry.setLimit).
+type registryLimits interface {
+	setLimit(rule string, tokens int64)
+}
+
+// setRegistryLimit tells the registry rule's limit in whole tokens (0: the
+// rule is gone), if it keeps them.
+func (a *Agent) setRegistryLimit(rule string, tokens int64) {
+	if rl, ok := a.reg.(registryLimits); ok {
+		rl.setLimit(rule, tokens)
+	}
 }
 
 // maybeStart asks the registry for a new incarnation of st's rule.
@@ -167,6 +251,7 @@ func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, 
 	lcfg := spec.ledgerConfig(a.lcfg)
 	lcfg.Quantum = ledger.QuantumOf(lcfg.Units, float64(wholeLimit(st.rule)))
 	lcfg.Margin += windowWait(st.rule, lcfg.Rho)
+	lcfg.MaxClosureBytes = closureRoom(a.nc, lcfg.MaxClosureBytes)
 	led, err := ledger.New(lcfg, a.cfg.Region, spec.Regions, start, a.now())
 	if err != nil {
 		a.failStart(st, err)

@@ -28,6 +28,8 @@ func (a *Agent) loop(ctx context.Context) {
 			}
 		case fn := <-a.results:
 			fn(ctx)
+		case m := <-a.ownCh:
+			a.ownReport(m)
 		case <-tick.C:
 			a.tick(ctx)
 			tick.Reset(time.Until(nextTick(time.Now(), a.cfg.Interval)))

@@ -89,6 +89,12 @@ func TestTwoRegionLossWitness(t *testing.T) {
 	if n := metricValue(b.agent.m.witness.WithLabelValues("renewed")); n < 1 {
 		t.Errorf("b's new agent renewed its witness key %v times", n)
 	}
+	// A restarted agent's first write replaces the key whoever wrote it:
+	// the take is not counted as taken on its side (docs/operations.md,
+	// Region lost, step 6), only on the survivor's (witnessTakes above).
+	if n := metricValue(b.agent.m.witness.WithLabelValues("taken")); n != 0 {
+		t.Errorf("b's new agent counted its witness key taken %v times, want 0", n)
+	}
 	sm.finish()
 	if v := sm.violations.Load(); v > 0 {
 		t.Fatalf("sum of enforced units exceeded %d in %d of %d samples (worst %d)", U, v, sm.samples.Load(), sm.worst.Load())

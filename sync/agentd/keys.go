@@ -25,9 +25,14 @@ const ImageUser = 10001
 //	DIR/nats-<region>.conf  SYNCAGENT_NKEY, included by deploy/nats/<region>.conf
 //
 // Run as root, it gives the seeds to ImageUser. It prints the peers list.
-func keysInit(args []string, stdout io.Writer) error {
+func keysInit(args []string, stdout, stderr io.Writer) error {
+	const help = "usage: syncagent keys DIR REGION... (creates the missing report keys of the regions in DIR)"
+	args, done, err := subcommandArgs("keys", help, args, stderr)
+	if done || err != nil {
+		return err
+	}
 	if len(args) < 2 {
-		return errors.New("usage: syncagent keys DIR REGION... (creates the missing report keys of the regions in DIR)")
+		return errors.New(help)
 	}
 	dir, regions := args[0], args[1:]
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -65,7 +70,7 @@ func keysInit(args []string, stdout io.Writer) error {
 	if err := writeFile(filepath.Join(dir, "peers"), peers.String()); err != nil {
 		return err
 	}
-	_, err := io.WriteString(stdout, peers.String())
+	_, err = io.WriteString(stdout, peers.String())
 	return err
 }
 

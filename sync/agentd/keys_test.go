@@ -62,3 +62,36 @@ func TestRunCommandKeys(t *testing.T) {
 		})
 	}
 }
+
+// TestSubcommandHelp: -h, -help and --help print a subcommand's usage and
+// do nothing else, where "syncagent keygen --help" wrote a seed into a
+// file named --help and exited 0; another flag is an error that writes
+// nothing; after "--" a FILE may begin with "-".
+func TestSubcommandHelp(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, cmd := range []string{"keygen", "pubkey", "keys"} {
+		for _, h := range []string{"-h", "-help", "--help"} {
+			var out, errOut bytes.Buffer
+			if err := RunCommand(context.Background(), []string{cmd, h}, &out, &errOut); err != nil {
+				t.Errorf("%s %s: %v", cmd, h, err)
+			}
+			if !strings.Contains(errOut.String(), "usage: syncagent "+cmd) || out.Len() > 0 {
+				t.Errorf("%s %s: stdout %q, stderr %q; want the usage on stderr", cmd, h, out.String(), errOut.String())
+			}
+		}
+		if err := RunCommand(context.Background(), []string{cmd, "--bogus", "x"}, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "usage: syncagent "+cmd) {
+			t.Errorf("%s --bogus x: %v, want an error with the usage", cmd, err)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) > 0 {
+		t.Fatalf("help and a bad flag wrote %v", ents)
+	}
+	var out bytes.Buffer
+	if err := RunCommand(context.Background(), []string{"keygen", "--", "-a.nk"}, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "-a.nk")); err != nil || !strings.HasPrefix(out.String(), "U") {
+		t.Fatalf("keygen -- -a.nk: %v, printed %q", err, out.String())
+	}
+}

@@ -78,7 +78,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.lease, "lease", def.Lease, "lease: a region unheard for this long falls back to its floor and is reclaimed")
 	fs.Float64Var(&o.rho, "clock-rate-bound", def.Rho, "bound on every clock's rate error (0.01: within 1% of real time)")
 	fs.DurationVar(&o.halfLife, "demand-half-life", def.HalfLife, "half-life of the demand estimate: shorter follows shifts faster, longer is steadier under noisy traffic")
-	fs.DurationVar(&o.recordHold, "record-hold", def.RecordHold, "TTL of a held share record in Redis, written again every half of it (never below 4 x (lease + interval + 100ms)): the records of an agent gone for good expire after it")
+	fs.DurationVar(&o.recordHold, "record-hold", def.RecordHold, "TTL of a held share record in Redis, written again every half of it (never below 4 x (lease + interval + 100ms); 0: the default): the records of an agent gone for good expire after it")
 	fs.IntVar(&o.maxUsageKeys, "max-usage-keys", def.MaxUsageKeys, "distinct keys of usage buffered between two sync intervals; the usage of further keys is dropped (apportion_sync_usage_dropped_total) and their demand goes unseen: raise it above the keys of global rules in use per interval (about 80 B of heap each while buffered)")
 	fs.DurationVar(&o.heartbeat, "heartbeat", def.Heartbeat, "a report goes out at least this often when nothing changed (capped by the lease: 685ms at 3s); 0: a report every interval")
 	fs.DurationVar(&o.witnessLease, "witness-lease", def.WitnessLease, "two-region rules: a region cut off from its peer and from etcd keeps its share this long after its last renewal of its witness key in etcd, then its floor; a peer silent that long (x (1+rho)/(1-rho), + margin) is reclaimed; 0: no witness (a lost region's share of a two-region rule stays unused until it returns); at least --lease")
@@ -144,11 +144,34 @@ func (o *options) reportKeys() (*wire.Signer, wire.Keys, error) {
 	return signer, keys, nil
 }
 
+// subcommandArgs parses the arguments of subcommand name, which takes no
+// flags: -h, -help or --help prints its usage to stderr (done true: the
+// caller does nothing else and succeeds), any other flag is an error, and
+// "--" ends the flags (a FILE that begins with "-"). It returns the
+// positional arguments.
+func subcommandArgs(name, usage string, args []string, stderr io.Writer) (rest []string, done bool, err error) {
+	fs := flag.NewFlagSet("syncagent "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // its own messages name no usage: ours follows
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stderr, usage)
+			return nil, true, nil
+		}
+		return nil, false, fmt.Errorf("%w; %s", err, usage)
+	}
+	return fs.Args(), false, nil
+}
+
 // keygen writes a new NKey user seed to path (which must not exist) and
 // prints its public key.
-func keygen(args []string, stdout io.Writer) error {
+func keygen(args []string, stdout, stderr io.Writer) error {
+	const usage = "usage: syncagent keygen FILE (writes a new seed to FILE, which must not exist, and prints its public key)"
+	args, done, err := subcommandArgs("keygen", usage, args, stderr)
+	if done || err != nil {
+		return err
+	}
 	if len(args) != 1 {
-		return errors.New("usage: syncagent keygen FILE (writes a new seed to FILE and prints its public key)")
+		return errors.New(usage)
 	}
 	seed, pub, err := wire.GenerateSeed()
 	if err != nil {
@@ -162,9 +185,14 @@ func keygen(args []string, stdout io.Writer) error {
 }
 
 // pubkey prints the public key of the seed in path.
-func pubkey(args []string, stdout io.Writer) error {
+func pubkey(args []string, stdout, stderr io.Writer) error {
+	const usage = "usage: syncagent pubkey FILE (prints the public key of the seed in FILE)"
+	args, done, err := subcommandArgs("pubkey", usage, args, stderr)
+	if done || err != nil {
+		return err
+	}
 	if len(args) != 1 {
-		return errors.New("usage: syncagent pubkey FILE (prints the public key of the seed in FILE)")
+		return errors.New(usage)
 	}
 	seed, err := os.ReadFile(args[0])
 	if err != nil {
@@ -186,16 +214,17 @@ func pubkey(args []string, stdout io.Writer) error {
 // "syncagent keygen FILE" writes a new report signing seed to FILE and
 // prints its public key; "syncagent pubkey FILE" prints the public key of
 // a seed file; "syncagent keys DIR REGION..." creates the missing keys of
-// a deployment's regions (see keysInit).
+// a deployment's regions (see keysInit). With -h (-help, --help) each
+// prints its usage and does nothing else.
 func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 {
 		switch args[0] {
 		case "keygen":
-			return keygen(args[1:], stdout)
+			return keygen(args[1:], stdout, stderr)
 		case "pubkey":
-			return pubkey(args[1:], stdout)
+			return pubkey(args[1:], stdout, stderr)
 		case "keys":
-			return keysInit(args[1:], stdout)
+			return keysInit(args[1:], stdout, stderr)
 		case "layout":
 			return layoutCommand(ctx, args[1:], stdout, stderr)
 		}
@@ -215,6 +244,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cfg.HalfLife, cfg.RecordHold, cfg.MaxUsageKeys, cfg.WireVersion = o.halfLife, o.recordHold, o.maxUsageKeys, o.wireVersion
 	cfg.Heartbeat, cfg.DemandBand, cfg.WitnessLease = o.heartbeat, o.demandBand, o.witnessLease
 	cfg.GiftBand, cfg.GiftWait = o.giftBand, o.giftWait
+	cfg.RulePrefix = o.etcd.Prefix
 	cfg.InsecureUnsigned = true // the keys are checked next, once the rest is valid
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -269,6 +299,12 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer nc.Close()
+	watchStop, watchDone := make(chan struct{}), make(chan struct{})
+	go func(log *slog.Logger) { // log as it is now: RunCommand adds the shard to it later
+		defer close(watchDone)
+		watchNATS(watchStop, nc, o.nats.URL, log)
+	}(log)
+	defer func() { close(watchStop); <-watchDone }()
 
 	ecfg, err := o.etcd.Config(5 * time.Second)
 	if err != nil {
@@ -296,6 +332,10 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		a := current.Load()
 		switch {
+		case !nc.IsConnected():
+			// Neither an agent nor a standby serves without NATS: no report
+			// is sent or heard (watchNATS logs why).
+			http.Error(w, "not ready: NATS not connected ("+agent.RedactURLs(strings.Split(o.nats.URL, ","))+")", http.StatusServiceUnavailable)
 		case a != nil && a.Ready():
 			io.WriteString(w, "ready\n")
 		case o.standby && a == nil:
@@ -303,8 +343,10 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			// over. Answering 503 would hold a rollout (maxUnavailable 0)
 			// and a PodDisruptionBudget on the one leader forever.
 			io.WriteString(w, "standby\n")
+		case a == nil:
+			http.Error(w, "not ready: the agent is starting", http.StatusServiceUnavailable)
 		default:
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			http.Error(w, "not ready: no rule set or no Redis run id yet", http.StatusServiceUnavailable)
 		}
 	})
 	mux.Handle(agent.SharesPath, agent.SharesHandler(current.Load))

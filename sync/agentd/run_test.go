@@ -2,6 +2,8 @@ package agentd
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"io"
 	"net"
 	"net/http"
@@ -26,10 +28,17 @@ type runningCommand struct {
 
 func startCommand(t *testing.T, args ...string) *runningCommand {
 	t.Helper()
+	return startCommandLog(t, io.Discard, args...)
+}
+
+// startCommandLog is startCommand with the command's log (stderr) going to
+// stderr.
+func startCommandLog(t *testing.T, stderr io.Writer, args ...string) *runningCommand {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &testutil.SyncBuffer{}
 	rc := &runningCommand{cancel: cancel, done: make(chan error, 1)}
-	go func() { rc.done <- RunCommand(ctx, args, out, io.Discard) }()
+	go func() { rc.done <- RunCommand(ctx, args, out, stderr) }()
 	testutil.WaitFor(t, 20*time.Second, "the ready line", func() bool {
 		select {
 		case err := <-rc.done:
@@ -199,4 +208,26 @@ func testSeedFile(t testing.TB, region string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestFlagDefaultsShown: syncagent -h shows --record-hold's real default
+// (1h, which 0 also means), where it showed none: the flag's default was
+// the zero that the agent reads as 1h.
+func TestFlagDefaultsShown(t *testing.T) {
+	var help strings.Builder
+	if err := RunCommand(context.Background(), []string{"-h"}, io.Discard, &help); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	_, after, ok := strings.Cut(help.String(), "-record-hold duration")
+	if !ok {
+		t.Fatalf("no --record-hold in:\n%s", help.String())
+	}
+	line, _, _ := strings.Cut(strings.TrimPrefix(after, "\n"), "\n")
+	if !strings.Contains(line, "(default 1h0m0s)") {
+		t.Errorf("--record-hold's help %q shows no default of 1h", line)
+	}
+	o, err := parseFlags([]string{"--region", "a", "--etcd-endpoints", "x"}, io.Discard)
+	if err != nil || o.recordHold != time.Hour {
+		t.Errorf("--record-hold parses to %v (%v), want 1h", o.recordHold, err)
+	}
 }

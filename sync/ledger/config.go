@@ -174,7 +174,8 @@ type Config struct {
 	// With it, targets are rounded so that regions hold whole tokens
 	// (allocation.WholeTokens): a region whose capacity is below one token
 	// cannot admit anything; and a Registry pays out reclaims in whole
-	// quanta (Registry.split).
+	// quanta (Registry.split). The capacity of a rule may change at any
+	// time: Ledger.SetQuantum and Registry.SetQuantum change it live.
 	Quantum int64
 	// KeepToken is the hysteresis of whole tokens (with Quantum): a region
 	// that holds a whole token keeps it unless another region's demand is

@@ -58,7 +58,10 @@
 //     in flight (with Quantum, wants that all lie within EvenBand below
 //     their fair shares count as the fair shares: demand within noise of an
 //     even split keeps the static split, and nothing moves or is clamped on
-//     that noise), round them to whole tokens when Quantum is set (a region
+//     that noise), round them to whole tokens when Quantum is set (the
+//     limit's capacity may change while a ledger runs: SetQuantum, which
+//     changes no counter or position, so the next Tick rounds to the new
+//     token; a region
 //     below one token of capacity admits nothing; a region holding a token
 //     keeps it unless another wants KeepToken times more, since a move
 //     throws the holder's banked tokens away), and give our excess over

@@ -433,6 +433,50 @@ func (l *Ledger) index(name string) int {
 // Incarnation returns this ledger's incarnation.
 func (l *Ledger) Incarnation() Incarnation { return Incarnation{l.names[l.self], l.inc} }
 
+// Quantum returns the ledger's Config.Quantum (SetQuantum changes it).
+func (l *Ledger) Quantum() int64 { return l.cfg.Quantum }
+
+// SetQuantum changes Config.Quantum of a running ledger to q (in [0,
+// Units]): the limit's capacity changed, and q is QuantumOf the new one.
+// A rule's capacity may change at any time; with the Quantum fixed at New,
+// a capacity cut from a few tokens to 2 left three regions holding 1/2,
+// 1/4 and 1/4 of the limit for good (whole tokens of the old capacity):
+// two of them below one token, admitting nothing, while all wanted more.
+//
+// Safe at any call boundary. The Quantum shapes the targets only (give's
+// rounding to whole tokens and their hold, EvenBand, GiftWait's
+// exemption of whole-token keys) and the Registry's payouts, which are
+// separate: no counter, position, pending write, report or plausibility
+// check depends on it, and a gift still never exceeds what give may give
+// (giveable). Invariants 1 to 3 therefore hold across a change as proven,
+// whatever the regions' quanta are meanwhile. The next Tick is where the
+// ledger re-rounds: give computes every active key's targets afresh from
+// the reported state, rounded to the new token, and the regions holding a
+// fraction of one give it or receive the rest (keys at rest keep their
+// bases, as they would under a ledger started with q). Until every region
+// has applied the change (each agent reads the rule from etcd on its own)
+// their targets may differ by the rounding, so a token may move once more
+// than needed; once all agree, invariant 4's whole-token argument (step 4)
+// applies as to a ledger started with q. The count of Ticks a key's
+// gifts were held (the hold of whole tokens with a Quantum, GiftWait
+// without) restarts when the ledger switches between the two, so that
+// one is not taken for the other.
+func (l *Ledger) SetQuantum(q int64) error {
+	if q < 0 || q > l.cfg.Units {
+		return fmt.Errorf("%w: Quantum %d must be in [0, Units %d]", ErrConfig, q, l.cfg.Units)
+	}
+	if q == l.cfg.Quantum {
+		return nil
+	}
+	if (q > 1) != (l.cfg.Quantum > 1) {
+		for _, k := range l.keys {
+			k.waited = 0
+		}
+	}
+	l.cfg.Quantum = q
+	return nil
+}
+
 // RegionNames returns the names of the ledger's regions, in the order New
 // was given them (a copy).
 func (l *Ledger) RegionNames() []string { return slices.Clone(l.names) }

@@ -103,6 +103,11 @@ func (r *Registry) split(units int64, w []float64) []int64 {
 	return out
 }
 
+// SetQuantum makes later payouts whole tokens of q units (Config.Quantum;
+// 0: by weight alone): the limit's capacity changed. Payouts only divide
+// what a reclaim freed, and any split sums to it, so q changes no total.
+func (r *Registry) SetQuantum(q int64) { r.quantum = max(0, q) }
+
 func (r *Registry) index(name string) int {
 	for i, n := range r.names {
 		if n == name {
