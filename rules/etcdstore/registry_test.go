@@ -357,3 +357,53 @@ func TestHandWrittenSplitIsSkipped(t *testing.T) {
 	}
 	waitSet(t, col, []rules.Rule{normalized(good), normalized(globalRule("h", ab, 0.1))}, "a global rule with no registry document")
 }
+
+// A global window rule's window cannot change under its id: the agents'
+// reclaim wait is one window, computed when the rule's ledgers started.
+// The store refuses the put naming window (its limit may change); a
+// running watcher skips such a document written by hand.
+func TestGlobalWindowCannotChange(t *testing.T) {
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	g := rules.Rule{ID: "q", Algorithm: rules.FixedWindow, Limit: 100, Window: rules.Duration(time.Minute),
+		Scope: rules.Global, Regions: map[string]float64{"a": 1, "b": 1}, MinShare: 0.1}
+	if _, err := s.Put(ctx, g, Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	col := runWatcher(t, fastWatcher(t, c))
+	waitSet(t, col, []rules.Rule{normalized(g)}, "first snapshot")
+	longer := g.Clone()
+	longer.Window = rules.Duration(time.Hour)
+	var fe *rules.FieldError
+	if _, err := s.Put(ctx, longer, Unconditional); !errors.As(err, &fe) || fe.Field != "window" || !strings.Contains(err.Error(), "new rule id") {
+		t.Fatalf("a global window rule's window changed: err = %v, want a FieldError naming window", err)
+	}
+	more := g.Clone()
+	more.Limit = 200
+	if _, err := s.Put(ctx, more, Unconditional); err != nil {
+		t.Fatalf("a global window rule's limit changed: %v", err)
+	}
+	waitSet(t, col, []rules.Rule{normalized(more)}, "the new limit")
+	// Written by hand: skipped, the last good version stays.
+	longer.Limit = 200
+	doc, err := Encode(longer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, DefaultPrefix+"q", string(doc)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, testRule("other", 3), Unconditional); err != nil { // an event after it
+		t.Fatal(err)
+	}
+	waitSet(t, col, []rules.Rule{normalized(testRule("other", 3)), normalized(more)}, "the hand-written window skipped")
+	// A regional window rule's window may change.
+	r := rules.Rule{ID: "rq", Algorithm: rules.FixedWindow, Limit: 10, Window: rules.Duration(time.Minute)}
+	if _, err := s.Put(ctx, r, Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	r.Window = rules.Duration(time.Hour)
+	if _, err := s.Put(ctx, r, Unconditional); err != nil {
+		t.Fatalf("a regional window rule's window changed: %v", err)
+	}
+}

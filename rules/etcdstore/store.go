@@ -456,24 +456,52 @@ func firstKV(op *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
 //
 // A new rule id starts a new ledger and a new registry document.
 func (s *Store) checkSplit(r rules.Rule, ruleKV *mvccpb.KeyValue, regKey string, regKV *mvccpb.KeyValue) error {
+	var old *rules.Rule
+	if ruleKV != nil {
+		if o, err := decode(r.ID, ruleKV.Value); err == nil && o.Scope == rules.Global {
+			old = &o
+		}
+	}
+	if old != nil {
+		if err := windowChange(*old, r); err != nil {
+			return err
+		}
+	}
 	if regKV != nil {
 		// The agents' registered split is the one in force (the stored
 		// rule may have been written by hand with another): a put that
 		// gives it back is accepted.
 		return registryMismatch(r, regKey, regKV.Value)
 	}
-	if ruleKV != nil {
-		if old, err := decode(r.ID, ruleKV.Value); err == nil && old.Scope == rules.Global {
-			const why = "cannot change on a stored global rule (the sync agents keep the split its ledgers started with); put the new split under a new rule id"
-			if !maps.Equal(old.Regions, r.Regions) {
-				return &rules.FieldError{RuleID: r.ID, Field: "regions", Msg: why}
-			}
-			if old.MinShare != r.MinShare {
-				return &rules.FieldError{RuleID: r.ID, Field: "min_share", Msg: why}
-			}
+	if old != nil {
+		const why = "cannot change on a stored global rule (the sync agents keep the split its ledgers started with); put the new split under a new rule id"
+		if !maps.Equal(old.Regions, r.Regions) {
+			return &rules.FieldError{RuleID: r.ID, Field: "regions", Msg: why}
+		}
+		if old.MinShare != r.MinShare {
+			return &rules.FieldError{RuleID: r.ID, Field: "min_share", Msg: why}
 		}
 	}
 	return nil
+}
+
+// windowChange is the FieldError of r as a change of the window of old, a
+// global window rule, or nil. The sync agents wait one window before they
+// reclaim a silent region's share of such a rule (what it admitted in its
+// window stays admitted until the window ends), a wait computed when the
+// rule's ledgers start: under a longer window a region lost mid-window
+// would have its share used twice in that window. The Store refuses such a
+// put, and the Watcher skips such a stored document (the last good version
+// stays), so no process runs the rule with a window its ledgers did not
+// start with.
+func windowChange(old, r rules.Rule) error {
+	if old.Scope != rules.Global || r.Scope != rules.Global || old.Window == r.Window ||
+		(old.Algorithm != rules.FixedWindow && old.Algorithm != rules.SlidingWindow) {
+		return nil
+	}
+	return &rules.FieldError{RuleID: r.ID, Field: "window", Msg: fmt.Sprintf(
+		"cannot change on a stored global window rule (%v to %v: the sync agents wait one window, computed when its ledgers started, before they reclaim a silent region's share); put the new window under a new rule id",
+		time.Duration(old.Window), time.Duration(r.Window))}
 }
 
 // registryMismatch is the FieldError of a global rule r whose split differs

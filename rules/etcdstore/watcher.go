@@ -160,6 +160,9 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 		if errors.Is(err, errRegistryRead) {
 			return 0, err // try the snapshot again; the last set stays
 		}
+		if old, ok := st.rules[id]; ok && err == nil {
+			err = windowChange(old, r)
+		}
 		if err != nil {
 			w.badDocument(st, string(kv.Key), kv.ModRevision, err)
 			if old, ok := st.rules[id]; ok {
@@ -299,6 +302,9 @@ func (w *Watcher) apply(ctx context.Context, st *state, ev *clientv3.Event) (boo
 		r, err := w.check(ctx, id, ev.Kv.Value)
 		if errors.Is(err, errRegistryRead) {
 			return false, err
+		}
+		if old, ok := st.rules[id]; ok && err == nil {
+			err = windowChange(old, r)
 		}
 		if err != nil {
 			w.badDocument(st, string(ev.Kv.Key), ev.Kv.ModRevision, err)
