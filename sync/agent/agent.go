@@ -93,19 +93,21 @@ type Agent struct {
 	ready  atomic.Bool
 
 	// Loop state: owned by the loop goroutine.
-	ctx        context.Context // the loop's, set by Start
-	drv        *driver.Driver
-	rules      map[string]*ruleState
-	runID      string
-	peers      map[string]time.Time // peer region -> last accepted report
-	polling    bool
-	lastPoll   time.Time
-	pollFails  int
-	reclaimed  map[string]bool // rule + "/" + incarnation: completed reclaims counted
-	everRules  bool
-	fencedSeen bool
-	snapshots  int          // publishSnapshot calls
-	wit        witnessState // this region's witness key (witness.go)
+	ctx       context.Context // the loop's, set by Start
+	drv       *driver.Driver
+	rules     map[string]*ruleState
+	runID     string
+	peers     map[string]time.Time // peer region -> last accepted report
+	polling   bool
+	lastPoll  time.Time
+	pollFails int
+	reclaimed map[string]bool // rule + "/" + incarnation: completed reclaims counted
+	everRules bool
+	// fencedAt is when a ledger last fenced, until a peer's report is
+	// accepted after it (zero: none since); apportion_sync_fenced is 1 meanwhile.
+	fencedAt  time.Time
+	snapshots int          // publishSnapshot calls
+	wit       witnessState // this region's witness key (witness.go)
 }
 
 type usageCounts struct{ admitted, rejected int64 }

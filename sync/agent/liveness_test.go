@@ -10,6 +10,7 @@ import (
 	"github.com/apportion/apportion/regional/usage/usagetest"
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/sync/ledger"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // liveRestartBound is how long after its agent restarts a region whose
@@ -154,4 +155,61 @@ func others(s *stack, names []string) int64 {
 		sum += s.regions[nm].agent.Shares(testRule)[testKey]
 	}
 	return sum
+}
+
+// apportion_sync_fenced (the ApportionRegionFenced alert) is 1 while a
+// region holds its floor because it hears no peer: from its ledger's fence
+// until a peer's report arrives again, not only for the milliseconds
+// before the fenced ledger's new incarnation starts.
+func TestFencedGaugeLastsUntilAPeerIsHeard(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: starts a NATS super-cluster, etcd and the agents")
+	}
+	names := []string{"a", "b", "c"}
+	keys := func(c *Config) { c.PeerKeys = testPeerKeys(t, names...) }
+	s := memStack(t, names, keys)
+	rule := rules.Rule{ID: testRule, Match: map[string]string{"resource": "POST /orders"}, Key: []string{"client_key"},
+		Algorithm: rules.TokenBucket, Capacity: 100, RefillPerSecond: 100, Scope: rules.Global,
+		Regions: map[string]float64{"a": 1, "b": 1, "c": 1}, MinShare: 0.1}
+	s.putRule(t, rule)
+	a := s.regions["a"]
+	testutil.WaitFor(t, 20*time.Second, "every region's incarnation", func() bool {
+		for _, nm := range names {
+			if s.regions[nm].agent.Incarnation(testRule) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	fenced := func() float64 {
+		var m dto.Metric
+		if err := a.agent.m.fenced.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetGauge().GetValue()
+	}
+	if f := fenced(); f != 0 {
+		t.Fatalf("fenced = %v with every peer up, want 0", f)
+	}
+	inc := a.agent.Incarnation(testRule)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, nm := range names[1:] {
+		if err := s.regions[nm].agent.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lease := testConfig("a", t).Lease
+	testutil.WaitFor(t, 5*lease, "a to fence", func() bool { return a.agent.Incarnation(testRule) > inc && fenced() == 1 })
+	// Alone, a stays at its floor: the gauge stays up through later leases
+	// (and the new incarnations they bring).
+	deadline := time.Now().Add(2 * lease)
+	for time.Now().Before(deadline) {
+		if f := fenced(); f != 1 {
+			t.Fatalf("fenced = %v %v into a's isolation, want 1 until a peer is heard", f, time.Until(deadline))
+		}
+		time.Sleep(lease / 10) // sampling the gauge, not synchronising
+	}
+	s.regions["b"].start(t, s.etcd, keys)
+	testutil.WaitFor(t, 5*lease, "the gauge to drop once b is heard", func() bool { return fenced() == 0 })
 }

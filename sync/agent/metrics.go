@@ -63,7 +63,7 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 		gifts: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_gifts_total",
 			Help: "Share writes that lowered a coordinated key's units (gifts to other regions).", ConstLabels: cl}),
 		fenced: prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_sync_fenced",
-			Help: "1 while a rule's ledger is fenced or waiting for a new incarnation.", ConstLabels: cl}),
+			Help: "1 from a ledger's fence (its lease ran out with no peer's report) until a peer's report is accepted again: the region holds its floor.", ConstLabels: cl}),
 		reclaims: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_reclaims_total",
 			Help: "Completed reclaim records applied to this region's ledgers.", ConstLabels: cl}),
 		tickDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "apportion_sync_tick_duration_seconds",

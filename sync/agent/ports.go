@@ -119,7 +119,7 @@ func (p ports) Start(r *driver.Rule) {
 func (p ports) Fenced(r *driver.Rule, inc ledger.Incarnation) {
 	a := p.a
 	a.log.Warn("ledger fenced; starting a new incarnation", logKeyRule, r.ID, logKeyInc, inc.Inc)
-	a.fencedSeen = true
+	a.fencedAt = time.Now()
 	if st := a.state(r); st != nil {
 		a.maybeStart(a.ctx, st)
 	}

@@ -156,10 +156,9 @@ const coordinatedEvery = 10
 // every tick and rule change calls it).
 func (a *Agent) publishSnapshot() {
 	incs := make(map[string]uint64, len(a.rules))
-	active, fenced := 0, 0
+	active := 0
 	for id, st := range a.rules {
 		if st.Led == nil {
-			fenced++
 			incs[id] = 0
 			continue
 		}
@@ -189,11 +188,23 @@ func (a *Agent) publishSnapshot() {
 		a.m.closures.WithLabelValues("waiting").Set(float64(waiting))
 	}
 	a.snapshots++
-	if fenced > 0 && a.fencedSeen {
+	// Fenced: from a ledger's fence (its lease ran out without a peer's
+	// report) until a peer's report is accepted again. A fenced ledger
+	// starts a new incarnation at once, holding its floor, so "no ledger"
+	// lasts milliseconds: the gauge is the region at its floor because it
+	// hears no peer, which is what ApportionRegionFenced alerts on.
+	if !a.fencedAt.IsZero() {
+		for _, t := range a.peers {
+			if t.After(a.fencedAt) {
+				a.fencedAt = time.Time{}
+				break
+			}
+		}
+	}
+	if !a.fencedAt.IsZero() {
 		a.m.fenced.Set(1)
 	} else {
 		a.m.fenced.Set(0)
-		a.fencedSeen = false
 	}
 	seen := 0
 	for p, t := range a.peers {

@@ -364,7 +364,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	// through a forwarding registerer that replaces the previous term's.
 	fwd := newSwapRegisterer(reg)
 	runAgent := func(ctx context.Context) error {
-		w, err := etcdstore.NewWatcher(ec, etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithLogger(log))
+		w, err := etcdstore.NewWatcher(ec, etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithRegistryPrefix(o.registryPrefix), etcdstore.WithLogger(log))
 		if err != nil {
 			return err
 		}
