@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,6 +18,11 @@ import (
 // through it and closes each new one as soon as it accepts it, until the
 // cut is lifted.
 //
+// A gateway proxy (newGatewayProxy) carries one NATS gateway link and
+// filters the gateway URLs out of what it forwards (gatewayFilter, and
+// gateway.go for why), so that the servers only ever dial the proxies
+// they were configured with.
+//
 // Its goroutines (the accept loop and, per connection, a reader and a
 // writer per direction) are owned by the proxy: Close stops accepting,
 // closes every connection and waits for them. Safe to call twice.
@@ -25,21 +31,37 @@ type delayProxy struct {
 	target   string
 	delay    time.Duration
 	from, to string // the regions of the link, for Stack.Partition
+	gateway  bool   // filter the NATS gateway protocol (gatewayFilter)
 
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{} // guarded by mu
-	closed bool                  // guarded by mu
-	cut    bool                  // guarded by mu
+	wg sync.WaitGroup
+	mu sync.Mutex
+	// conns are the open connections, accepted (false) and dialled to the
+	// target (true).
+	conns  map[net.Conn]bool // guarded by mu
+	closed bool              // guarded by mu
+	cut    bool              // guarded by mu
 }
 
 // newDelayProxy listens on a free loopback port and forwards to target.
 func newDelayProxy(target string, delay time.Duration) (*delayProxy, error) {
+	return startProxy(target, delay, false)
+}
+
+// newGatewayProxy is a delay proxy for one NATS gateway link, dialled by
+// one region's server to reach another's gateway (target): in what the
+// target sends, gossip INFOs are dropped and the gateway URLs set to the
+// proxy's own address; in what the dialler sends, the gateway URLs are
+// removed.
+func newGatewayProxy(target string, delay time.Duration) (*delayProxy, error) {
+	return startProxy(target, delay, true)
+}
+
+func startProxy(target string, delay time.Duration, gateway bool) (*delayProxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	p := &delayProxy{ln: ln, target: target, delay: delay, conns: map[net.Conn]struct{}{}}
+	p := &delayProxy{ln: ln, target: target, delay: delay, gateway: gateway, conns: map[net.Conn]bool{}}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -48,15 +70,30 @@ func newDelayProxy(target string, delay time.Duration) (*delayProxy, error) {
 // Addr is the address to connect to instead of the target.
 func (p *delayProxy) Addr() string { return p.ln.Addr().String() }
 
-func (p *delayProxy) track(c net.Conn) bool {
+func (p *delayProxy) track(c net.Conn, dialled bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed || p.cut {
 		c.Close()
 		return false
 	}
-	p.conns[c] = struct{}{}
+	p.conns[c] = dialled
 	return true
+}
+
+// upstreamPorts are the local ports of the connections the proxy has open
+// to its target: what the target sees as the remote ports of the
+// connections that came through the proxy.
+func (p *delayProxy) upstreamPorts() map[int]bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ports := map[int]bool{}
+	for c, dialled := range p.conns {
+		if a, ok := c.LocalAddr().(*net.TCPAddr); ok && dialled {
+			ports[a.Port] = true
+		}
+	}
+	return ports
 }
 
 func (p *delayProxy) isCut() bool {
@@ -97,15 +134,37 @@ func (p *delayProxy) accept() {
 			in.Close()
 			continue
 		}
-		if !p.track(in) || !p.track(out) {
+		if !p.track(in, false) || !p.track(out, true) {
 			in.Close()
 			out.Close()
 			continue
 		}
+		var up, down io.Reader = in, out
+		if p.gateway {
+			up = newGatewayFilter(in, "")          // the dialler's INFO: no URLs for the target to learn
+			down = newGatewayFilter(out, p.Addr()) // the target's: the dialler reaches it here only
+		}
+		var ended atomic.Int32 // the pipes done; the second forgets the pair
+		forget := func() {
+			if ended.Add(1) == 2 {
+				p.untrack(in, out)
+			}
+		}
 		p.wg.Add(2)
-		go p.pipe(in, out)
-		go p.pipe(out, in)
+		go p.pipe(up, in, out, forget)
+		go p.pipe(down, out, in, forget)
 	}
+}
+
+// untrack closes the connections of a pair whose pipes have both ended and
+// forgets them.
+func (p *delayProxy) untrack(in, out net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	in.Close()
+	out.Close()
+	delete(p.conns, in)
+	delete(p.conns, out)
 }
 
 type chunk struct {
@@ -113,10 +172,12 @@ type chunk struct {
 	data []byte
 }
 
-// pipe copies src to dst, each chunk delay after it was read. When either
-// side fails, both connections are closed (the other direction ends too).
-func (p *delayProxy) pipe(src, dst net.Conn) {
+// pipe copies r, which reads src, to dst, each chunk delay after it was
+// read, and calls ended when done. When either side fails, both
+// connections are closed (the other direction ends too).
+func (p *delayProxy) pipe(r io.Reader, src, dst net.Conn, ended func()) {
 	defer p.wg.Done()
+	defer ended()
 	q := make(chan chunk, 4096)
 	done := make(chan struct{})
 	go func() { // writer, owned by this pipe: it ends before pipe returns
@@ -136,7 +197,7 @@ func (p *delayProxy) pipe(src, dst net.Conn) {
 	}()
 	buf := make([]byte, 32<<10)
 	for {
-		n, err := src.Read(buf)
+		n, err := r.Read(buf)
 		if n > 0 {
 			q <- chunk{due: time.Now().Add(p.delay), data: append([]byte(nil), buf[:n]...)}
 		}

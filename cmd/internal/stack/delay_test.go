@@ -71,7 +71,7 @@ func TestDelayProxyDelaysBothDirectionsInOrder(t *testing.T) {
 
 // Named regions whose gateways run through delay proxies: a request from
 // one region answered in the other takes at least the two one-way delays,
-// and every outbound gateway connection is the proxy's (no bypass through
+// and every gateway connection is its own link's proxy's (no bypass through
 // gateway URLs learnt from the peer).
 func TestStackDelayMatrixAndNames(t *testing.T) {
 	if testing.Short() {
@@ -96,21 +96,7 @@ func TestStackDelayMatrixAndNames(t *testing.T) {
 	if s.Regions[0].Name != "north" || s.Regions[1].Name != "south" {
 		t.Fatalf("regions %v", s.Regions)
 	}
-	proxyPorts := map[int]bool{}
-	for _, p := range s.proxies {
-		proxyPorts[p.ln.Addr().(*net.TCPAddr).Port] = true
-	}
-	for _, srv := range s.nats {
-		gwz, err := srv.Gatewayz(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for name, og := range gwz.OutboundGateways {
-			if og.Connection == nil || !proxyPorts[og.Connection.Port] {
-				t.Fatalf("%s: outbound gateway to %s does not go through a delay proxy: %+v", srv.Name(), name, og.Connection)
-			}
-		}
-	}
+	checkGatewayRoutes(t, s)
 	north, err := nats.Connect(s.Regions[0].NATSURL)
 	if err != nil {
 		t.Fatal(err)
@@ -156,3 +142,39 @@ const globalRule2 = `
   regions: { north: 1, south: 1 }
   min_share: 0.1
 `
+
+// A delay on one link puts every link through a proxy of its own, the
+// others without delay: a link without one would pass the gateway gossip
+// on, and its server would learn and dial the other links' proxies. So
+// every region can be cut, as with Partitionable.
+func TestDelayOnOneLinkProxiesEveryLink(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: starts the whole stack")
+	}
+	const d = 5 * time.Millisecond
+	s, err := Start(context.Background(), Config{RegionNames: []string{"a", "b", "c"}, EmbeddedRedis: true,
+		Delay: map[string]map[string]time.Duration{"a": {"b": d}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	if len(s.proxies) != 6 {
+		t.Fatalf("%d proxies, want one per link of three regions, 6", len(s.proxies))
+	}
+	for _, p := range s.proxies {
+		if want := s.cfg.Delay[p.from][p.to]; p.delay != want {
+			t.Errorf("proxy %s -> %s: delay %v, want %v", p.from, p.to, p.delay, want)
+		}
+	}
+	checkGatewayRoutes(t, s)
+	if err := s.Partition("c", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Partition("c", false); err != nil {
+		t.Fatal(err)
+	}
+}

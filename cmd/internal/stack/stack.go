@@ -63,10 +63,13 @@ type Config struct {
 	// DefaultRegions). When set, Regions is len(RegionNames) (or must equal it).
 	RegionNames []string
 	// Delay is the one-way delay from one region to another, [from][to]
-	// (default: none). A pair with a delay > 0 has its NATS gateway
-	// connection from `from` to `to` go through a loopback TCP proxy that
-	// forwards the bytes of both directions after the delay. Give both
-	// orders for a symmetric WAN (each region dials its own connection).
+	// (default: none). The NATS gateway connection from `from` to `to`
+	// goes through a loopback TCP proxy that forwards the bytes of both
+	// directions after the delay. Give both orders for a symmetric WAN
+	// (each region dials its own connection). When any delay is given,
+	// every gateway connection goes through a proxy of its own, with no
+	// delay where Delay gives none (startNATS says why), and Partition can
+	// cut any region.
 	Delay map[string]map[string]time.Duration
 	// Partitionable puts every gateway connection through a proxy (with no
 	// delay where Delay gives none), so that Partition can cut any region.
@@ -541,7 +544,7 @@ func (s *Stack) regionIndex(name string) int {
 }
 
 // ErrNoProxy: Partition was asked to cut a gateway link that has no proxy
-// (no delay between the regions and Config.Partitionable not set).
+// (the stack has none: no Config.Delay and Config.Partitionable not set).
 var ErrNoProxy = errors.New("stack: gateway link has no proxy to cut")
 
 // Partition cuts region off from every other region (cut) or heals it: the
@@ -564,12 +567,7 @@ func (s *Stack) Partition(region string, cut bool) error {
 			continue
 		}
 		for _, pair := range [][2]string{{region, other}, {other, region}} {
-			var found *delayProxy
-			for _, p := range s.proxies {
-				if p.from == pair[0] && p.to == pair[1] {
-					found = p
-				}
-			}
+			found := s.proxy(pair[0], pair[1])
 			if found == nil {
 				return fmt.Errorf("%w: %s -> %s (set Config.Partitionable)", ErrNoProxy, pair[0], pair[1])
 			}
