@@ -41,7 +41,10 @@
 // bound.
 //
 // The NATS gateway links between regions go through a toxiproxy proxy per
-// direction (launch.SuperClusterOptions.Dial), with two and three regions,
+// direction (launch.SuperClusterOptions.Dial), behind a filter of the
+// gateway protocol (launch.GatewayFilterProxy: without it a cut region of
+// three redials its peers through the third region's proxies, and the cut
+// is one-way), with two and three regions,
 // each with its own Redis, enforcer and sync agent, signed reports and load
 // on one key of a global rule: under latency and jitter the rule stays
 // served; under resets, a half-open link or a cut longer than the lease two

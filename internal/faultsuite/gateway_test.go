@@ -210,7 +210,16 @@ func runGatewayFaults(t *testing.T, regions []string, witness time.Duration, cas
 			pmu.Lock()
 			proxies[from+"->"+to] = p // a retried start replaces the pair's proxy
 			pmu.Unlock()
-			return p.Listen, nil
+			// toxiproxy does not read the NATS protocol: in front of it,
+			// a filter keeps the link's connections on the link (gateway
+			// gossip would let a cut region redial through another
+			// region's proxy: a one-way cut; launch/gateway.go).
+			fp, err := launch.StartGatewayFilterProxy(p.Listen)
+			if err != nil {
+				return "", err
+			}
+			t.Cleanup(fp.Close)
+			return fp.Addr(), nil
 		},
 		Configure: []func(*server.Options){func(o *server.Options) {
 			o.PingInterval = 400 * time.Millisecond

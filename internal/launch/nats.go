@@ -65,7 +65,12 @@ type SuperClusterOptions struct {
 // a peer adds the advertised address to the configured one and, when a
 // gateway reconnects, would otherwise pick the server's real address at
 // random and bypass the proxy. Dialling the advertised address is refused at
-// once, and the peer goes on to the configured one.
+// once, and the peer goes on to the configured one. That is not enough with
+// three regions or more: a server also gossips to a peer the URLs it uses
+// for the others (its own proxies), and a cut region redials through them;
+// the proxies Dial returns must filter the gateway protocol (GatewayFilter:
+// the stack's proxies do, GatewayFilterProxy goes in front of one that does
+// not).
 //
 // Gateways run in interest-only mode: a message crosses to another region
 // only after that region's subscription interest has reached the publishing

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/apportion/apportion/internal/launch"
 )
 
 // delayProxy is a TCP proxy on loopback that forwards every byte after a
@@ -141,8 +143,8 @@ func (p *delayProxy) accept() {
 		}
 		var up, down io.Reader = in, out
 		if p.gateway {
-			up = newGatewayFilter(in, "")          // the dialler's INFO: no URLs for the target to learn
-			down = newGatewayFilter(out, p.Addr()) // the target's: the dialler reaches it here only
+			up = launch.NewGatewayFilter(in, "")          // the dialler's INFO: no URLs for the target to learn
+			down = launch.NewGatewayFilter(out, p.Addr()) // the target's: the dialler reaches it here only
 		}
 		var ended atomic.Int32 // the pipes done; the second forgets the pair
 		forget := func() {

@@ -1,4 +1,4 @@
-package stack
+package launch
 
 import (
 	"bytes"
@@ -24,7 +24,7 @@ func TestGatewayFilter(t *testing.T) {
 		"PING\r\n"
 	for _, advertise := range []string{"127.0.0.1:9", ""} {
 		// One byte at a time: lines and payloads split across reads.
-		got, err := io.ReadAll(newGatewayFilter(iotest.OneByteReader(strings.NewReader(in)), advertise))
+		got, err := io.ReadAll(NewGatewayFilter(iotest.OneByteReader(strings.NewReader(in)), advertise))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +65,7 @@ func equalJSON(a, b any) bool {
 func TestGatewayFilterLongAndPartialLines(t *testing.T) {
 	long := "-ERR '" + strings.Repeat("x", 200<<10) + "'\r\n"
 	in := long + "PING\r\nINFO {\"gateway_urls\":[\"x\"]"
-	got, err := io.ReadAll(newGatewayFilter(strings.NewReader(in), "y"))
+	got, err := io.ReadAll(NewGatewayFilter(strings.NewReader(in), "y"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,11 +1,14 @@
-package stack
+package launch
 
 import (
 	"bufio"
 	"bytes"
 	"encoding/json"
 	"io"
+	"net"
 	"strconv"
+	"sync"
+	"time"
 )
 
 // Why the gateway proxies read the NATS protocol.
@@ -32,7 +35,9 @@ import (
 // ConnectRetries only bounds implicit gateways: none of them keeps the
 // gossip out.
 //
-// So the proxy of each link (A -> C) filters what it forwards: it drops
+// So the proxy of each link (A -> C) filters what it forwards (the
+// stack's delay proxies do; GatewayFilterProxy goes in front of a proxy
+// that does not read the protocol, such as toxiproxy): it drops
 // gossip INFOs, and rewrites gateway_urls in the INFO C sends A to its own
 // address (C advertises, per peer, the address that peer reaches it at)
 // and removes them from the INFO A sends C. Every URL a server ever holds
@@ -44,13 +49,13 @@ import (
 // of another gateway's URLs (nats-server's gatewayCmdGossip).
 const gatewayCmdGossip = 1
 
-// gatewayFilter reads one direction of a NATS gateway connection and
+// GatewayFilter reads one direction of a NATS gateway connection and
 // hands on the same protocol, except its INFO lines: a gossip INFO is
 // dropped, and the gateway URLs of any other INFO are set to advertise,
 // or removed when advertise is "". Message payloads (the bytes after an
 // RMSG, HMSG and the like) pass untouched. A line too long for its buffer
 // is passed on as it is (no INFO is that long).
-type gatewayFilter struct {
+type GatewayFilter struct {
 	r         *bufio.Reader
 	advertise string
 	payload   int    // bytes of a message (payload and CRLF) still to pass on as they are
@@ -60,11 +65,13 @@ type gatewayFilter struct {
 	err       error // the reader's error, returned once out is empty
 }
 
-func newGatewayFilter(r io.Reader, advertise string) *gatewayFilter {
-	return &gatewayFilter{r: bufio.NewReaderSize(r, 64<<10), advertise: advertise}
+// NewGatewayFilter filters r: advertise is the address the reading side
+// reaches the writing side at (the proxy's own), "" to remove the URLs.
+func NewGatewayFilter(r io.Reader, advertise string) *GatewayFilter {
+	return &GatewayFilter{r: bufio.NewReaderSize(r, 64<<10), advertise: advertise}
 }
 
-func (f *gatewayFilter) Read(p []byte) (int, error) {
+func (f *GatewayFilter) Read(p []byte) (int, error) {
 	for len(f.out) == 0 {
 		if f.err != nil {
 			return 0, f.err
@@ -96,7 +103,7 @@ func (f *gatewayFilter) Read(p []byte) (int, error) {
 // filterLine returns what to pass on for one whole protocol line (in
 // f.buf; empty to drop it), and notes the size of a message payload that
 // follows.
-func (f *gatewayFilter) filterLine(line []byte) []byte {
+func (f *GatewayFilter) filterLine(line []byte) []byte {
 	fields := bytes.Fields(line)
 	if len(fields) == 0 {
 		return append(f.buf[:0], line...)
@@ -121,7 +128,7 @@ func (f *gatewayFilter) filterLine(line []byte) []byte {
 // rewriteInfo returns the INFO's JSON with its gateway URLs set to
 // f.advertise (or removed), nil when it has none to change, and keep false
 // for a gossip INFO.
-func (f *gatewayFilter) rewriteInfo(arg []byte) (info []byte, keep bool) {
+func (f *GatewayFilter) rewriteInfo(arg []byte) (info []byte, keep bool) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(arg, &m); err != nil {
 		return nil, true // not ours to judge: the server will reject it
@@ -151,4 +158,89 @@ func (f *gatewayFilter) rewriteInfo(arg []byte) (info []byte, keep bool) {
 		return nil, true
 	}
 	return b, true
+}
+
+// GatewayFilterProxy forwards a gateway link to target (a server's gateway,
+// or a proxy on the way to it), filtering both directions as the stack's
+// gateway proxies do: put in front of a proxy that does not read the NATS
+// protocol (toxiproxy), it keeps every connection of a link on that link.
+type GatewayFilterProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  map[net.Conn]bool // guarded by mu; nil once closed
+	wg     sync.WaitGroup
+}
+
+// StartGatewayFilterProxy listens on a free loopback port and forwards to
+// target.
+func StartGatewayFilterProxy(target string) (*GatewayFilterProxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &GatewayFilterProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr is the address to dial instead of the target.
+func (p *GatewayFilterProxy) Addr() string { return p.ln.Addr().String() }
+
+// Close stops listening, closes every connection and waits for the copies.
+func (p *GatewayFilterProxy) Close() {
+	p.ln.Close()
+	p.mu.Lock()
+	for c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func (p *GatewayFilterProxy) track(cs ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conns == nil {
+		return false
+	}
+	for _, c := range cs {
+		p.conns[c] = true
+	}
+	return true
+}
+
+func (p *GatewayFilterProxy) accept() {
+	defer p.wg.Done()
+	for {
+		in, err := p.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		out, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		if err != nil {
+			in.Close()
+			continue
+		}
+		if !p.track(in, out) {
+			in.Close()
+			out.Close()
+			continue
+		}
+		done := func() { // either direction ending ends the pair
+			in.Close()
+			out.Close()
+			p.mu.Lock()
+			if p.conns != nil {
+				delete(p.conns, in)
+				delete(p.conns, out)
+			}
+			p.mu.Unlock()
+		}
+		p.wg.Add(2)
+		go func() { defer p.wg.Done(); defer done(); io.Copy(out, NewGatewayFilter(in, "")) }()
+		go func() { defer p.wg.Done(); defer done(); io.Copy(in, NewGatewayFilter(out, p.Addr())) }()
+	}
 }
