@@ -120,6 +120,19 @@ type stack struct {
 	probe   probe
 }
 
+// waitIncarnations waits until every region's agent runs testRule's ledger.
+func (s *stack) waitIncarnations(t testing.TB) {
+	t.Helper()
+	testutil.WaitFor(t, 20*time.Second, "every region's incarnation", func() bool {
+		for _, n := range s.names {
+			if s.regions[n].agent.Incarnation(testRule) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // probe reads what the regions' stores enforce.
 type probe interface {
 	// enforced is the units region's store enforces for key now.

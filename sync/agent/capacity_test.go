@@ -43,14 +43,7 @@ func TestCapacityChangeWholeTokens(t *testing.T) {
 		Algorithm: rules.TokenBucket, Capacity: 4, RefillPerSecond: 2, Scope: rules.Global,
 		Regions: map[string]float64{"a": 1, "b": 1, "c": 1}}
 	s.putRule(t, rule)
-	testutil.WaitFor(t, 20*time.Second, "every region's incarnation", func() bool {
-		for _, n := range names {
-			if s.regions[n].agent.Incarnation(testRule) == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	s.waitIncarnations(t)
 	spec := s.regions["a"].agent.specOf(rule)
 	U := spec.ledgerConfig(ledger.DefaultConfig()).Units
 	s.probe = memProbe{s: s, floors: floorsOf(spec)}

@@ -67,14 +67,7 @@ func restartLiveness(t *testing.T, n int, rate int64, down time.Duration, store 
 	}
 	s.putRule(t, rule)
 	a := s.regions["a"]
-	testutil.WaitFor(t, 20*time.Second, "every region's incarnation", func() bool {
-		for _, nm := range names {
-			if s.regions[nm].agent.Incarnation(testRule) == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	s.waitIncarnations(t)
 	spec := a.agent.specOf(rule)
 	U := spec.ledgerConfig(ledger.DefaultConfig()).Units
 	s.probe = memProbe{s: s, floors: floorsOf(spec)}
@@ -173,14 +166,7 @@ func TestFencedGaugeLastsUntilAPeerIsHeard(t *testing.T) {
 		Regions: map[string]float64{"a": 1, "b": 1, "c": 1}, MinShare: 0.1}
 	s.putRule(t, rule)
 	a := s.regions["a"]
-	testutil.WaitFor(t, 20*time.Second, "every region's incarnation", func() bool {
-		for _, nm := range names {
-			if s.regions[nm].agent.Incarnation(testRule) == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	s.waitIncarnations(t)
 	fenced := func() float64 {
 		var m dto.Metric
 		if err := a.agent.m.fenced.Write(&m); err != nil {

@@ -25,14 +25,7 @@ func TestTwoAgentsOneRegion(t *testing.T) {
 	const otherAgentBound = 20 * time.Second
 	s := memStack(t, []string{"a", "b", "c"})
 	s.putRule(t, globalRule())
-	testutil.WaitFor(t, 20*time.Second, "every region's incarnation", func() bool {
-		for _, n := range s.names {
-			if s.regions[n].agent.Incarnation(testRule) == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	s.waitIncarnations(t)
 	time.Sleep(2 * time.Second) // reports and their echoes
 	for _, n := range s.names {
 		if v := metricValue(s.regions[n].agent.m.otherAgent); v != 0 {
