@@ -407,3 +407,33 @@ func TestGlobalWindowCannotChange(t *testing.T) {
 		t.Fatalf("a regional window rule's window changed: %v", err)
 	}
 }
+
+// A snapshot checks every global rule against its registry document, read
+// in batches (registryBatch per round trip): 150 global rules, one written
+// by hand with another split than its registered one, give the other 149.
+func TestSnapshotChecksManyGlobalRules(t *testing.T) {
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	ab := map[string]float64{"a": 1, "b": 1}
+	var want []rules.Rule
+	for i := range 150 {
+		g := globalRule(fmt.Sprintf("g%03d", i), ab, 0.1)
+		if _, err := s.Put(ctx, g, Unconditional); err != nil {
+			t.Fatal(err)
+		}
+		split := ab
+		if i == 77 {
+			split = map[string]float64{"a": 1, "c": 1} // the agents registered another split
+		} else {
+			want = append(want, normalized(g))
+		}
+		if _, err := c.Put(ctx, DefaultRegistryPrefix+g.ID, registryDoc(split, 0.1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := fastWatcher(t, c)
+	waitSet(t, runWatcher(t, w), want, "149 of 150 global rules")
+	if got := w.InvalidDocuments(); got != 1 {
+		t.Fatalf("InvalidDocuments = %d, want 1", got)
+	}
+}

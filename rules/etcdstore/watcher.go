@@ -153,10 +153,23 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 	if err != nil {
 		return 0, err
 	}
+	// The registry documents of the global rules, read in a few round
+	// trips rather than one per rule (check reads them from here).
+	reg := w.registryReader()
+	var global []string
+	for _, kv := range resp.Kvs {
+		id := strings.TrimPrefix(string(kv.Key), w.cfg.prefix)
+		if r, err := decode(id, kv.Value); err == nil && r.Scope == rules.Global {
+			global = append(global, id)
+		}
+	}
+	if err := reg.prefetch(rctx, global); err != nil {
+		return 0, err // try the snapshot again; the last set stays
+	}
 	next := make(map[string]rules.Rule, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		id := strings.TrimPrefix(string(kv.Key), w.cfg.prefix)
-		r, err := w.check(rctx, id, kv.Value)
+		r, err := w.check(rctx, reg, id, kv.Value)
 		if errors.Is(err, errRegistryRead) {
 			return 0, err // try the snapshot again; the last set stays
 		}
@@ -167,7 +180,7 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 			w.badDocument(st, string(kv.Key), kv.ModRevision, err)
 			if old, ok := st.rules[id]; ok {
 				next[id] = old
-			} else if old, rev, ok := w.lastGood(rctx, kv, id); ok {
+			} else if old, rev, ok := w.lastGood(rctx, reg, kv, id); ok {
 				// A process that never had the good version (started
 				// after the bad put) serves it as those that had it do.
 				next[id] = old
@@ -192,7 +205,7 @@ const maxHistory = 16
 // among the versions since the key was last created (a deleted rule is not
 // brought back) and not compacted away; it returns that version's
 // ModRevision.
-func (w *Watcher) lastGood(ctx context.Context, kv *mvccpb.KeyValue, id string) (rules.Rule, int64, bool) {
+func (w *Watcher) lastGood(ctx context.Context, reg *registryReader, kv *mvccpb.KeyValue, id string) (rules.Rule, int64, bool) {
 	for range maxHistory {
 		if kv.Version <= 1 || kv.ModRevision-1 < kv.CreateRevision {
 			return rules.Rule{}, 0, false // the first version of this life
@@ -202,7 +215,7 @@ func (w *Watcher) lastGood(ctx context.Context, kv *mvccpb.KeyValue, id string) 
 			return rules.Rule{}, 0, false // compacted, unreachable, or another life
 		}
 		kv = resp.Kvs[0]
-		r, err := w.check(ctx, id, kv.Value)
+		r, err := w.check(ctx, reg, id, kv.Value)
 		if err == nil {
 			return r, kv.ModRevision, true
 		}
@@ -225,25 +238,73 @@ var errRegistryRead = errors.New("etcdstore: reading the sync agents' registry d
 // the agents' ledgers start from (else the regions' shares could add up to
 // more than the limit). No registry document: no agent has started a
 // ledger for the id, and the rule's split is the one they will take.
-func (w *Watcher) check(ctx context.Context, id string, doc []byte) (rules.Rule, error) {
+func (w *Watcher) check(ctx context.Context, reg *registryReader, id string, doc []byte) (rules.Rule, error) {
 	r, err := decode(id, doc)
 	if err != nil || r.Scope != rules.Global {
 		return r, err
 	}
-	regKey := w.cfg.registryPrefix + id
-	rctx, cancel := context.WithTimeout(ctx, w.cfg.requestTimeout)
-	defer cancel()
-	resp, err := w.c.Get(rctx, regKey)
+	regDoc, err := reg.get(ctx, id)
 	if err != nil {
-		return rules.Rule{}, fmt.Errorf("%w %s: %w", errRegistryRead, regKey, err)
+		return rules.Rule{}, err
 	}
-	if len(resp.Kvs) == 0 {
+	if regDoc == nil {
 		return r, nil
 	}
-	if err := registryMismatch(r, regKey, resp.Kvs[0].Value); err != nil {
+	if err := registryMismatch(r, w.cfg.registryPrefix+id, regDoc); err != nil {
 		return rules.Rule{}, fmt.Errorf("%w: key %q: %w", ErrInvalidDocument, id, err)
 	}
 	return r, nil
+}
+
+// registryReader reads the sync agents' registry documents for check, each
+// once: prefetch reads many in few round trips, get reads one it does not
+// hold yet.
+type registryReader struct {
+	w    *Watcher
+	docs map[string][]byte // rule id -> document; nil value: none
+}
+
+func (w *Watcher) registryReader() *registryReader {
+	return &registryReader{w: w, docs: map[string][]byte{}}
+}
+
+// registryBatch is how many documents one prefetch transaction reads
+// (etcd's default limit on a transaction's operations is 128).
+const registryBatch = 64
+
+func (g *registryReader) prefetch(ctx context.Context, ids []string) error {
+	for len(ids) > 0 {
+		n := min(len(ids), registryBatch)
+		ops := make([]clientv3.Op, n)
+		for i, id := range ids[:n] {
+			ops[i] = clientv3.OpGet(g.w.cfg.registryPrefix + id)
+		}
+		rctx, cancel := context.WithTimeout(ctx, g.w.cfg.requestTimeout)
+		resp, err := g.w.c.Txn(rctx).Then(ops...).Commit()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%w %s...: %w", errRegistryRead, g.w.cfg.registryPrefix, err)
+		}
+		for i, id := range ids[:n] {
+			g.docs[id] = nil
+			if kvs := resp.Responses[i].GetResponseRange().GetKvs(); len(kvs) > 0 {
+				g.docs[id] = kvs[0].Value
+			}
+		}
+		ids = ids[n:]
+	}
+	return nil
+}
+
+// get returns id's registry document (nil: none), reading it unless held.
+func (g *registryReader) get(ctx context.Context, id string) ([]byte, error) {
+	if doc, ok := g.docs[id]; ok {
+		return doc, nil
+	}
+	if err := g.prefetch(ctx, []string{id}); err != nil {
+		return nil, err
+	}
+	return g.docs[id], nil
 }
 
 // watch applies watch responses from rev+1 until the watch ends. It returns
@@ -299,7 +360,7 @@ func (w *Watcher) apply(ctx context.Context, st *state, ev *clientv3.Event) (boo
 		delete(st.rules, id)
 		return true, nil
 	default: // PUT
-		r, err := w.check(ctx, id, ev.Kv.Value)
+		r, err := w.check(ctx, w.registryReader(), id, ev.Kv.Value)
 		if errors.Is(err, errRegistryRead) {
 			return false, err
 		}
