@@ -42,7 +42,7 @@
 //
 // The NATS gateway links between regions go through a toxiproxy proxy per
 // direction (launch.SuperClusterOptions.Dial), behind a filter of the
-// gateway protocol (launch.GatewayFilterProxy: without it a cut region of
+// gateway protocol (launch.NewGatewayProxy: without it a cut region of
 // three redials its peers through the third region's proxies, and the cut
 // is one-way), with two and three regions,
 // each with its own Redis, enforcer and sync agent, signed reports and load

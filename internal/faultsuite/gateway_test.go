@@ -214,7 +214,7 @@ func runGatewayFaults(t *testing.T, regions []string, witness time.Duration, cas
 			// a filter keeps the link's connections on the link (gateway
 			// gossip would let a cut region redial through another
 			// region's proxy: a one-way cut; launch/gateway.go).
-			fp, err := launch.StartGatewayFilterProxy(p.Listen)
+			fp, err := launch.NewGatewayProxy(p.Listen, 0)
 			if err != nil {
 				return "", err
 			}

@@ -5,10 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"net"
 	"strconv"
-	"sync"
-	"time"
 )
 
 // Why the gateway proxies read the NATS protocol.
@@ -35,9 +32,9 @@ import (
 // ConnectRetries only bounds implicit gateways: none of them keeps the
 // gossip out.
 //
-// So the proxy of each link (A -> C) filters what it forwards (the
-// stack's delay proxies do; GatewayFilterProxy goes in front of a proxy
-// that does not read the protocol, such as toxiproxy): it drops
+// So the proxy of each link (A -> C) filters what it forwards
+// (NewGatewayProxy; put in front of a proxy that does not read the
+// protocol, such as toxiproxy): it drops
 // gossip INFOs, and rewrites gateway_urls in the INFO C sends A to its own
 // address (C advertises, per peer, the address that peer reaches it at)
 // and removes them from the INFO A sends C. Every URL a server ever holds
@@ -158,89 +155,4 @@ func (f *GatewayFilter) rewriteInfo(arg []byte) (info []byte, keep bool) {
 		return nil, true
 	}
 	return b, true
-}
-
-// GatewayFilterProxy forwards a gateway link to target (a server's gateway,
-// or a proxy on the way to it), filtering both directions as the stack's
-// gateway proxies do: put in front of a proxy that does not read the NATS
-// protocol (toxiproxy), it keeps every connection of a link on that link.
-type GatewayFilterProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	conns  map[net.Conn]bool // guarded by mu; nil once closed
-	wg     sync.WaitGroup
-}
-
-// StartGatewayFilterProxy listens on a free loopback port and forwards to
-// target.
-func StartGatewayFilterProxy(target string) (*GatewayFilterProxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	p := &GatewayFilterProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	p.wg.Add(1)
-	go p.accept()
-	return p, nil
-}
-
-// Addr is the address to dial instead of the target.
-func (p *GatewayFilterProxy) Addr() string { return p.ln.Addr().String() }
-
-// Close stops listening, closes every connection and waits for the copies.
-func (p *GatewayFilterProxy) Close() {
-	p.ln.Close()
-	p.mu.Lock()
-	for c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-	p.mu.Unlock()
-	p.wg.Wait()
-}
-
-func (p *GatewayFilterProxy) track(cs ...net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.conns == nil {
-		return false
-	}
-	for _, c := range cs {
-		p.conns[c] = true
-	}
-	return true
-}
-
-func (p *GatewayFilterProxy) accept() {
-	defer p.wg.Done()
-	for {
-		in, err := p.ln.Accept()
-		if err != nil {
-			return // closed
-		}
-		out, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-		if err != nil {
-			in.Close()
-			continue
-		}
-		if !p.track(in, out) {
-			in.Close()
-			out.Close()
-			continue
-		}
-		done := func() { // either direction ending ends the pair
-			in.Close()
-			out.Close()
-			p.mu.Lock()
-			if p.conns != nil {
-				delete(p.conns, in)
-				delete(p.conns, out)
-			}
-			p.mu.Unlock()
-		}
-		p.wg.Add(2)
-		go func() { defer p.wg.Done(); defer done(); io.Copy(out, NewGatewayFilter(in, "")) }()
-		go func() { defer p.wg.Done(); defer done(); io.Copy(in, NewGatewayFilter(out, p.Addr())) }()
-	}
 }

@@ -69,8 +69,7 @@ type SuperClusterOptions struct {
 // three regions or more: a server also gossips to a peer the URLs it uses
 // for the others (its own proxies), and a cut region redials through them;
 // the proxies Dial returns must filter the gateway protocol (GatewayFilter:
-// the stack's proxies do, GatewayFilterProxy goes in front of one that does
-// not).
+// NewGatewayProxy does, and goes in front of one that does not).
 //
 // Gateways run in interest-only mode: a message crosses to another region
 // only after that region's subscription interest has reached the publishing

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apportion/apportion/internal/launch"
 	"github.com/apportion/apportion/internal/testutil"
 	"github.com/nats-io/nats.go"
 )
@@ -34,7 +35,7 @@ func echo(t *testing.T) string {
 
 func TestDelayProxyDelaysBothDirectionsInOrder(t *testing.T) {
 	const delay = 30 * time.Millisecond
-	p, err := newDelayProxy(echo(t), delay)
+	p, err := launch.NewDelayProxy(echo(t), delay)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,8 +167,8 @@ func TestDelayOnOneLinkProxiesEveryLink(t *testing.T) {
 		t.Fatalf("%d proxies, want one per link of three regions, 6", len(s.proxies))
 	}
 	for _, p := range s.proxies {
-		if want := s.cfg.Delay[p.from][p.to]; p.delay != want {
-			t.Errorf("proxy %s -> %s: delay %v, want %v", p.from, p.to, p.delay, want)
+		if want := s.cfg.Delay[p.from][p.to]; p.Delay() != want {
+			t.Errorf("proxy %s -> %s: delay %v, want %v", p.from, p.to, p.Delay(), want)
 		}
 	}
 	checkGatewayRoutes(t, s)

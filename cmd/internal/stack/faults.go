@@ -138,7 +138,7 @@ func (s *Stack) isCut(region string) bool {
 	n := 0
 	for _, p := range s.proxies {
 		if p.from == region || p.to == region {
-			if !p.isCut() {
+			if !p.IsCut() {
 				return false
 			}
 			n++

@@ -67,7 +67,7 @@ func TestFaultControl(t *testing.T) {
 		for _, p := range s.proxies {
 			if p.from == region || p.to == region {
 				all++
-				if p.isCut() {
+				if p.IsCut() {
 					cut++
 				}
 			}

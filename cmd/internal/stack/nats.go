@@ -27,12 +27,11 @@ func (s *Stack) startNATS(regions []string) error {
 		}
 	}
 	dial := func(from, to, addr string) (string, error) {
-		p, err := newGatewayProxy(addr, s.cfg.Delay[from][to])
+		p, err := launch.NewGatewayProxy(addr, s.cfg.Delay[from][to])
 		if err != nil {
 			return "", fmt.Errorf("stack: gateway proxy %s -> %s: %w", from, to, err)
 		}
-		p.from, p.to = from, to
-		s.setProxy(p)
+		s.setProxy(&link{from: from, to: to, Proxy: p})
 		return p.Addr(), nil
 	}
 	var opt launch.SuperClusterOptions
@@ -56,11 +55,17 @@ func (s *Stack) startNATS(regions []string) error {
 	return nil
 }
 
+// link is the proxy of the gateway link from -> to.
+type link struct {
+	from, to string
+	*launch.Proxy
+}
+
 // setProxy makes p the proxy of its link. A start of the super-cluster that
 // launch retries dials every link again: the former attempt's proxy of the
 // link is closed and replaced, so that each link has one proxy, the one
 // its gateway uses (Partition, isCut).
-func (s *Stack) setProxy(p *delayProxy) {
+func (s *Stack) setProxy(p *link) {
 	for i, old := range s.proxies {
 		if old.from == p.from && old.to == p.to {
 			old.Close()
@@ -72,7 +77,7 @@ func (s *Stack) setProxy(p *delayProxy) {
 }
 
 // proxy is the proxy of the gateway link from -> to, or nil.
-func (s *Stack) proxy(from, to string) *delayProxy {
+func (s *Stack) proxy(from, to string) *link {
 	for _, p := range s.proxies {
 		if p.from == from && p.to == to {
 			return p

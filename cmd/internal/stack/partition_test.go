@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -159,14 +160,14 @@ func checkGatewayRoutes(t *testing.T, s *Stack) {
 				continue
 			}
 			og := gwz.OutboundGateways[peer]
-			if og == nil || og.Connection == nil || og.Connection.Port != out.ln.Addr().(*net.TCPAddr).Port {
+			if og == nil || og.Connection == nil || og.Connection.Port != portOf(out.Addr()) {
 				var conn any
 				if og != nil {
 					conn = og.Connection
 				}
 				t.Errorf("%s -> %s: outbound gateway connection %+v, want one through its proxy at %s", me, peer, conn, out.Addr())
 			}
-			upstream := in.upstreamPorts()
+			upstream := in.UpstreamPorts()
 			if len(gwz.InboundGateways[peer]) == 0 {
 				t.Errorf("%s: no inbound gateway connection from %s", me, peer)
 			}
@@ -432,4 +433,11 @@ func TestPartitionNeedsProxies(t *testing.T) {
 	if err := s.Partition(s.Regions[0].Name, true); !errors.Is(err, ErrNoProxy) {
 		t.Fatalf("partition without proxies: %v, want ErrNoProxy", err)
 	}
+}
+
+// portOf is the port of a "host:port" address (0 if it has none).
+func portOf(addr string) int {
+	_, p, _ := net.SplitHostPort(addr)
+	n, _ := strconv.Atoi(p)
+	return n
 }

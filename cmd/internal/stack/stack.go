@@ -122,7 +122,7 @@ type Stack struct {
 	wg          sync.WaitGroup
 	redis       []*launch.Redis
 	minis       []*miniredis.Miniredis
-	proxies     []*delayProxy // fixed once Start returns
+	proxies     []*link // fixed once Start returns
 	mu          sync.Mutex
 	errs        []error // guarded by mu
 	closed      sync.Once
@@ -561,7 +561,7 @@ func (s *Stack) Partition(region string, cut bool) error {
 	if !known {
 		return fmt.Errorf("stack: partition: no region %q", region)
 	}
-	var links []*delayProxy
+	var links []*link
 	for _, other := range s.cfg.RegionNames {
 		if other == region {
 			continue

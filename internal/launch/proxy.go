@@ -1,4 +1,4 @@
-package stack
+package launch
 
 import (
 	"errors"
@@ -7,11 +7,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/apportion/apportion/internal/launch"
 )
 
-// delayProxy is a TCP proxy on loopback that forwards every byte after a
+// Proxy is a TCP proxy on loopback that forwards every byte after a
 // fixed one-way delay, in both directions: the WAN between two regions'
 // NATS gateways. Bytes keep their order; a chunk read at t is written at
 // t + delay (later if the peer is slow to read).
@@ -20,20 +18,19 @@ import (
 // through it and closes each new one as soon as it accepts it, until the
 // cut is lifted.
 //
-// A gateway proxy (newGatewayProxy) carries one NATS gateway link and
-// filters the gateway URLs out of what it forwards (gatewayFilter, and
+// A gateway proxy (NewGatewayProxy) carries one NATS gateway link and
+// filters the gateway URLs out of what it forwards (GatewayFilter, and
 // gateway.go for why), so that the servers only ever dial the proxies
 // they were configured with.
 //
 // Its goroutines (the accept loop and, per connection, a reader and a
 // writer per direction) are owned by the proxy: Close stops accepting,
 // closes every connection and waits for them. Safe to call twice.
-type delayProxy struct {
-	ln       net.Listener
-	target   string
-	delay    time.Duration
-	from, to string // the regions of the link, for Stack.Partition
-	gateway  bool   // filter the NATS gateway protocol (gatewayFilter)
+type Proxy struct {
+	ln      net.Listener
+	target  string
+	delay   time.Duration
+	gateway bool // filter the NATS gateway protocol (gatewayFilter)
 
 	wg sync.WaitGroup
 	mu sync.Mutex
@@ -44,35 +41,38 @@ type delayProxy struct {
 	cut    bool              // guarded by mu
 }
 
-// newDelayProxy listens on a free loopback port and forwards to target.
-func newDelayProxy(target string, delay time.Duration) (*delayProxy, error) {
+// NewDelayProxy listens on a free loopback port and forwards to target.
+func NewDelayProxy(target string, delay time.Duration) (*Proxy, error) {
 	return startProxy(target, delay, false)
 }
 
-// newGatewayProxy is a delay proxy for one NATS gateway link, dialled by
+// NewGatewayProxy is a delay proxy for one NATS gateway link, dialled by
 // one region's server to reach another's gateway (target): in what the
 // target sends, gossip INFOs are dropped and the gateway URLs set to the
 // proxy's own address; in what the dialler sends, the gateway URLs are
 // removed.
-func newGatewayProxy(target string, delay time.Duration) (*delayProxy, error) {
+func NewGatewayProxy(target string, delay time.Duration) (*Proxy, error) {
 	return startProxy(target, delay, true)
 }
 
-func startProxy(target string, delay time.Duration, gateway bool) (*delayProxy, error) {
+func startProxy(target string, delay time.Duration, gateway bool) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	p := &delayProxy{ln: ln, target: target, delay: delay, gateway: gateway, conns: map[net.Conn]bool{}}
+	p := &Proxy{ln: ln, target: target, delay: delay, gateway: gateway, conns: map[net.Conn]bool{}}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
 }
 
-// Addr is the address to connect to instead of the target.
-func (p *delayProxy) Addr() string { return p.ln.Addr().String() }
+// Delay is the proxy's one-way delay.
+func (p *Proxy) Delay() time.Duration { return p.delay }
 
-func (p *delayProxy) track(c net.Conn, dialled bool) bool {
+// Addr is the address to connect to instead of the target.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+func (p *Proxy) track(c net.Conn, dialled bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed || p.cut {
@@ -83,10 +83,10 @@ func (p *delayProxy) track(c net.Conn, dialled bool) bool {
 	return true
 }
 
-// upstreamPorts are the local ports of the connections the proxy has open
+// UpstreamPorts are the local ports of the connections the proxy has open
 // to its target: what the target sees as the remote ports of the
 // connections that came through the proxy.
-func (p *delayProxy) upstreamPorts() map[int]bool {
+func (p *Proxy) UpstreamPorts() map[int]bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ports := map[int]bool{}
@@ -98,7 +98,8 @@ func (p *delayProxy) upstreamPorts() map[int]bool {
 	return ports
 }
 
-func (p *delayProxy) isCut() bool {
+// IsCut reports whether the link is cut (SetCut).
+func (p *Proxy) IsCut() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.cut
@@ -107,7 +108,7 @@ func (p *delayProxy) isCut() bool {
 // SetCut severs the link (cut) or restores it. Cutting closes every
 // connection through the proxy; while cut, new connections are accepted and
 // closed at once. Safe to call concurrently with Close and after it.
-func (p *delayProxy) SetCut(cut bool) {
+func (p *Proxy) SetCut(cut bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut = cut
@@ -120,14 +121,14 @@ func (p *delayProxy) SetCut(cut bool) {
 	clear(p.conns)
 }
 
-func (p *delayProxy) accept() {
+func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
 		in, err := p.ln.Accept()
 		if err != nil {
 			return // closed
 		}
-		if p.isCut() {
+		if p.IsCut() {
 			in.Close()
 			continue
 		}
@@ -143,8 +144,8 @@ func (p *delayProxy) accept() {
 		}
 		var up, down io.Reader = in, out
 		if p.gateway {
-			up = launch.NewGatewayFilter(in, "")          // the dialler's INFO: no URLs for the target to learn
-			down = launch.NewGatewayFilter(out, p.Addr()) // the target's: the dialler reaches it here only
+			up = NewGatewayFilter(in, "")          // the dialler's INFO: no URLs for the target to learn
+			down = NewGatewayFilter(out, p.Addr()) // the target's: the dialler reaches it here only
 		}
 		var ended atomic.Int32 // the pipes done; the second forgets the pair
 		forget := func() {
@@ -160,7 +161,7 @@ func (p *delayProxy) accept() {
 
 // untrack closes the connections of a pair whose pipes have both ended and
 // forgets them.
-func (p *delayProxy) untrack(in, out net.Conn) {
+func (p *Proxy) untrack(in, out net.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	in.Close()
@@ -177,7 +178,7 @@ type chunk struct {
 // pipe copies r, which reads src, to dst, each chunk delay after it was
 // read, and calls ended when done. When either side fails, both
 // connections are closed (the other direction ends too).
-func (p *delayProxy) pipe(r io.Reader, src, dst net.Conn, ended func()) {
+func (p *Proxy) pipe(r io.Reader, src, dst net.Conn, ended func()) {
 	defer p.wg.Done()
 	defer ended()
 	q := make(chan chunk, 4096)
@@ -219,7 +220,7 @@ func (p *delayProxy) pipe(r io.Reader, src, dst net.Conn, ended func()) {
 
 // Close stops the proxy and every connection through it, and waits for its
 // goroutines.
-func (p *delayProxy) Close() {
+func (p *Proxy) Close() {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
