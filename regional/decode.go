@@ -3,6 +3,7 @@ package regional
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -145,69 +146,156 @@ func hex4(b []byte) (rune, bool) {
 // exactFields refuses what encoding/json lets through in a body it decoded:
 // a field named in another case ("CLIENT_KEY" would fill client_key) and a
 // field or an attribute given twice (the last would win), so that a body
-// means one thing to every reader.
+// means one thing to every reader. body is valid JSON (json.Decoder read
+// it whole), so a byte scan of its object's keys is enough: no second
+// decode on the check's path.
 func exactFields(body []byte) (string, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if _, err := dec.Token(); err != nil { // '{', decoded once already
-		return "", fmt.Errorf("invalid JSON: %v", err)
-	}
+	sc := keyScan{b: body}
 	seen := make([]bool, len(checkFields))
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return "", fmt.Errorf("invalid JSON: %v", err)
-		}
-		name, _ := t.(string)
+	err := sc.object(func(name string) error {
 		i := slices.Index(checkFields, name)
 		switch {
 		case i < 0:
-			return name, fmt.Errorf("%s: unknown field (the fields are %s, spelled exactly)", name, strings.Join(checkFields, ", "))
+			return &fieldErr{name, fmt.Sprintf("%s: unknown field (the fields are %s, spelled exactly)", name, strings.Join(checkFields, ", "))}
 		case seen[i]:
-			return name, fmt.Errorf("%s: given twice", name)
+			return &fieldErr{name, name + ": given twice"}
 		}
 		seen[i] = true
-		if name == "attributes" {
-			if attr, err := uniqueKeys(dec); err != nil {
-				return name, err
-			} else if attr != "" {
-				return name, fmt.Errorf("attributes: %q given twice", attr)
+		if name != "attributes" || sc.peek() != '{' {
+			return sc.value()
+		}
+		attrs := map[string]bool{}
+		return sc.object(func(k string) error {
+			if attrs[k] {
+				return &fieldErr{name, fmt.Sprintf("attributes: %q given twice", k)}
 			}
-			continue
-		}
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return name, fmt.Errorf("invalid JSON: %v", err)
-		}
+			attrs[k] = true
+			return sc.value()
+		})
+	})
+	var fe *fieldErr
+	if errors.As(err, &fe) {
+		return fe.field, errors.New(fe.msg)
+	}
+	if err != nil {
+		return "", fmt.Errorf("invalid JSON: %v", err)
 	}
 	return "", nil
 }
 
-// uniqueKeys reads the next value from dec and returns a key it gives
-// twice, when it is an object ("" when none, or not an object).
-func uniqueKeys(dec *json.Decoder) (string, error) {
-	var raw json.RawMessage
-	if err := dec.Decode(&raw); err != nil {
-		return "", fmt.Errorf("invalid JSON: %v", err)
+type fieldErr struct{ field, msg string }
+
+func (e *fieldErr) Error() string { return e.msg }
+
+// keyScan reads the keys of JSON objects from valid JSON, skipping values.
+type keyScan struct {
+	b []byte
+	i int
+}
+
+var errScan = errors.New("unexpected end of the body")
+
+func (s *keyScan) ws() {
+	for s.i < len(s.b) && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
+		s.i++
 	}
-	inner := json.NewDecoder(bytes.NewReader(raw))
-	if t, err := inner.Token(); err != nil || t != json.Delim('{') {
-		return "", nil // null; another type was refused when decoding
+}
+
+func (s *keyScan) peek() byte {
+	s.ws()
+	if s.i < len(s.b) {
+		return s.b[s.i]
 	}
-	seen := map[string]bool{}
-	for inner.More() {
-		t, err := inner.Token()
+	return 0
+}
+
+// object reads an object, calling key with each key, decoded, when the
+// scan is at its value.
+func (s *keyScan) object(key func(string) error) error {
+	if s.peek() != '{' {
+		return errScan
+	}
+	s.i++
+	if s.peek() == '}' {
+		s.i++
+		return nil
+	}
+	for {
+		raw, err := s.str()
 		if err != nil {
-			return "", fmt.Errorf("invalid JSON: %v", err)
+			return err
 		}
-		k, _ := t.(string)
-		if seen[k] {
-			return k, nil
+		k := string(raw[1 : len(raw)-1])
+		if bytes.IndexByte(raw, '\\') >= 0 { // an escape: decode it as encoding/json did
+			if err := json.Unmarshal(raw, &k); err != nil {
+				return err
+			}
 		}
-		seen[k] = true
-		var skip json.RawMessage
-		if err := inner.Decode(&skip); err != nil {
-			return "", fmt.Errorf("invalid JSON: %v", err)
+		if s.peek() != ':' {
+			return errScan
+		}
+		s.i++
+		if err := key(k); err != nil {
+			return err
+		}
+		switch s.peek() {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return nil
+		default:
+			return errScan
 		}
 	}
-	return "", nil
+}
+
+// str reads a string and returns it with its quotes, escapes as written.
+func (s *keyScan) str() ([]byte, error) {
+	if s.peek() != '"' {
+		return nil, errScan
+	}
+	start := s.i
+	for s.i++; s.i < len(s.b); s.i++ {
+		switch s.b[s.i] {
+		case '\\':
+			s.i++
+		case '"':
+			s.i++
+			return s.b[start:s.i], nil
+		}
+	}
+	return nil, errScan
+}
+
+// value skips one value.
+func (s *keyScan) value() error {
+	switch s.peek() {
+	case '"':
+		_, err := s.str()
+		return err
+	case '{', '[':
+		depth := 0
+		for ; s.i < len(s.b); s.i++ {
+			switch s.b[s.i] {
+			case '"':
+				if _, err := s.str(); err != nil {
+					return err
+				}
+				s.i--
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					s.i++
+					return nil
+				}
+			}
+		}
+		return errScan
+	}
+	for s.i < len(s.b) && !bytes.ContainsRune([]byte(",}] \t\n\r"), rune(s.b[s.i])) { // a number, true, false, null
+		s.i++
+	}
+	return nil
 }

@@ -375,6 +375,8 @@ func TestHTTPFieldsAreExact(t *testing.T) {
 		{`{"client_key":"u","attributes":[]}`, "attributes", "attributes: must be a JSON object, got array"},
 		{`{"resource":"tb"}`, "client_key", "client_key: is required"},
 		{`{"client_key":"u","attributes":{"tier":"free","tier":"pro"}}`, "attributes", `attributes: "tier" given twice`},
+		{`{"client_key":"a", "client\u005fkey":"b"}`, "client_key", "client_key: given twice"},
+		{`{ "attributes" : { "t\u0069er":"a", "tier":"b" } , "client_key":"u"}`, "attributes", `attributes: "tier" given twice`},
 	} {
 		resp, err := http.Post(srv.URL+"/v1/check", "application/json", strings.NewReader(tc.body))
 		if err != nil {
