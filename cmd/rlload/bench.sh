@@ -7,6 +7,7 @@
 #   DURATION=10s CALLERS="16 64" cmd/rlload/bench.sh
 #   RATELIMITD=/path/to/other/ratelimitd cmd/rlload/bench.sh   # compare a build
 #   BATCH=0 CALLERS=16 cmd/rlload/bench.sh  # CheckLimit only (no CheckLimits runs)
+#   SOCKET=unix cmd/rlload/bench.sh         # the enforcer and redis-benchmark reach Redis on its Unix socket
 #
 # It starts one redis-server, one ratelimitd (one token-bucket rule that never
 # rejects) and one no-op ratelimit.v1 server (rlload --noop-server), drives the
@@ -32,6 +33,8 @@ BATCH=${BATCH:-32}
 ROUNDS=${ROUNDS:-1}
 EXTRA=${EXTRA:-}   # extra ratelimitd flags, e.g. "--timeout 100ms"
 LOCAL_BATCH=${LOCAL_BATCH:-0} # the bench rule's local_batch (0: off)
+SOCKET=${SOCKET:-tcp} # how the enforcer and redis-benchmark reach Redis: tcp (loopback) or unix
+case $SOCKET in tcp | unix) ;; *) echo "SOCKET: want tcp or unix, got $SOCKET" >&2; exit 2 ;; esac
 
 work=$(mktemp -d)
 pids=()
@@ -49,7 +52,8 @@ for _ in $(seq 5); do
 		port=$((20000 + RANDOM % 20000))
 		if ! (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then break; fi
 	done
-	redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" --daemonize no --loglevel warning >"$work/redis.log" 2>&1 &
+	redis-server --port "$port" --bind 127.0.0.1 --unixsocket "$work/redis.sock" --unixsocketperm 700 \
+		--save '' --appendonly no --dir "$work" --daemonize no --loglevel warning >"$work/redis.log" 2>&1 &
 	redis_pid=$!
 	for _ in $(seq 200); do
 		redis-cli -p "$port" ping >/dev/null 2>&1 && break 2
@@ -76,8 +80,11 @@ wait_ready() {
 	echo "no ready line in $1:" >&2; cat "$1" >&2; exit 1
 }
 
+redis_addr="127.0.0.1:$port" redis_to=(-p "$port")
+if [ "$SOCKET" = unix ]; then redis_addr="unix://$work/redis.sock" redis_to=(-s "$work/redis.sock"); fi
+
 # shellcheck disable=SC2086
-"$RATELIMITD" --region bench --redis-addr "127.0.0.1:$port" --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 \
+"$RATELIMITD" --region bench --redis-addr "$redis_addr" --grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 \
 	--rules "$work/rules.json" --log-level warn $EXTRA >"$work/rl.out" 2>"$work/rl.err" &
 pids+=($!)
 rl_pid=$!
@@ -143,9 +150,9 @@ load() {
 # compared with (the machine's other load moves it too).
 SHA=$(redis-cli -p "$port" SCRIPT LOAD "$("$RLLOAD" --print-script)")
 redis_ceiling() {
-	rb=$(redis-benchmark -p "$port" -c 64 -n 300000 -P 16 -r "$KEYS" -q \
+	rb=$(redis-benchmark "${redis_to[@]}" -c 64 -n 300000 -P 16 -r "$KEYS" -q \
 		EVALSHA "$SHA" 1 'rl:{bench:__rand_int__}:bench' 1 '' 1000 1 100000000000 100000000000 0 | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -1 | cut -d' ' -f1)
-	echo "redis-benchmark EVALSHA (same script, -c 64 -P 16): ${rb} calls/s"
+	echo "redis-benchmark EVALSHA (same script, -c 64 -P 16, $SOCKET): ${rb} calls/s"
 }
 redis_ceiling
 

@@ -6,11 +6,13 @@
 package backend
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"time"
 
@@ -37,7 +39,7 @@ type Redis struct {
 // --redis-cert, --redis-key, --redis-sentinel-addrs and --redis-master-name
 // on fs.
 func (r *Redis) Register(fs *flag.FlagSet) {
-	fs.StringVar(&r.Addr, "redis-addr", "127.0.0.1:6379", "the region's Redis; several comma-separated addresses mean Redis Cluster")
+	fs.StringVar(&r.Addr, "redis-addr", "127.0.0.1:6379", "the region's Redis: HOST:PORT, or unix:///PATH for its Unix socket; several comma-separated HOST:PORT mean Redis Cluster")
 	fs.StringVar(&r.SentinelAddrs, "redis-sentinel-addrs", "", "comma-separated HOST:PORT of Redis Sentinels to ask for the primary of --redis-master-name (replaces --redis-addr)")
 	fs.StringVar(&r.MasterName, "redis-master-name", "", "the name Sentinel monitors the region's primary under (with --redis-sentinel-addrs)")
 	fs.StringVar(&r.Password, "redis-password", "", "Redis password (prefer APPORTION_REDIS_PASSWORD)")
@@ -61,7 +63,23 @@ func (r *Redis) Validate() error {
 			return fmt.Errorf("--redis-sentinel-addrs: want HOST:PORT, got %q", a)
 		}
 	}
+	if path, unix := r.socket(); unix && r.MasterName == "" {
+		switch {
+		case path == "":
+			return errors.New("--redis-addr: unix:// needs the socket's path, as in unix:///run/redis/redis.sock")
+		case strings.Contains(r.Addr, ","):
+			return fmt.Errorf("--redis-addr: a Unix socket is one standalone Redis, not a Cluster: %q", r.Addr)
+		case r.TLS || r.CA != "" || r.Cert != "":
+			return errors.New("--redis-addr: TLS is for TCP, not a Unix socket (drop --redis-tls, --redis-ca and --redis-cert)")
+		}
+	}
 	return nil
+}
+
+// socket returns the path of a Unix socket address, unix:///PATH.
+func (r *Redis) socket() (string, bool) {
+	path, ok := strings.CutPrefix(strings.TrimSpace(r.Addr), "unix://")
+	return path, ok
 }
 
 // Options returns go-redis options: 1 s dial, read and write timeouts and no
@@ -70,12 +88,22 @@ func (r *Redis) Validate() error {
 // --redis-sentinel-addrs the addresses are Sentinels and go-redis's
 // NewUniversalClient builds a failover client that follows the primary of
 // --redis-master-name (same timeouts, TLS and password, for the Sentinels
-// too except the password: Sentinels are asked without one).
+// too except the password: Sentinels are asked without one). An address
+// unix:///PATH is a standalone Redis on its Unix socket: the options' Dialer
+// dials PATH (go-redis's universal options have no network type).
 func (r *Redis) Options() (*redis.UniversalOptions, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
 	addrs := strings.Split(r.Addr, ",")
+	var dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+	if path, unix := r.socket(); unix && r.MasterName == "" {
+		addrs = []string{path}
+		d := net.Dialer{Timeout: time.Second}
+		dialer = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "unix", path)
+		}
+	}
 	if r.MasterName != "" {
 		addrs = nil
 		for _, a := range strings.Split(r.SentinelAddrs, ",") {
@@ -90,6 +118,7 @@ func (r *Redis) Options() (*redis.UniversalOptions, error) {
 		ReadTimeout:  time.Second,
 		WriteTimeout: time.Second,
 		MaxRetries:   -1,
+		Dialer:       dialer,
 	}
 	if r.TLS || r.CA != "" || r.Cert != "" {
 		tc, err := tlsconfig.Client(r.CA, r.Cert, r.Key)

@@ -1,6 +1,9 @@
 package backend
 
 import (
+	"context"
+	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -71,5 +74,71 @@ func TestRedisSentinelOptions(t *testing.T) {
 				t.Errorf("sentinel: MasterName %q Addrs %q, want m and the two sentinels", o.MasterName, o.Addrs)
 			}
 		})
+	}
+}
+
+// TestRedisUnixSocket: --redis-addr unix:///PATH is a standalone Redis on
+// its socket (the dialer ignores go-redis's "tcp"); what cannot go with a
+// socket is refused, naming the flag.
+func TestRedisUnixSocket(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		r    Redis
+		want string // "" for valid
+	}{
+		{"socket", Redis{Addr: "unix:///run/redis/redis.sock"}, ""},
+		{"no path", Redis{Addr: "unix://"}, "unix:// needs the socket's path"},
+		{"with a cluster", Redis{Addr: "unix:///run/redis.sock,b:6379"}, "a Unix socket is one standalone Redis"},
+		{"with TLS", Redis{Addr: "unix:///run/redis.sock", TLS: true}, "TLS is for TCP"},
+		{"sentinels win", Redis{Addr: "unix://", SentinelAddrs: "s1:26379", MasterName: "m"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := tc.r.Options()
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "--redis-addr") {
+					t.Fatalf("Options() error = %v, want %q naming --redis-addr", err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.r.MasterName != "" {
+				if o.Dialer != nil {
+					t.Fatal("a Sentinel client got the socket's dialer")
+				}
+				return
+			}
+			if len(o.Addrs) != 1 || o.Addrs[0] != "/run/redis/redis.sock" || o.Dialer == nil {
+				t.Fatalf("Options() = %q, dialer set %v; want the path and a dialer", o.Addrs, o.Dialer != nil)
+			}
+		})
+	}
+
+	// The dialer reaches the socket whatever network go-redis asks for.
+	dir := t.TempDir()
+	path := filepath.Join(dir, "r.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			c.Write([]byte("+PONG\r\n"))
+			c.Close()
+		}
+	}()
+	o, err := (&Redis{Addr: "unix://" + path}).Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := o.Dialer(context.Background(), "tcp", path)
+	if err != nil {
+		t.Fatalf("dial %s: %v", path, err)
+	}
+	defer c.Close()
+	if _, ok := c.RemoteAddr().(*net.UnixAddr); !ok {
+		t.Fatalf("dialed %T, want a Unix socket", c.RemoteAddr())
 	}
 }

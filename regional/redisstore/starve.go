@@ -193,9 +193,9 @@ var ErrWatching = errors.New("redisstore: WatchLocalRedis called twice")
 // CPU from a failed one (see starve.go): checks it holds wait up to their
 // queue budget and are shed past it, instead of failing open at the
 // round-trip budget. Found means: a standalone client, its connections (an
-// Activity's, see WithActivity) to a loopback address, and INFO server's
-// process_id naming a process of this host whose name contains "redis"
-// and that started when the server says it did (within 3 s). It returns
+// Activity's, see WithActivity) to a loopback address or a Unix socket,
+// and INFO server's process_id naming a process of this host whose name
+// contains "redis" and that started when the server says it did (within 3 s). It returns
 // the process id, or an error saying why there is none (the store then
 // blames every silence past the budget on Redis, as without a watch).
 // Call it once, after Warm (a second call while it watches is refused); the
@@ -359,7 +359,7 @@ func processAge(pid int) (time.Duration, error) {
 }
 
 // loopback reports whether every open connection goes to a loopback
-// address (and there is one).
+// address or a Unix socket, this host's (and there is one).
 func (a *Activity) loopback() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -367,8 +367,13 @@ func (a *Activity) loopback() bool {
 		return false
 	}
 	for c := range a.conns {
-		ta, ok := c.RemoteAddr().(*net.TCPAddr)
-		if !ok || !ta.IP.IsLoopback() {
+		switch ra := c.RemoteAddr().(type) {
+		case *net.TCPAddr:
+			if !ra.IP.IsLoopback() {
+				return false
+			}
+		case *net.UnixAddr:
+		default:
 			return false
 		}
 	}
