@@ -112,6 +112,23 @@ func (e *Enforcer) CheckBatch(ctx context.Context, reqs []Request) ([]Response, 
 	return out, nil
 }
 
+// Enforces reports whether a rule not in shadow mode applies to req, whatever
+// its cost: the Envoy service asks it of a descriptor whose cost the
+// enforcer refused (envoyproxy/ratelimit counts hits_addend only against a
+// limit that applies). False before the first rule set.
+func (e *Enforcer) Enforces(req Request) bool {
+	c := e.index.Load()
+	if c == nil {
+		return false
+	}
+	for _, m := range e.match(c, &req) {
+		if !m.rule.Shadow {
+			return true
+		}
+	}
+	return false
+}
+
 // run answers validated requests: those that match nothing, those of a rule
 // the store cannot hold, and low-priority ones while shedding, without the
 // store; all others in one store call through the breaker.

@@ -154,6 +154,13 @@ func (s *service) answer(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv
 		c.fit(t.ix)
 		run := func() {
 			c.resp, c.err = s.e.Check(ctx, c.req)
+			if costRefused(c.err) && !s.e.Enforces(c.req) {
+				// A cost above the maximum limits only where a limit
+				// applies: none, or only shadow ones, is OK, as when no
+				// rule matches (envoyproxy/ratelimit counts hits_addend
+				// only against the limits that apply).
+				c.resp, c.err = regional.Response{Allowed: true, Statuses: []regional.Status{}}, nil
+			}
 			s.e.CountRequest("envoy", c.resp, c.err)
 		}
 		if len(checks) == 1 {

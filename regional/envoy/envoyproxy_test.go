@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/apportion/apportion/rules/envoyconfig"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // The tests in this file run envoyproxy/ratelimit's own configurations
@@ -284,5 +286,45 @@ func TestEnvoyproxyShareThreshold(t *testing.T) {
 	for i := range 10 {
 		resp := e.ask(t, request("share-threshold-test", desc("files_no_share", fmt.Sprintf("files_no_share/%d-%d", i, rand.Int()))))
 		wantStatus(t, fmt.Sprintf("files_no_share #%d", i+1), resp.Statuses[0], ok, 10, hour, 9)
+	}
+}
+
+// TestCostAboveMaximumWhereALimitApplies: a hits_addend above --max-cost
+// makes a descriptor OVER_LIMIT only where a limit applies to it, as
+// envoyproxy/ratelimit counts hits_addend only against the limits that
+// apply: a shadow-mode limit, a replaced one and no limit at all are OK.
+func TestCostAboveMaximumWhereALimitApplies(t *testing.T) {
+	e := newEnv(t, imported(t, "examples_example.yaml"))
+	inOneWindow(t, 10*time.Second)
+	big := func(d *ratelimitv3.RateLimitDescriptor) *ratelimitv3.RateLimitDescriptor {
+		d.HitsAddend = wrapperspb.UInt64(1500)
+		return d
+	}
+	for _, tc := range []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+		want []rlsv3.RateLimitResponse_Code
+	}{
+		{"shadow mode", request("rl", big(desc("foo", "a", "baz", "shady"))), []rlsv3.RateLimitResponse_Code{ok}},
+		{"no limit", request("elsewhere", big(desc("a", "b"))), []rlsv3.RateLimitResponse_Code{ok}},
+		{"replaced", request("rl", big(desc("foo", "b", "bar", "bkthomps")), desc("category", "account")), []rlsv3.RateLimitResponse_Code{ok, ok}},
+		{"enforced", request("rl", big(desc("foo", "c", "baz", "not-so-shady"))), []rlsv3.RateLimitResponse_Code{overLimit}},
+		{"replacing", request("rl", desc("foo", "d", "bar", "bkthomps"), big(desc("category", "account"))), []rlsv3.RateLimitResponse_Code{ok, overLimit}},
+	} {
+		resp := e.ask(t, tc.req)
+		for i, want := range tc.want {
+			if got := resp.Statuses[i].Code; got != want {
+				t.Errorf("%s: descriptor %d is %v, want %v (%v)", tc.name, i, got, want, resp)
+			}
+		}
+		if refused := strings.Contains(string(resp.RawBody), "is above the maximum of 1000"); refused != slices.Contains(tc.want, overLimit) {
+			t.Errorf("%s: body %q, want the cost's refusal only where a descriptor is over limit", tc.name, resp.RawBody)
+		}
+	}
+	// The refused cost took nothing: foo=c's 3/min are all there.
+	for i := range 3 {
+		if resp := e.ask(t, request("rl", desc("foo", "c", "baz", "not-so-shady"))); resp.OverallCode != ok {
+			t.Fatalf("not-so-shady (3/min), call %d: %v, want OK", i+1, resp)
+		}
 	}
 }

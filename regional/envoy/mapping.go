@@ -279,7 +279,8 @@ func (c *check) route() {
 // finish builds the descriptor's status. It returns the gRPC error of a
 // check that failed for the whole call (the caller has gone away, no rule
 // set); a request the enforcer refuses is answered for this descriptor
-// alone: a cost above its maximum is OVER_LIMIT, anything else OK.
+// alone: a cost above its maximum is OVER_LIMIT (where a limit applies:
+// the service answered the others OK before), anything else OK.
 func (c *check) finish() error {
 	switch {
 	case c.skip:
@@ -303,7 +304,7 @@ func (c *check) finish() error {
 			return regional.GRPCStatus(c.err, nil)
 		}
 		c.resp = regional.Response{}
-		if re.Field == "cost" {
+		if costRefused(re) {
 			c.costErr = fmt.Sprintf("%s: %s", c.costField, re.Msg)
 			c.status = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OVER_LIMIT}
 			return nil
@@ -323,6 +324,13 @@ func (c *check) finish() error {
 }
 
 func (c *check) answered() bool { return c.bound }
+
+// costRefused reports whether err is the enforcer's refusal of a cost above
+// its maximum.
+func costRefused(err error) bool {
+	var re *regional.RequestError
+	return errors.As(err, &re) && re.Field == "cost"
+}
 
 // zeroAnswer is the answer of a node with requests_per_unit 0 at now: over
 // limit (allowed in shadow mode), 0 remaining, waiting cannot help, reset at
