@@ -6,9 +6,10 @@
 //	go build -ldflags "-X github.com/apportion/apportion/internal/version.Version=v1.2.3" ./cmd/...
 //
 // Without it, the version comes from the build information the Go toolchain
-// records: the module version for `go install ...@v1.2.3`, else the VCS
-// revision of the checkout ("devel+abc1234", "+dirty" when modified), else
-// "devel".
+// records: the module version for `go install ...@v1.2.3` (in a checkout,
+// Go 1.24 and later record a pseudo-version of its commit,
+// v0.0.0-20261206071612-8ac35ce332b0, "+dirty" when modified), else the VCS
+// revision ("devel+abc1234") where only that is recorded, else "devel".
 package version
 
 import (
