@@ -134,6 +134,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics, if set, gets the agent's metrics, labelled with Region.
 	Metrics prometheus.Registerer
+	// OnOtherAgent, if set, is called (on the agent's loop: it must not
+	// block) each time a report of this region from a newer incarnation
+	// than this agent's is heard: another agent serves the region
+	// (apportion_sync_other_agent_reports_total). agentd's standby
+	// election steps down on it while it cannot reach etcd.
+	OnOtherAgent func()
 }
 
 // DefaultRecordHold is the default Config.RecordHold.

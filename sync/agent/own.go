@@ -119,6 +119,9 @@ func (a *Agent) ownReport(msg []byte) {
 		}
 		if ours := st.Led.Incarnation().Inc; rr.Report.Inc > ours {
 			a.m.otherAgent.Inc()
+			if a.cfg.OnOtherAgent != nil {
+				a.cfg.OnOtherAgent()
+			}
 			a.logs.Log(slog.LevelError, "other-agent", "another agent appears to serve this region: reports signed with the region's key come on its subject from an incarnation this agent does not run. "+
 				"Two agents of one region replace each other's incarnations over and over (fenced, new incarnation): run one agent per region and shard, and any other with --standby",
 				logKeyRule, rr.Rule, "their_inc", rr.Report.Inc, "our_inc", ours, "subject", a.cfg.Shard.ReportSubject(a.cfg.Region))

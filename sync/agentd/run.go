@@ -267,6 +267,15 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	cfg.Signer, cfg.PeerKeys, cfg.InsecureUnsigned = signer, peerKeys, o.insecure
+	// Another agent of this region heard: a standby that leaves its term
+	// only when told (campaign) is told this way while etcd is unreachable.
+	otherAgent := make(chan struct{}, 1)
+	cfg.OnOtherAgent = func() {
+		select {
+		case otherAgent <- struct{}{}:
+		default:
+		}
+	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -397,7 +406,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			done <- runAgent(runCtx)
 			return
 		}
-		done <- campaign(runCtx, ec, leaderKey(o.region, cfg.Shard), log, runAgent)
+		done <- campaign(runCtx, ec, leaderKey(o.region, cfg.Shard), log, otherAgent, runAgent)
 	}()
 	select {
 	case err := <-done:
@@ -415,13 +424,27 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 // campaign runs fn while this process leads the election at key, and
 // campaigns again when a term ends, until ctx is done.
-func campaign(ctx context.Context, ec *clientv3.Client, key string, log *slog.Logger, fn func(context.Context) error) error {
+//
+// A term ends when fn returns, or when another process is known to lead.
+// Losing the etcd session alone does not end it: with etcd down no standby
+// can be elected either, and an agent that stepped down would leave its
+// region without an agent, every coordinated key at its floor, for as long
+// as etcd is down. So after the session is lost the term goes on
+// (holdTerm) until etcd, reachable again, names another leader or none (then
+// the term ends and this process campaigns again), or keeps this process's
+// key under its lease (the session is resumed on that lease: same term), or
+// until another agent of the region is heard on NATS (otherAgent: a standby
+// elected while this process could not reach etcd). Two agents acting at
+// once stay safe (the peers freeze the older incarnation; the ledger's
+// invariants hold per incarnation), only wasteful, and only until one of
+// those tells this one.
+func campaign(ctx context.Context, ec *clientv3.Client, key string, log *slog.Logger, otherAgent <-chan struct{}, fn func(context.Context) error) error {
 	host, _ := os.Hostname()
 	id := fmt.Sprintf("%s-%d", host, os.Getpid())
 	backoff := 200 * time.Millisecond
 	for ctx.Err() == nil {
 		err := func() error {
-			sess, err := concurrency.NewSession(ec, concurrency.WithTTL(5), concurrency.WithContext(ctx))
+			sess, err := concurrency.NewSession(ec, concurrency.WithTTL(campaignTTL), concurrency.WithContext(ctx))
 			if err != nil {
 				return err
 			}
@@ -432,27 +455,32 @@ func campaign(ctx context.Context, ec *clientv3.Client, key string, log *slog.Lo
 				return err
 			}
 			log.Info("standby: elected; acting as the region's agent")
+			for len(otherAgent) > 0 {
+				<-otherAgent // heard before this term
+			}
 			term, cancel := context.WithCancel(ctx)
 			defer cancel()
+			held := make(chan []*concurrency.Session, 1)
 			go func() {
-				select {
-				case <-sess.Done():
-					log.Warn("standby: etcd session lost; stepping down")
-				case <-term.Done():
-				}
+				held <- holdTerm(term, ctx, ec, sess, el, log, otherAgent)
 				cancel()
 			}()
 			err = fn(term)
+			cancel()
+			resumed := <-held
 			rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
 			el.Resign(rctx)
 			rcancel()
+			for _, s := range resumed {
+				s.Close()
+			}
 			return err
 		}()
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err != nil {
-			log.Warn("standby: campaign failed; retrying", "err", err, "retry_in", backoff)
+			log.Warn("standby: campaign failed; retrying", "err", err, "retry_in", backoff.String())
 			select {
 			case <-ctx.Done():
 				return nil
@@ -464,6 +492,65 @@ func campaign(ctx context.Context, ec *clientv3.Client, key string, log *slog.Lo
 		backoff = 200 * time.Millisecond
 	}
 	return nil
+}
+
+// campaignTTL is the election session's lease, in seconds: a leader that
+// stops renewing it (gone, or cut off from etcd) is replaced by a standby
+// that reaches etcd this long after.
+const campaignTTL = 5
+
+// holdRetry is how often a leader whose etcd session was lost asks etcd
+// again who leads.
+const holdRetry = time.Second
+
+// holdTerm watches a term won with sess and el, and returns when the term
+// is to end: term done, or another leader known (see campaign). It returns
+// the sessions it resumed, for the caller to close once fn has stopped.
+func holdTerm(term, ctx context.Context, ec *clientv3.Client, sess *concurrency.Session, el *concurrency.Election, log *slog.Logger, otherAgent <-chan struct{}) []*concurrency.Session {
+	var resumed []*concurrency.Session
+	lease := sess.Lease()
+	for {
+		select {
+		case <-term.Done():
+			return resumed
+		case <-sess.Done():
+		}
+		log.Warn("standby: etcd session lost; acting on as the region's agent until etcd names another leader or another agent of this region is heard",
+			"key", el.Key())
+		t := time.NewTicker(holdRetry)
+		for sess = nil; sess == nil; {
+			select {
+			case <-term.Done():
+				t.Stop()
+				return resumed
+			case <-otherAgent:
+				t.Stop()
+				log.Warn("standby: another agent of this region is heard while etcd is unreachable; stepping down")
+				return resumed
+			case <-t.C:
+			}
+			gctx, cancel := context.WithTimeout(term, holdRetry)
+			resp, err := el.Leader(gctx)
+			cancel()
+			switch {
+			case errors.Is(err, concurrency.ErrElectionNoLeader) || err == nil && string(resp.Kvs[0].Key) != el.Key():
+				t.Stop()
+				log.Warn("standby: etcd is back and another process leads (or none); stepping down")
+				return resumed
+			case err != nil:
+				continue // etcd still unreachable: act on
+			}
+			// Still the leader's key, under our lease: renew it.
+			s, err := concurrency.NewSession(ec, concurrency.WithTTL(campaignTTL), concurrency.WithLease(lease), concurrency.WithContext(ctx))
+			if err != nil {
+				continue
+			}
+			resumed = append(resumed, s)
+			sess = s
+			log.Info("standby: etcd session resumed; still the region's agent")
+		}
+		t.Stop()
+	}
 }
 
 // swapRegisterer registers one agent term's collectors at a time: next
