@@ -388,7 +388,7 @@ func (e *Enforcer) match(c *compiled, req *Request) []matched {
 		// tag (one script, one slot): sub-bucket "0", the plain key.
 		r := out[0].rule
 		if i := rand.IntN(r.Split); i > 0 {
-			out[0].bucket.Key = redisstore.SubKey(splitParts[0], i, r.ID, splitParts[1:]...)
+			out[0].bucket.Key = redisstore.AlgorithmKey(redisstore.SubKey(splitParts[0], i, r.ID, splitParts[1:]...), out[0].params.algorithm)
 		}
 	}
 	return out

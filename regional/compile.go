@@ -89,6 +89,6 @@ func globalFloor(r rules.Rule, region string) (int64, bool) {
 
 // bucket is the store bucket of this rule for one key.
 func (p bucketParams) bucket(key string, r *rules.Rule) redisstore.Bucket {
-	return redisstore.Bucket{Key: key, Algorithm: p.algorithm, Capacity: p.capacity, Rate: p.rate,
+	return redisstore.Bucket{Key: redisstore.AlgorithmKey(key, p.algorithm), Algorithm: p.algorithm, Capacity: p.capacity, Rate: p.rate,
 		Limit: p.limit, Window: p.window, Shadow: r.Shadow, Global: p.global}
 }

@@ -3,6 +3,8 @@ package redisstore
 import (
 	"strconv"
 	"strings"
+
+	"github.com/apportion/apportion/rules"
 )
 
 // Key builds "rl:{<tag escaped>}:<ruleID escaped>[:<extra escaped>...]".
@@ -45,6 +47,33 @@ func SubKey(tag string, sub int, ruleID string, extra ...string) string {
 		escape(&b, e, true)
 	}
 	return b.String()
+}
+
+// AlgorithmKey is the key under which a bucket of algorithm a keeps its
+// state, given its Key (or SubKey): the key itself for a token bucket, else
+// the key with "%!" and the algorithm's tag appended ("%!fw" fixed window,
+// "%!sw" sliding window, "%!sl" sliding log, "%!lb" leaky bucket). Each
+// algorithm keeps its own layout, and some layouts have the same length
+// (a leaky bucket's and a token bucket's 12 bytes), so a rule whose
+// algorithm changes must not read its keys' old state: the new script
+// refused it as a bad state (the check then answered by the failure policy
+// until the key expired) or misread it. With the algorithm in the key it
+// starts afresh, as a new key. Escaping never writes "%!", so these keys
+// differ from every key Key and SubKey build and from each other; the hash
+// tag, and so the Cluster slot, is the key's.
+func AlgorithmKey(key string, a rules.Algorithm) string {
+	tag := ""
+	switch a {
+	case rules.FixedWindow:
+		tag = "%!fw"
+	case rules.SlidingWindow:
+		tag = "%!sw"
+	case rules.SlidingLog:
+		tag = "%!sl"
+	case rules.LeakyBucket:
+		tag = "%!lb"
+	}
+	return key + tag
 }
 
 func escape(b *strings.Builder, s string, colon bool) {

@@ -80,12 +80,12 @@ func hashTag(key string) string {
 }
 
 // TestKeyInjective draws keys from a small alphabet full of separators and
-// requires distinct inputs (sub-buckets of a split rule too) to give
-// distinct keys, and every key's hash tag to
+// requires distinct inputs (sub-buckets of a split rule and algorithms too)
+// to give distinct keys, and every key's hash tag to
 // be its escaped client key, brace-free.
 func TestKeyInjective(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
-	alphabet := []string{"{", "}", ":", "%", "7B", "a", "", "#", "1"}
+	alphabet := []string{"{", "}", ":", "%", "7B", "a", "", "#", "1", "!", "fw"}
 	word := func() string {
 		var b strings.Builder
 		for n := r.IntN(5); n > 0; n-- {
@@ -93,15 +93,16 @@ func TestKeyInjective(t *testing.T) {
 		}
 		return b.String()
 	}
+	algs := []rules.Algorithm{rules.TokenBucket, rules.LeakyBucket, rules.FixedWindow, rules.SlidingWindow, rules.SlidingLog}
 	seen := map[string]string{}
 	for i := 0; i < 20000; i++ {
-		tag, rule, sub := word(), word(), r.IntN(3)
+		tag, rule, sub, alg := word(), word(), r.IntN(3), algs[r.IntN(len(algs))]
 		extra := make([]string, r.IntN(3))
 		for j := range extra {
 			extra[j] = word()
 		}
-		in := fmt.Sprintf("%d %q", sub, append([]string{tag, rule}, extra...))
-		k := SubKey(tag, sub, rule, extra...)
+		in := fmt.Sprintf("%d %s %q", sub, alg, append([]string{tag, rule}, extra...))
+		k := AlgorithmKey(SubKey(tag, sub, rule, extra...), alg)
 		if prev, ok := seen[k]; ok && prev != in {
 			t.Fatalf("%s and %s both give %q", prev, in, k)
 		}
@@ -175,12 +176,13 @@ func TestMemoryUsage(t *testing.T) {
 	if n > 80 {
 		t.Fatalf("token bucket key uses %d bytes, want <= 80 (the decimal layout, int-encoded)", n)
 	}
-	// The other layouts, for the record (same key length).
+	// The other layouts, for the record: the keys an enforcer writes for
+	// the same rule id with another algorithm (AlgorithmKey).
 	for _, b := range []Bucket{
-		{Key: Key("user:42", "orders-lb"), Algorithm: rules.LeakyBucket, Capacity: 20_000, Rate: 10_000},
-		window(Key("user:42", "orders-fw"), rules.FixedWindow, 100, time.Minute),
-		window(Key("user:42", "orders-sw"), rules.SlidingWindow, 100, time.Minute),
-		window(Key("user:42", "orders-sl"), rules.SlidingLog, 100, time.Minute),
+		{Key: AlgorithmKey(key, rules.LeakyBucket), Algorithm: rules.LeakyBucket, Capacity: 20_000, Rate: 10_000},
+		window(AlgorithmKey(key, rules.FixedWindow), rules.FixedWindow, 100, time.Minute),
+		window(AlgorithmKey(key, rules.SlidingWindow), rules.SlidingWindow, 100, time.Minute),
+		window(AlgorithmKey(key, rules.SlidingLog), rules.SlidingLog, 100, time.Minute),
 	} {
 		if _, _, err := e.store.Check(ctx, 1, []Bucket{b}); err != nil {
 			t.Fatal(err)
@@ -213,9 +215,9 @@ func TestMemoryUsage(t *testing.T) {
 	if n > 104 {
 		t.Fatalf("token bucket key with a share record uses %d bytes, want <= 104 (28 bytes of state)", n)
 	}
-	// Global windows holding a held share record (same key length).
-	for i, alg := range []rules.Algorithm{rules.FixedWindow, rules.SlidingWindow} {
-		wk := Key("user:42", []string{"orders-gf", "orders-gs"}[i])
+	// Global windows holding a held share record (their enforcer's keys).
+	for _, alg := range []rules.Algorithm{rules.FixedWindow, rules.SlidingWindow} {
+		wk := AlgorithmKey(key, alg)
 		wb := Bucket{Key: wk, Algorithm: alg, Limit: 100, Window: time.Minute, Global: &Global{Rule: "orders-free", Units: 1_000_000, Floor: 100_000}}
 		if _, err := e.store.WriteShares(ctx, "orders-free", []ShareRecord{{Key: wk, Inc: 3, Seq: 123_457, Units: 412_345, Algorithm: alg, Limit: 100, Window: time.Minute, Total: 1_000_000, Floor: 100_000, Hold: time.Hour}}); err != nil {
 			t.Fatal(err)
