@@ -349,6 +349,8 @@ func TestFlagErrors(t *testing.T) {
 		{"no Redis pipeline", []string{"--region", "r", "--rules", "x", "--redis-pipelines", "0"}, "--redis-pipelines"},
 		{"negative stream workers", []string{"--region", "r", "--rules", "x", "--grpc-stream-workers", "-1"}, "--grpc-stream-workers"},
 		{"negative GC percent", []string{"--region", "r", "--rules", "x", "--gc-percent", "-5"}, "--gc-percent"},
+		{"redis addr without port", []string{"--region", "r", "--rules", "x", "--redis-addr", "bogus"}, `--redis-addr: want HOST:PORT or unix:///PATH, got "bogus": missing port in address`},
+		{"redis addr with a blank entry", []string{"--region", "r", "--rules", "x", "--redis-addr", "a:1,,b:2"}, `--redis-addr: want HOST:PORT or unix:///PATH, got a blank entry in "a:1,,b:2"`},
 		{"unwritable CPU profile", []string{"--region", "r", "--rules", "x", "--cpu-profile", "/nonexistent/dir/cpu.out"}, "cpu profile"},
 	}
 	for _, tt := range tests {

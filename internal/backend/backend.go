@@ -13,7 +13,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/apportion/apportion/internal/tlsconfig"
@@ -49,8 +51,11 @@ func (r *Redis) Register(fs *flag.FlagSet) {
 	fs.StringVar(&r.Key, "redis-key", "", "client key for Redis")
 }
 
-// Validate checks the combinations of the Redis flags: Sentinel needs both
-// its addresses and the master name.
+// Validate checks the Redis flags: Sentinel needs both its addresses and
+// the master name; every address is HOST:PORT with a port from 1 to 65535
+// (no blank entry in a comma-separated list), or --redis-addr is one
+// unix:///PATH. An address go-redis cannot dial would otherwise be found
+// only when each check is answered by the failure policy.
 func (r *Redis) Validate() error {
 	switch {
 	case r.MasterName != "" && strings.TrimSpace(r.SentinelAddrs) == "":
@@ -58,22 +63,55 @@ func (r *Redis) Validate() error {
 	case strings.TrimSpace(r.SentinelAddrs) != "" && r.MasterName == "":
 		return errors.New("--redis-sentinel-addrs needs --redis-master-name")
 	}
-	for _, a := range strings.Split(r.SentinelAddrs, ",") {
-		if a = strings.TrimSpace(a); r.SentinelAddrs != "" && !strings.Contains(a, ":") {
-			return fmt.Errorf("--redis-sentinel-addrs: want HOST:PORT, got %q", a)
-		}
+	if r.MasterName != "" {
+		// The Sentinels replace --redis-addr.
+		return checkAddrs("--redis-sentinel-addrs", "HOST:PORT", r.SentinelAddrs)
 	}
-	if path, unix := r.socket(); unix && r.MasterName == "" {
-		switch {
-		case path == "":
-			return errors.New("--redis-addr: unix:// needs the socket's path, as in unix:///run/redis/redis.sock")
-		case strings.Contains(r.Addr, ","):
-			return fmt.Errorf("--redis-addr: a Unix socket is one standalone Redis, not a Cluster: %q", r.Addr)
-		case r.TLS || r.CA != "" || r.Cert != "":
-			return errors.New("--redis-addr: TLS is for TCP, not a Unix socket (drop --redis-tls, --redis-ca and --redis-cert)")
+	path, unix := r.socket()
+	if !unix {
+		return checkAddrs("--redis-addr", "HOST:PORT or unix:///PATH", r.Addr)
+	}
+	switch {
+	case path == "":
+		return errors.New("--redis-addr: unix:// needs the socket's path, as in unix:///run/redis/redis.sock")
+	case strings.Contains(r.Addr, ","):
+		return fmt.Errorf("--redis-addr: a Unix socket is one standalone Redis, not a Cluster: %q", r.Addr)
+	case r.TLS || r.CA != "" || r.Cert != "":
+		return errors.New("--redis-addr: TLS is for TCP, not a Unix socket (drop --redis-tls, --redis-ca and --redis-cert)")
+	}
+	return nil
+}
+
+// checkAddrs checks that every entry of the comma-separated list, the value
+// of flag, is HOST:PORT (want says what the flag takes).
+func checkAddrs(flag, want, list string) error {
+	for _, a := range splitAddrs(list) {
+		if a == "" {
+			return fmt.Errorf("%s: want %s, got a blank entry in %q", flag, want, list)
+		}
+		_, port, err := net.SplitHostPort(a)
+		if err != nil {
+			var ae *net.AddrError
+			if errors.As(err, &ae) {
+				err = errors.New(ae.Err)
+			}
+			return fmt.Errorf("%s: want %s, got %q: %w", flag, want, a, err)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("%s: want %s, got %q: the port must be a number from 1 to 65535", flag, want, a)
 		}
 	}
 	return nil
+}
+
+// splitAddrs splits a comma-separated address list, blanks trimmed (a
+// blank entry stays, empty, for checkAddrs to refuse).
+func splitAddrs(list string) []string {
+	out := strings.Split(list, ",")
+	for i, a := range out {
+		out[i] = strings.TrimSpace(a)
+	}
+	return out
 }
 
 // socket returns the path of a Unix socket address, unix:///PATH.
@@ -95,7 +133,7 @@ func (r *Redis) Options() (*redis.UniversalOptions, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	addrs := strings.Split(r.Addr, ",")
+	addrs := splitAddrs(r.Addr)
 	var dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 	if path, unix := r.socket(); unix && r.MasterName == "" {
 		addrs = []string{path}
@@ -105,10 +143,7 @@ func (r *Redis) Options() (*redis.UniversalOptions, error) {
 		}
 	}
 	if r.MasterName != "" {
-		addrs = nil
-		for _, a := range strings.Split(r.SentinelAddrs, ",") {
-			addrs = append(addrs, strings.TrimSpace(a))
-		}
+		addrs = splitAddrs(r.SentinelAddrs)
 	}
 	o := &redis.UniversalOptions{
 		Addrs:        addrs,
@@ -128,6 +163,72 @@ func (r *Redis) Options() (*redis.UniversalOptions, error) {
 		o.TLSConfig = tc
 	}
 	return o, nil
+}
+
+// redisLogs are the loggers InstallRedisLogger installed and that are still
+// in use, the newest last: go-redis has one logger per process.
+var redisLogs struct {
+	once sync.Once
+	mu   sync.Mutex
+	logs []*slog.Logger
+}
+
+// InstallRedisLogger routes go-redis's own messages (its pool's "failed to
+// dial" while Redis is down, a Sentinel that does not answer, ...), which
+// go-redis otherwise writes as raw "redis: ..." lines to the process's
+// stderr, hundreds a second during an outage and past --log-format json,
+// to log at Debug: the daemons log and rate-limit their store errors
+// themselves. go-redis's logger is the process's: while several daemons
+// run in one process (rlstack, tests) the one installed last gets them.
+// The returned func uninstalls log (call it when the daemon stops): the
+// messages go to the previous one still installed, or nowhere.
+func InstallRedisLogger(log *slog.Logger) (uninstall func()) {
+	redisLogs.once.Do(func() { redis.SetLogger(installedRedisLog{}) })
+	redisLogs.mu.Lock()
+	redisLogs.logs = append(redisLogs.logs, log)
+	redisLogs.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			redisLogs.mu.Lock()
+			defer redisLogs.mu.Unlock()
+			for i := len(redisLogs.logs) - 1; i >= 0; i-- {
+				if redisLogs.logs[i] == log {
+					redisLogs.logs = append(redisLogs.logs[:i], redisLogs.logs[i+1:]...)
+					break
+				}
+			}
+		})
+	}
+}
+
+// installedRedisLog is go-redis's logger once InstallRedisLogger ran.
+type installedRedisLog struct{}
+
+func (installedRedisLog) Printf(ctx context.Context, format string, v ...any) {
+	redisLogs.mu.Lock()
+	var log *slog.Logger
+	if n := len(redisLogs.logs); n > 0 {
+		log = redisLogs.logs[n-1]
+	}
+	redisLogs.mu.Unlock()
+	if log != nil {
+		redisLogger{log}.Printf(ctx, format, v...)
+	}
+}
+
+// redisLogger is go-redis's Logging interface over a slog.Logger: each
+// message one record at Debug.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if !l.log.Enabled(ctx, slog.LevelDebug) {
+		return // no formatting while debug is off
+	}
+	l.log.DebugContext(ctx, strings.TrimSpace(fmt.Sprintf(format, v...)))
 }
 
 // Etcd is how to reach etcd.

@@ -1,12 +1,19 @@
 package backend
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func TestEtcdValidate(t *testing.T) {
@@ -77,6 +84,53 @@ func TestRedisSentinelOptions(t *testing.T) {
 	}
 }
 
+// TestRedisAddrs: an address go-redis cannot dial is refused at start,
+// naming the flag and the entry (before, "bogus" started a daemon that
+// answered every check from the failure policy).
+func TestRedisAddrs(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		r    Redis
+		want string // "" for valid
+		addr []string
+	}{
+		{"host and port", Redis{Addr: "redis.example:6379"}, "", []string{"redis.example:6379"}},
+		{"IPv6", Redis{Addr: "[::1]:6379"}, "", []string{"[::1]:6379"}},
+		{"cluster, blanks trimmed", Redis{Addr: " a:1, b:2 "}, "", []string{"a:1", "b:2"}},
+		{"no port", Redis{Addr: "bogus"}, `--redis-addr: want HOST:PORT or unix:///PATH, got "bogus": missing port in address`, nil},
+		{"empty port", Redis{Addr: "bogus:"}, `--redis-addr: want HOST:PORT or unix:///PATH, got "bogus:": the port must be a number from 1 to 65535`, nil},
+		{"named port", Redis{Addr: "bogus:redis"}, `got "bogus:redis": the port must be a number`, nil},
+		{"port 0", Redis{Addr: "a:0"}, `got "a:0": the port must be a number`, nil},
+		{"port too large", Redis{Addr: "a:65536"}, `got "a:65536": the port must be a number`, nil},
+		{"bare IPv6", Redis{Addr: "::1"}, `--redis-addr: want HOST:PORT or unix:///PATH, got "::1"`, nil},
+		{"URL", Redis{Addr: "redis://a:6379"}, `--redis-addr: want HOST:PORT or unix:///PATH, got "redis://a:6379"`, nil},
+		{"blank entry", Redis{Addr: "a:1,,b:2"}, `--redis-addr: want HOST:PORT or unix:///PATH, got a blank entry in "a:1,,b:2"`, nil},
+		{"trailing comma", Redis{Addr: "a:1,"}, `got a blank entry in "a:1,"`, nil},
+		{"empty", Redis{Addr: ""}, `--redis-addr: want HOST:PORT or unix:///PATH, got a blank entry in ""`, nil},
+		{"one bad in a cluster", Redis{Addr: "a:1,b"}, `--redis-addr: want HOST:PORT or unix:///PATH, got "b"`, nil},
+		{"sentinel without port", Redis{SentinelAddrs: "s1:26379,s2:x", MasterName: "m"}, `--redis-sentinel-addrs: want HOST:PORT, got "s2:x"`, nil},
+		{"blank sentinel", Redis{SentinelAddrs: "s1:26379,", MasterName: "m"}, `--redis-sentinel-addrs: want HOST:PORT, got a blank entry`, nil},
+		{"sentinels replace a bad --redis-addr", Redis{Addr: "bogus", SentinelAddrs: "s1:26379", MasterName: "m"}, "", []string{"s1:26379"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			verr := tc.r.Validate()
+			o, err := tc.r.Options()
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) || verr == nil || verr.Error() != err.Error() {
+					t.Fatalf("Options() error = %v, Validate() = %v; want %q", err, verr, tc.want)
+				}
+				return
+			}
+			if err != nil || verr != nil {
+				t.Fatalf("Options() error = %v, Validate() = %v", err, verr)
+			}
+			if fmt.Sprint(o.Addrs) != fmt.Sprint(tc.addr) {
+				t.Fatalf("Addrs = %q, want %q", o.Addrs, tc.addr)
+			}
+		})
+	}
+}
+
 // TestRedisUnixSocket: --redis-addr unix:///PATH is a standalone Redis on
 // its socket (the dialer ignores go-redis's "tcp"); what cannot go with a
 // socket is refused, naming the flag.
@@ -140,5 +194,81 @@ func TestRedisUnixSocket(t *testing.T) {
 	defer c.Close()
 	if _, ok := c.RemoteAddr().(*net.UnixAddr); !ok {
 		t.Fatalf("dialed %T, want a Unix socket", c.RemoteAddr())
+	}
+}
+
+// TestRedisLogger: go-redis's messages become one slog record each, at
+// Debug (none below Debug), through the logger InstallRedisLogger put in
+// go-redis's place, instead of raw "redis: ..." lines on stderr.
+func TestRedisLogger(t *testing.T) {
+	records := func(b *bytes.Buffer) []map[string]any {
+		t.Helper()
+		var out []map[string]any
+		for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+			if line == "" {
+				continue
+			}
+			var m map[string]any
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Fatalf("not a JSON record: %q", line)
+			}
+			out = append(out, m)
+		}
+		return out
+	}
+	newLog := func(level slog.Level) (*slog.Logger, *bytes.Buffer) {
+		b := &bytes.Buffer{}
+		return slog.New(slog.NewJSONHandler(b, &slog.HandlerOptions{Level: level})), b
+	}
+
+	log, b := newLog(slog.LevelDebug)
+	redisLogger{log}.Printf(context.Background(), "redis: connection pool: failed to dial after %d attempts: %v", 1,
+		errors.New("dial tcp 127.0.0.1:26501: connect: connection refused"))
+	got := records(b)
+	want := "redis: connection pool: failed to dial after 1 attempts: dial tcp 127.0.0.1:26501: connect: connection refused"
+	if len(got) != 1 || got[0]["level"] != "DEBUG" || got[0]["msg"] != want {
+		t.Fatalf("records %v, want one at DEBUG with msg %q", got, want)
+	}
+	info, ib := newLog(slog.LevelInfo)
+	redisLogger{info}.Printf(context.Background(), "redis: %s", "x")
+	if ib.Len() != 0 {
+		t.Fatalf("logged below its level: %q", ib)
+	}
+
+	// Installed: go-redis's own pool logs through it, the newest installed
+	// first; uninstalled, the previous one gets the messages, then none.
+	first, fb := newLog(slog.LevelDebug)
+	second, sb := newLog(slog.LevelDebug)
+	undoFirst := InstallRedisLogger(first)
+	undoSecond := InstallRedisLogger(second)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	rc := redis.NewClient(&redis.Options{Addr: closed, DialerRetries: 1, MaxRetries: -1})
+	defer rc.Close()
+	if err := rc.Ping(context.Background()).Err(); err == nil {
+		t.Fatalf("ping %s answered", closed)
+	}
+	if r := records(sb); len(r) == 0 || r[0]["level"] != "DEBUG" || !strings.Contains(r[0]["msg"].(string), "failed to dial") ||
+		!strings.Contains(r[0]["msg"].(string), closed) {
+		t.Fatalf("go-redis's dial failure: %v, want a DEBUG record naming %s", r, closed)
+	}
+	if fb.Len() != 0 {
+		t.Fatalf("an older logger got the message: %q", fb)
+	}
+	undoSecond()
+	undoSecond() // twice is once
+	installedRedisLog{}.Printf(context.Background(), "redis: to the first")
+	if r := records(fb); len(r) != 1 || r[0]["msg"] != "redis: to the first" {
+		t.Fatalf("after uninstalling the second: %v", r)
+	}
+	undoFirst()
+	n := sb.Len() + fb.Len()
+	installedRedisLog{}.Printf(context.Background(), "redis: to nobody")
+	if sb.Len()+fb.Len() != n {
+		t.Fatal("an uninstalled logger got a message")
 	}
 }

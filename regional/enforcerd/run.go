@@ -202,6 +202,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// go-redis's own messages (hundreds a second while Redis is down) go
+	// to the log at Debug, not raw to stderr; its logger is the process's,
+	// so they are not attributed to this region.
+	defer backend.InstallRedisLogger(log.With("component", "go-redis"))()
 	log = log.With("component", "ratelimitd", "region", o.region)
 	SetGCPercent(o.gcPercent)
 	if o.cpuProfile != "" {

@@ -238,6 +238,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	defer backend.InstallRedisLogger(log.With("component", "go-redis"))()
 	log = log.With("component", "syncagent", "region", o.region)
 	cfg := agent.DefaultConfig()
 	cfg.Region, cfg.Interval, cfg.Lease, cfg.Rho, cfg.Logger = o.region, o.interval, o.lease, o.rho, log
