@@ -46,8 +46,12 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 	invalid := prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_rule_invalid_documents_total",
 		ConstLabels: prometheus.Labels{"region": o.region},
 		Help:        "Rule documents found in etcd that failed validation and were skipped (the previous version stays)."})
-	reg.MustRegister(invalid)
-	wopts := []etcdstore.Option{etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithRegistryPrefix(o.registry), etcdstore.WithLogger(log), etcdstore.WithInvalidCounter(invalid)}
+	reachable := prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_rule_etcd_reachable",
+		ConstLabels: prometheus.Labels{"region": o.region},
+		Help:        "1 while the enforcer reaches etcd (its rule snapshot, watch or a probe of a watch silent for 5 s answered), 0 before the first snapshot and while etcd does not answer (the last rule set stays)."})
+	reg.MustRegister(invalid, reachable)
+	wopts := []etcdstore.Option{etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithRegistryPrefix(o.registry), etcdstore.WithLogger(log),
+		etcdstore.WithInvalidCounter(invalid), etcdstore.WithReachableGauge(reachable)}
 	if o.etcdCache != "" {
 		wopts = append(wopts, etcdstore.WithCacheFile(o.etcdCache))
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +40,8 @@ const (
 	maxBackoff = 5 * time.Second
 	// logEvery rate-limits repeated error lines.
 	logEvery = 10 * time.Second
+	// diagDialTimeout bounds the diagnostic dial of whyNotConnected.
+	diagDialTimeout = 2 * time.Second
 )
 
 // PublisherOption configures a Publisher.
@@ -55,8 +59,11 @@ func WithInterval(d time.Duration) PublisherOption {
 	}
 }
 
-// WithLogger sets the logger for publish errors (written at most once per
-// 10s per kind of error). Default slog.Default().
+// WithLogger sets the logger for publish errors and for a NATS connection
+// that is down (written at most once per 10s per kind of error). Default
+// slog.Default(). The lines name the subject, not the region: give a logger
+// that carries the region if it should (ratelimitd's does), so the key is
+// not written twice.
 func WithLogger(l *slog.Logger) PublisherOption {
 	return func(p *Publisher) error {
 		if l != nil {
@@ -66,8 +73,9 @@ func WithLogger(l *slog.Logger) PublisherOption {
 	}
 }
 
-// WithMetrics registers the Publisher's counters on reg, labelled with the
-// region. Default: counters are kept but not registered.
+// WithMetrics registers the Publisher's counters, and the gauge
+// apportion_usage_nats_connected, on reg, labelled with the region.
+// Default: counters are kept but not registered.
 func WithMetrics(reg prometheus.Registerer) PublisherOption {
 	return func(p *Publisher) error {
 		p.reg = reg
@@ -80,10 +88,16 @@ func WithMetrics(reg prometheus.Registerer) PublisherOption {
 // Start launches its goroutine; Close flushes once more, stops it and waits.
 // The flush sequence number and the encoding buffers belong to that one
 // goroutine. While the NATS connection is not connected, the Publisher does
-// not drain: deltas keep aggregating in the (bounded) Recorder and go out
-// once the connection is back. A publish that fails loses its deltas (they
-// are counted in apportion_usage_publish_errors_total) and the next flush
-// backs off exponentially, up to 5s.
+// not drain: deltas keep aggregating in the Recorder and go out once the
+// connection is back. That is bounded by the Recorder: one count per (rule,
+// key), at most its maxKeys keys, further keys' additions dropped and
+// counted in apportion_usage_dropped_keys_total. Each flush held back so is
+// counted in apportion_usage_flushes_held_total,
+// apportion_usage_nats_connected reads 0, and a warning names the servers
+// and why they do not connect, at once and then every 10s. A publish that
+// fails loses its deltas (they are counted in
+// apportion_usage_publish_errors_total) and the next flush backs off
+// exponentially, up to 5s.
 type Publisher struct {
 	nc       *nats.Conn
 	rec      *Recorder
@@ -109,7 +123,7 @@ type Publisher struct {
 }
 
 type metrics struct {
-	flushes, bytes, errors, deltas prometheus.Counter
+	flushes, bytes, errors, deltas, held prometheus.Counter
 }
 
 // NewPublisher returns a Publisher of rec's deltas for enforcer in region.
@@ -144,12 +158,22 @@ func NewPublisher(nc *nats.Conn, rec *Recorder, region, enforcer string, opts ..
 			Help: "Usage flushes that failed; their deltas are lost.", ConstLabels: labels}),
 		deltas: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_usage_deltas_total",
 			Help: "Usage deltas (one per rule and key per flush) published.", ConstLabels: labels}),
+		held: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_usage_flushes_held_total",
+			Help: "Usage flushes not sent because NATS was not connected; their deltas stay in the recorder (up to its maximum number of keys) and go out once it is.", ConstLabels: labels}),
 	}
 	if p.reg != nil {
 		dropped := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "apportion_usage_dropped_keys_total",
 			Help: "Usage additions dropped because the recorder held its maximum number of keys.", ConstLabels: labels},
 			func() float64 { return float64(rec.Dropped()) })
-		for _, c := range []prometheus.Collector{p.m.flushes, p.m.bytes, p.m.errors, p.m.deltas, dropped} {
+		connected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apportion_usage_nats_connected",
+			Help: "1 while the usage publisher's NATS connection is connected, 0 while it is not (usage is held, not sent).", ConstLabels: labels},
+			func() float64 {
+				if nc.IsConnected() {
+					return 1
+				}
+				return 0
+			})
+		for _, c := range []prometheus.Collector{p.m.flushes, p.m.bytes, p.m.errors, p.m.deltas, p.m.held, dropped, connected} {
 			if err := p.reg.Register(c); err != nil {
 				return nil, fmt.Errorf("usage: register metrics: %w", err)
 			}
@@ -224,6 +248,7 @@ func (p *Publisher) run(ctx context.Context) {
 	untilNext := func() time.Duration { return time.Until(NextFlush(time.Now(), p.interval)) }
 	t := time.NewTimer(untilNext())
 	defer t.Stop()
+	var downSince, warned time.Time // when NATS was first found down, and last said so
 	for {
 		select {
 		case <-ctx.Done():
@@ -233,15 +258,37 @@ func (p *Publisher) run(ctx context.Context) {
 		}
 		if st := p.nc.Status(); st != nats.CONNECTED {
 			// Hold the deltas in the Recorder until the connection is back.
-			p.log.Log(slog.LevelWarn, "usage-not-connected", "usage: NATS not connected, holding deltas",
-				"region", p.region, "status", st.String())
+			now := time.Now()
+			if downSince.IsZero() {
+				downSince = now
+			}
+			held := p.rec.held()
+			if held > 0 {
+				p.m.held.Inc()
+			}
+			// At most once per logEvery (the dial is not repeated more often).
+			if warned.IsZero() || now.Sub(warned) >= logEvery {
+				dctx, cancel := context.WithTimeout(ctx, diagDialTimeout)
+				why := whyNotConnected(dctx, p.nc, st)
+				cancel()
+				p.logger.Warn("usage: NATS not connected, holding deltas until it is",
+					"url", strings.Join(p.nc.Servers(), ","), "status", st.String(), "err", why,
+					"subject", p.subject, "held_keys", held, "down_for", now.Sub(downSince).Round(time.Millisecond).String())
+				warned = time.Now()
+			}
 			t.Reset(untilNext())
 			continue
+		}
+		if !downSince.IsZero() {
+			p.log.Log(slog.LevelInfo, "usage-reconnected", "usage: NATS connected again, sending the held deltas",
+				"url", p.nc.ConnectedUrlRedacted(), "subject", p.subject, "held_keys", p.rec.held(),
+				"down_for", time.Since(downSince).Round(time.Millisecond).String())
+			downSince = time.Time{}
 		}
 		if err := p.flush(); err != nil {
 			wait = min(wait*2, max(maxBackoff, p.interval))
 			p.log.Log(slog.LevelWarn, "usage-publish", "usage: publish failed, deltas lost",
-				"region", p.region, "subject", p.subject, "err", err, "retry_in", wait)
+				"subject", p.subject, "err", err, "retry_in", wait.String())
 			t.Reset(wait)
 			continue
 		}
@@ -280,6 +327,48 @@ func (p *Publisher) flush() error {
 	p.m.deltas.Add(float64(len(deltas)))
 	p.seq += uint64(len(msgs))
 	return nil
+}
+
+// whyNotConnected says why nc (in state st) is not connected: its last
+// error if it kept one (e.g. TLS or authorization), else the error of a TCP
+// dial to each of its servers. The client keeps the errors of its reconnect
+// attempts to itself: it clears LastError at each attempt and reports them
+// only to a ReconnectErrHandler given when connecting, which cannot be set
+// on a connection made elsewhere.
+func whyNotConnected(ctx context.Context, nc *nats.Conn, st nats.Status) error {
+	last := nc.LastError()
+	if st == nats.CLOSED {
+		if last != nil {
+			return fmt.Errorf("connection closed: %w", last)
+		}
+		return errors.New("connection closed")
+	}
+	if last != nil {
+		return last
+	}
+	var errs []string
+	for _, s := range nc.Servers() { // scheme://host:port, never credentials
+		u, err := url.Parse(s)
+		if err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		host := u.Host
+		if u.Port() == "" {
+			host = net.JoinHostPort(u.Hostname(), "4222")
+		}
+		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", host)
+		if err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		c.Close()
+		errs = append(errs, host+" accepts TCP connections: the NATS handshake fails (TLS, credentials?) or the client has not reconnected yet")
+	}
+	if len(errs) == 0 {
+		return errors.New("no server to connect to")
+	}
+	return errors.New(strings.Join(errs, "; "))
 }
 
 // Subscribe delivers the batches published for region to fn, on the NATS

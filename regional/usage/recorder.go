@@ -127,6 +127,9 @@ func (r *Recorder) Drain() []Delta {
 	return out
 }
 
+// held returns how many distinct keys the Recorder holds until the next Drain.
+func (r *Recorder) held() int64 { return r.nkeys.Load() }
+
 // Dropped returns how many additions were dropped since the Recorder was
 // created because their bucket did not fit in maxKeys. A key that does not
 // fit is counted once per Add call. The count only grows.

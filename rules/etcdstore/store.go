@@ -61,6 +61,8 @@ type config struct {
 	log            *slog.Logger
 	cacheFile      string
 	invalidCounter prometheus.Counter
+	reachable      prometheus.Gauge
+	probeEvery     time.Duration
 	minBackoff     time.Duration
 	maxBackoff     time.Duration
 	requestTimeout time.Duration
@@ -76,6 +78,7 @@ func newConfig(opts []Option) (config, error) {
 		maxBackoff:     10 * time.Second,
 		requestTimeout: 5 * time.Second,
 		logEvery:       30 * time.Second,
+		probeEvery:     5 * time.Second,
 	}
 	for _, o := range opts {
 		if err := o(&c); err != nil {
@@ -152,6 +155,33 @@ func WithCacheFile(path string) Option {
 func WithInvalidCounter(ctr prometheus.Counter) Option {
 	return func(c *config) error {
 		c.invalidCounter = ctr
+		return nil
+	}
+}
+
+// WithReachableGauge also reports on a Prometheus gauge owned (and
+// registered) by the caller whether the Watcher reaches etcd: 1 from its
+// first snapshot and while etcd answers, 0 while it does not (see
+// WithProbeInterval). Default: none. Watcher only.
+func WithReachableGauge(g prometheus.Gauge) Option {
+	return func(c *config) error {
+		c.reachable = g
+		return nil
+	}
+}
+
+// WithProbeInterval sets how long the Watcher's watch may stay silent
+// before it asks etcd whether it is still there (a count-only read of one
+// key, bounded by the interval, 2 s at most): etcd's client resumes a
+// broken watch by itself without a word, so a lost etcd is found, logged
+// once and reported by WithReachableGauge this way. Default 5s. Watcher
+// only.
+func WithProbeInterval(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return errors.New("etcdstore: probe interval must be positive")
+		}
+		c.probeEvery = d
 		return nil
 	}
 }

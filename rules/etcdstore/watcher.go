@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,6 +27,8 @@ const (
 	logKeyRules    = "rules"
 	logKeyRetryIn  = "retry_in"
 	logKeyPath     = "path"
+	logKeyEnds     = "endpoints"
+	logKeyDownFor  = "down_for"
 )
 
 // Watcher delivers the rule set stored under a prefix, live. It implements
@@ -37,6 +40,16 @@ type Watcher struct {
 
 	invalid  atomic.Uint64
 	revision atomic.Int64
+
+	// heard is when etcd last answered a snapshot or a watch (UnixNano),
+	// not counting probes; watching is true while a watch is open.
+	heard    atomic.Int64
+	watching atomic.Bool
+	// reach is whether etcd answers, for the log lines and the gauge of
+	// losing it and getting it back.
+	reachMu   sync.Mutex
+	reach     reachState
+	downSince time.Time
 
 	// afterSnapshot, if set (tests only), runs after a snapshot is delivered
 	// and before the watch starts.
@@ -68,6 +81,15 @@ func (w *Watcher) InvalidDocuments() uint64 { return w.invalid.Load() }
 // response (0 before the first).
 func (w *Watcher) Revision() int64 { return w.revision.Load() }
 
+// reachState is what the Watcher knows of etcd.
+type reachState int
+
+const (
+	reachUnknown reachState = iota // before the first snapshot's outcome
+	reachUp
+	reachDown
+)
+
 // state is the watcher's view; it belongs to the goroutine running Run.
 type state struct {
 	rules map[string]rules.Rule // last good version of every rule
@@ -75,6 +97,10 @@ type state struct {
 	// key, so a reload does not count the same bad version twice.
 	badSeen   map[string]int64
 	delivered bool
+	// rev is the revision of the set delivered last, fromCache whether it
+	// came from the cache file.
+	rev       int64
+	fromCache bool
 }
 
 // Run delivers the rule set to update until ctx is done, then returns
@@ -82,8 +108,20 @@ type state struct {
 // sorted by id that the callee may keep. update is called with the first
 // snapshot (or, if etcd cannot be reached and a cache file is configured,
 // the cached set), then after every watch response that changes the set.
+//
+// While its watch is open and silent for the probe interval
+// (WithProbeInterval), Run asks etcd whether it is still there: on losing
+// it, it logs once "etcdstore: etcd unreachable; serving the last rule set
+// (revision N) until it returns" (WARN), and on getting it back (also after
+// failed snapshots) "etcdstore: etcd reachable again; following rule
+// changes live" (INFO); both name the endpoints.
 func (w *Watcher) Run(ctx context.Context, update func([]rules.Rule)) error {
 	st := &state{rules: map[string]rules.Rule{}, badSeen: map[string]int64{}}
+	mctx, stopMonitor := context.WithCancel(ctx)
+	var monitor sync.WaitGroup
+	monitor.Go(func() { w.monitor(mctx) })
+	defer monitor.Wait()
+	defer stopMonitor()
 	// Connection errors repeat while etcd is down: one line per interval.
 	lim := logsample.New(w.cfg.log, w.cfg.logEvery)
 	backoff := w.cfg.minBackoff
@@ -104,8 +142,16 @@ func (w *Watcher) Run(ctx context.Context, update func([]rules.Rule)) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			lim.Log(slog.LevelWarn, "snapshot", "etcdstore: cannot load rules from etcd; keeping the last rule set",
-				logKeyErr, err, logKeyRetryIn, backoff)
+			w.lost(err, false) // the line below says it
+			msg := "etcdstore: cannot load rules from etcd; no rule set yet"
+			switch {
+			case st.delivered && st.fromCache:
+				msg = fmt.Sprintf("etcdstore: cannot load rules from etcd; keeping the last rule set (revision %d, from the cache file)", st.rev)
+			case st.delivered:
+				msg = fmt.Sprintf("etcdstore: cannot load rules from etcd; keeping the last rule set (revision %d)", st.rev)
+			}
+			lim.Log(slog.LevelWarn, "snapshot", msg,
+				logKeyEnds, w.endpoints(), logKeyErr, err, logKeyRetryIn, backoff.String())
 			if !st.delivered && w.cfg.cacheFile != "" {
 				w.deliverCache(st, update)
 			}
@@ -134,7 +180,7 @@ func (w *Watcher) Run(ctx context.Context, update func([]rules.Rule)) error {
 				break
 			}
 			lim.Log(slog.LevelWarn, "watch", "etcdstore: rule watch interrupted; keeping the last rule set",
-				logKeyErr, err, logKeyRevision, rev, logKeyRetryIn, backoff)
+				logKeyEnds, w.endpoints(), logKeyErr, err, logKeyRevision, rev, logKeyRetryIn, backoff.String())
 			if err := wait(); err != nil {
 				return err
 			}
@@ -143,6 +189,82 @@ func (w *Watcher) Run(ctx context.Context, update func([]rules.Rule)) error {
 }
 
 var errCompacted = errors.New("etcdstore: watch revision compacted")
+
+// endpoints names the etcd client's endpoints for the log.
+func (w *Watcher) endpoints() string { return strings.Join(w.c.Endpoints(), ",") }
+
+// monitor probes etcd while the watch is open and has not heard from it
+// for a probe interval (etcd's client resumes a broken watch silently),
+// until ctx is done. Outside the watch the snapshot loop tells.
+func (w *Watcher) monitor(ctx context.Context) {
+	t := time.NewTicker(w.cfg.probeEvery)
+	defer t.Stop()
+	timeout := min(w.cfg.probeEvery, w.cfg.requestTimeout, 2*time.Second)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !w.watching.Load() || time.Since(time.Unix(0, w.heard.Load())) < w.cfg.probeEvery {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		_, err := w.c.Get(pctx, w.cfg.prefix, clientv3.WithCountOnly())
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			w.lost(err, true)
+		default:
+			w.reached()
+		}
+	}
+}
+
+// heardFrom records a snapshot or a watch response: no probe is needed
+// within a probe interval of it.
+func (w *Watcher) heardFrom() {
+	w.heard.Store(time.Now().UnixNano())
+	w.reached()
+}
+
+// reached records an answer from etcd, logging its return after a loss.
+func (w *Watcher) reached() {
+	w.reachMu.Lock()
+	defer w.reachMu.Unlock()
+	if w.reach == reachUp {
+		return
+	}
+	if w.reach == reachDown {
+		w.cfg.log.Info("etcdstore: etcd reachable again; following rule changes live",
+			logKeyEnds, w.endpoints(), logKeyRevision, w.Revision(), logKeyDownFor, time.Since(w.downSince).Round(time.Millisecond).String())
+	}
+	w.reach = reachUp
+	if w.cfg.reachable != nil {
+		w.cfg.reachable.Set(1)
+	}
+}
+
+// lost records that etcd did not answer; announce logs the loss if etcd
+// was reachable until now (a failed snapshot logs its own line).
+func (w *Watcher) lost(err error, announce bool) {
+	w.reachMu.Lock()
+	defer w.reachMu.Unlock()
+	if w.reach == reachDown {
+		return
+	}
+	if w.reach == reachUp && announce {
+		rev := w.Revision()
+		w.cfg.log.Warn(fmt.Sprintf("etcdstore: etcd unreachable; serving the last rule set (revision %d) until it returns", rev),
+			logKeyEnds, w.endpoints(), logKeyRevision, rev, logKeyErr, err)
+	}
+	w.reach, w.downSince = reachDown, time.Now()
+	if w.cfg.reachable != nil {
+		w.cfg.reachable.Set(0)
+	}
+}
 
 // snapshot loads every document under the prefix and delivers the resulting
 // set. It returns the revision read at.
@@ -194,6 +316,7 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 	st.rules = next
 	rev := resp.Header.Revision
 	w.deliver(st, rev, update)
+	w.heardFrom()
 	return rev, nil
 }
 
@@ -312,6 +435,10 @@ func (g *registryReader) get(ctx context.Context, id string) ([]byte, error) {
 func (w *Watcher) watch(ctx context.Context, st *state, rev int64, update func([]rules.Rule)) (int64, error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
+	// Watching from before the call: opening a watch while etcd is down
+	// waits for it, silently.
+	w.watching.Store(true)
+	defer w.watching.Store(false)
 	ch := w.c.Watch(wctx, w.cfg.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	for resp := range ch {
 		if resp.CompactRevision != 0 {
@@ -320,6 +447,7 @@ func (w *Watcher) watch(ctx context.Context, st *state, rev int64, update func([
 		if err := resp.Err(); err != nil {
 			return rev, err
 		}
+		w.heardFrom()
 		changed := false
 		for _, ev := range resp.Events {
 			ok, err := w.apply(ctx, st, ev)
@@ -396,7 +524,7 @@ func (w *Watcher) deliver(st *state, rev int64, update func([]rules.Rule)) {
 	}
 	sortRules(out)
 	w.revision.Store(rev)
-	st.delivered = true
+	st.delivered, st.rev, st.fromCache = true, rev, false
 	update(out)
 	if w.cfg.cacheFile != "" {
 		if err := writeCache(w.cfg.cacheFile, rev, out); err != nil {
@@ -417,7 +545,7 @@ func (w *Watcher) deliverCache(st *state, update func([]rules.Rule)) {
 	for _, r := range rs {
 		st.rules[r.ID] = r
 	}
-	st.delivered = true
+	st.delivered, st.rev, st.fromCache = true, rev, true
 	w.cfg.log.Warn("etcdstore: etcd unreachable; serving rules from the cache file",
 		logKeyPath, w.cfg.cacheFile, logKeyRevision, rev, logKeyRules, len(rs))
 	update(rs)

@@ -30,7 +30,7 @@ func (a *Agent) runRules(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		a.logs.Log(slog.LevelError, "rules", "rule source stopped; retrying", logKeyErr, err, "retry_in", backoff)
+		a.logs.Log(slog.LevelError, "rules", "rule source stopped; retrying", logKeyErr, err, "retry_in", backoff.String())
 		select {
 		case <-ctx.Done():
 			return
@@ -235,7 +235,7 @@ func (a *Agent) failStart(st *ruleState, err error) {
 	if st.again { // sent in an outage that has ended (registryBack)
 		st.again, st.retryAt = false, time.Time{}
 	}
-	a.logs.Log(slog.LevelError, "start/"+st.ID, "cannot start an incarnation; retrying", logKeyRule, st.ID, logKeyErr, err, "retry_in", max(0, time.Until(st.retryAt)).Round(time.Millisecond))
+	a.logs.Log(slog.LevelError, "start/"+st.ID, "cannot start an incarnation; retrying", logKeyRule, st.ID, logKeyErr, err, "retry_in", max(0, time.Until(st.retryAt)).Round(time.Millisecond).String())
 }
 
 func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, spec Spec, err error) {
