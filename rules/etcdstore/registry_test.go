@@ -437,3 +437,55 @@ func TestSnapshotChecksManyGlobalRules(t *testing.T) {
 		t.Fatalf("InvalidDocuments = %d, want 1", got)
 	}
 }
+
+// A global rule's algorithm cannot change under its id (token bucket to
+// window and back, fixed to sliding window): the agents' ledgers reclaim
+// by the old algorithm. The store refuses the put naming algorithm (not
+// window: a token bucket has none); a running watcher skips such a
+// document written by hand; a regional rule's algorithm may change.
+func TestGlobalAlgorithmCannotChange(t *testing.T) {
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	split := map[string]float64{"a": 1, "b": 1}
+	tb := rules.Rule{ID: "g", Algorithm: rules.TokenBucket, Capacity: 5, RefillPerSecond: 5, Scope: rules.Global, Regions: split, MinShare: 0.1}
+	fw := rules.Rule{ID: "w", Algorithm: rules.FixedWindow, Limit: 5, Window: rules.Duration(time.Second), Scope: rules.Global, Regions: split, MinShare: 0.1}
+	for _, r := range []rules.Rule{tb, fw} {
+		if _, err := s.Put(ctx, r, Unconditional); err != nil {
+			t.Fatal(err)
+		}
+	}
+	col := runWatcher(t, fastWatcher(t, c))
+	waitSet(t, col, []rules.Rule{normalized(tb), normalized(fw)}, "first snapshot")
+	toWindow := rules.Rule{ID: "g", Algorithm: rules.FixedWindow, Limit: 5, Window: rules.Duration(time.Second), Scope: rules.Global, Regions: split, MinShare: 0.1}
+	toBucket := rules.Rule{ID: "w", Algorithm: rules.TokenBucket, Capacity: 5, RefillPerSecond: 5, Scope: rules.Global, Regions: split, MinShare: 0.1}
+	toSliding := fw.Clone()
+	toSliding.Algorithm = rules.SlidingWindow
+	for _, r := range []rules.Rule{toWindow, toBucket, toSliding} {
+		var fe *rules.FieldError
+		_, err := s.Put(ctx, r, Unconditional)
+		if !errors.As(err, &fe) || fe.Field != "algorithm" || !strings.Contains(err.Error(), "new rule id") {
+			t.Fatalf("%s to %s: err = %v, want a FieldError naming algorithm", map[string]rules.Algorithm{"g": tb.Algorithm, "w": fw.Algorithm}[r.ID], r.Algorithm, err)
+		}
+	}
+	// Written by hand: skipped, the last good version stays.
+	doc, err := Encode(toWindow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, DefaultPrefix+"g", string(doc)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, testRule("other", 3), Unconditional); err != nil { // an event after it
+		t.Fatal(err)
+	}
+	waitSet(t, col, []rules.Rule{normalized(tb), normalized(testRule("other", 3)), normalized(fw)}, "the hand-written algorithm skipped")
+	// A regional rule's algorithm may change (its keys start afresh).
+	r := rules.Rule{ID: "r", Algorithm: rules.TokenBucket, Capacity: 5, RefillPerSecond: 5}
+	if _, err := s.Put(ctx, r, Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	r = rules.Rule{ID: "r", Algorithm: rules.FixedWindow, Limit: 5, Window: rules.Duration(time.Second)}
+	if _, err := s.Put(ctx, r, Unconditional); err != nil {
+		t.Fatalf("a regional rule's algorithm changed: %v", err)
+	}
+}

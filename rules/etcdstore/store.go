@@ -493,7 +493,7 @@ func (s *Store) checkSplit(r rules.Rule, ruleKV *mvccpb.KeyValue, regKey string,
 		}
 	}
 	if old != nil {
-		if err := windowChange(*old, r); err != nil {
+		if err := globalChange(*old, r); err != nil {
 			return err
 		}
 	}
@@ -515,18 +515,29 @@ func (s *Store) checkSplit(r rules.Rule, ruleKV *mvccpb.KeyValue, regKey string,
 	return nil
 }
 
-// windowChange is the FieldError of r as a change of the window of old, a
-// global window rule, or nil. The sync agents wait one window before they
-// reclaim a silent region's share of such a rule (what it admitted in its
-// window stays admitted until the window ends), a wait computed when the
-// rule's ledgers start: under a longer window a region lost mid-window
-// would have its share used twice in that window. The Store refuses such a
-// put, and the Watcher skips such a stored document (the last good version
-// stays), so no process runs the rule with a window its ledgers did not
-// start with.
-func windowChange(old, r rules.Rule) error {
-	if old.Scope != rules.Global || r.Scope != rules.Global || old.Window == r.Window ||
-		(old.Algorithm != rules.FixedWindow && old.Algorithm != rules.SlidingWindow) {
+// globalChange is the FieldError of r as a change of old, both global
+// rules, that the sync agents' ledgers cannot follow, or nil:
+//   - its algorithm: the ledgers of a token bucket reclaim a silent region's
+//     share once its lease has run out, those of a window wait one window
+//     more (what it admitted stays admitted until the window ends), and
+//     the share records in Redis belong to the old algorithm's keys;
+//   - the window of a window rule: that wait is computed when the rule's
+//     ledgers start, and under a longer window a region lost mid-window
+//     would have its share used twice in that window.
+//
+// The Store refuses such a put, and the Watcher skips such a stored
+// document (the last good version stays), so no process runs the rule with
+// an algorithm or window its ledgers did not start with.
+func globalChange(old, r rules.Rule) error {
+	if old.Scope != rules.Global || r.Scope != rules.Global {
+		return nil
+	}
+	if old.Algorithm != r.Algorithm {
+		return &rules.FieldError{RuleID: r.ID, Field: "algorithm", Msg: fmt.Sprintf(
+			"cannot change on a stored global rule (%s to %s: the sync agents' ledgers of the rule started with the old algorithm); put the rule with the new algorithm under a new rule id",
+			old.Algorithm, r.Algorithm)}
+	}
+	if old.Window == r.Window || (old.Algorithm != rules.FixedWindow && old.Algorithm != rules.SlidingWindow) {
 		return nil
 	}
 	return &rules.FieldError{RuleID: r.ID, Field: "window", Msg: fmt.Sprintf(

@@ -296,7 +296,7 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 			return 0, err // try the snapshot again; the last set stays
 		}
 		if old, ok := st.rules[id]; ok && err == nil {
-			err = windowChange(old, r)
+			err = globalChange(old, r)
 		}
 		if err != nil {
 			w.badDocument(st, string(kv.Key), kv.ModRevision, err)
@@ -493,7 +493,7 @@ func (w *Watcher) apply(ctx context.Context, st *state, ev *clientv3.Event) (boo
 			return false, err
 		}
 		if old, ok := st.rules[id]; ok && err == nil {
-			err = windowChange(old, r)
+			err = globalChange(old, r)
 		}
 		if err != nil {
 			w.badDocument(st, string(ev.Kv.Key), ev.Kv.ModRevision, err)
