@@ -249,6 +249,10 @@ func decodeError(id string, err error) error {
 		if k := te.Type.Kind(); (k == reflect.Int64 || k == reflect.Int) && strings.HasPrefix(te.Value, "number ") {
 			return &FieldError{RuleID: id, Field: field, Msg: fmt.Sprintf("must be an integer within range, got %s", te.Value)}
 		}
+		if k := te.Type.Kind(); k == reflect.Float64 && strings.HasPrefix(te.Value, "number ") {
+			// A JSON number a float64 cannot hold (1e400).
+			return &FieldError{RuleID: id, Field: field, Msg: fmt.Sprintf("must be a finite number, got %s (out of range)", strings.TrimPrefix(te.Value, "number "))}
+		}
 		return &FieldError{RuleID: id, Field: field, Msg: fmt.Sprintf("must be %s, got %s", want, te.Value)}
 	}
 	const unknown = "json: unknown field "

@@ -51,6 +51,7 @@ func TestParseRuleErrors(t *testing.T) {
 		{"capacity fraction", `{"id":"a","algorithm":"token_bucket","capacity":1.5,"refill_per_second":1}`, "capacity", "integer"},
 		{"capacity overflow", `{"id":"a","algorithm":"token_bucket","capacity":99999999999999999999,"refill_per_second":1}`, "capacity", "integer"},
 		{"capacity negative", `{"id":"a","algorithm":"token_bucket","capacity":-5,"refill_per_second":1}`, "capacity", "negative"},
+		{"refill overflow", `{"id":"a","algorithm":"token_bucket","capacity":5,"refill_per_second":1e400}`, "refill_per_second", "must be a finite number, got 1e400 (out of range)"},
 		{"refill zero", `{"id":"a","algorithm":"token_bucket","capacity":5,"refill_per_second":0}`, "refill_per_second", "above 0"},
 		{"key string", `{"id":"a","key":"client_key","algorithm":"token_bucket","capacity":1,"refill_per_second":1}`, "key", "list of strings"},
 		{"window abc", `{"id":"a","algorithm":"fixed_window","limit":5,"window":"abc"}`, "window", `"abc" is not a duration`},
