@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -248,7 +249,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cfg.RulePrefix = o.etcd.Prefix
 	cfg.InsecureUnsigned = true // the keys are checked next, once the rest is valid
 	if err := cfg.Validate(); err != nil {
-		return err
+		return flagNames(err)
 	}
 
 	reg := prometheus.NewRegistry()
@@ -422,6 +423,34 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	log.Info("stopped")
 	return nil
 }
+
+// configFlags names the flags of the agent's Config fields that the flags
+// set, for flagNames.
+var configFlags = regexp.MustCompile(`\b(Region|Lease|Interval|WitnessLease|HeartbeatEvery|DemandBand|HalfLife|GiftBand|GiftWait|RecordHold|MaxUsageKeys|Rho|WireVersion)\b`)
+
+// flagNames is a Config's validation error told in the flags that set the
+// fields it names ("Lease must exceed Interval+StoreTimeout" is
+// "--lease must exceed --interval+StoreTimeout").
+func flagNames(err error) error {
+	flags := map[string]string{"Region": "--region", "Lease": "--lease", "Interval": "--interval", "WitnessLease": "--witness-lease",
+		"HeartbeatEvery": "--heartbeat", "DemandBand": "--demand-band", "HalfLife": "--demand-half-life",
+		"GiftBand": "--gift-band", "GiftWait": "--gift-wait", "RecordHold": "--record-hold",
+		"MaxUsageKeys": "--max-usage-keys", "Rho": "--clock-rate-bound", "WireVersion": "--wire-version"}
+	msg := configFlags.ReplaceAllStringFunc(err.Error(), func(f string) string { return flags[f] })
+	if msg == err.Error() {
+		return err
+	}
+	return renamedError{msg, err}
+}
+
+// renamedError is err with another message.
+type renamedError struct {
+	msg string
+	err error
+}
+
+func (e renamedError) Error() string { return e.msg }
+func (e renamedError) Unwrap() error { return e.err }
 
 // campaign runs fn while this process leads the election at key, and
 // campaigns again when a term ends, until ctx is done.

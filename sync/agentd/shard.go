@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/apportion/apportion/internal/backend"
@@ -22,7 +23,7 @@ func shardOf(ctx context.Context, ec *clientv3.Client, sh agent.Shard) (agent.Sh
 	defer cancel()
 	l, _, err := agent.ReadLayout(cctx, ec)
 	if err != nil {
-		return agent.Shard{}, fmt.Errorf("etcd: reading the shard layout: %w", err)
+		return agent.Shard{}, fmt.Errorf("etcd (--etcd-endpoints %s): reading the shard layout: %w", strings.Join(ec.Endpoints(), ","), err)
 	}
 	if n := max(sh.Count, 1); n != l.Shards {
 		return agent.Shard{}, fmt.Errorf("%w: --shard %d/%d, but etcd's layout (%s) is %d shards per region in epoch %d: run that many, or change it with syncagent layout N once every agent is stopped (docs/operations.md, Shards)",
