@@ -73,6 +73,7 @@ type options struct {
 	adminTimeout  time.Duration
 	registry      string
 	shutdown      time.Duration
+	shutdownDelay time.Duration
 	envoy         bool
 	tracing       tracingFlags
 	cpuProfile    string
@@ -143,6 +144,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.httpTimeouts.Register(fs)
 	fs.BoolVar(&o.envoy, "envoy", true, "also serve Envoy's rate-limit protocol (envoy.service.ratelimit.v3.RateLimitService) on the gRPC port")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown waits for in-flight checks")
+	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, keep serving this long with /readyz 503 and the gRPC health NOT_SERVING before closing the listeners, so that load balancers stop sending first (Kubernetes: a preStop pause does it)")
 	o.tracing.register(fs)
 	fs.IntVar(&o.pipelines, "redis-pipelines", redisstore.DefaultWorkers, "pipelines to Redis in flight at once, at most (each sent by a worker with the checks that waited meanwhile)")
 	fs.IntVar(&o.streamWorkers, "grpc-stream-workers", DefaultStreamWorkers, "gRPC goroutines kept for calls and reused (0: a new goroutine per call)")
@@ -172,6 +174,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("--max-usage-keys must be at least 1")
 	case o.streamWorkers < 0 || o.gcPercent < 0:
 		return nil, errors.New("--grpc-stream-workers and --gc-percent must not be negative")
+	case o.shutdown <= 0:
+		return nil, errors.New("--shutdown-timeout must be positive")
+	case o.shutdownDelay < 0:
+		return nil, errors.New("--shutdown-delay must not be negative")
 	}
 	if err := o.tls.Validate(); err != nil {
 		return nil, err
@@ -426,9 +432,13 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		runErr = serveUntilDone(ctx, log, stdout, svc, enf, lis, tlsSrv, serveErr, srcErr, srcCtx)
 	}
 
-	log.Info("shutting down: finishing in-flight checks")
 	shuttingDown.Store(true)
 	svc.SetServing(false)
+	if loaded && o.shutdownDelay > 0 {
+		log.Info("shutting down: unready, serving on for --shutdown-delay", "delay", o.shutdownDelay.String())
+		time.Sleep(o.shutdownDelay)
+	}
+	log.Info("shutting down: finishing in-flight checks")
 	sctx, cancel := context.WithTimeout(context.Background(), o.shutdown)
 	defer cancel()
 	done := make(chan struct{})
