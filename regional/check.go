@@ -2,16 +2,15 @@ package regional
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"time"
 	"unicode/utf8"
 
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
-	"github.com/sony/gobreaker/v2"
 )
 
 // validate checks a request and fills cost's default.
@@ -70,6 +69,7 @@ type pending struct {
 	resp Response
 	err  error
 	done bool
+	dom  int // the store's failure domain of its keys (a partitioned store's)
 }
 
 // Check answers one request. The only errors are a *RequestError (bad
@@ -131,7 +131,8 @@ func (e *Enforcer) Enforces(req Request) bool {
 
 // run answers validated requests: those that match nothing, those of a rule
 // the store cannot hold, and low-priority ones while shedding, without the
-// store; all others in one store call through the breaker.
+// store; all others in one store call through the breaker of their keys'
+// failure domain (one for a standalone Redis; a Cluster master's own).
 func (e *Enforcer) run(ctx context.Context, ps []pending) error {
 	start := time.Now()
 	if e.metrics != nil {
@@ -144,11 +145,18 @@ func (e *Enforcer) run(ctx context.Context, ps []pending) error {
 	}
 	var oneIdx [1]int
 	idx := oneIdx[:0]
-	shed := e.shedReason()
+	var shed string
+	if e.domains == nil {
+		shed = e.shedReason(e.store.Load())
+	}
 	for i := range ps {
 		p := &ps[i]
 		p.ms = e.match(c, &p.req)
 		p.take = p.req.Cost
+		if e.domains != nil && len(p.ms) > 0 {
+			p.dom = e.domains.Domain(p.ms[0].bucket.Key)
+			shed = e.shedReason(e.domains.DomainLoad(p.dom))
+		}
 		switch {
 		case len(p.ms) == 0:
 			p.resp, p.done = Response{Allowed: true, Statuses: []Status{}}, true
@@ -175,86 +183,43 @@ func (e *Enforcer) run(ctx context.Context, ps []pending) error {
 	return nil
 }
 
-// callStore answers ps[idx] from the store, in one call through the breaker.
-// A request that asked for a local batch (take above its cost) and was
-// refused because the bucket holds less than the batch is asked again for
-// its own cost once (retry).
+// callStore answers ps[idx] from the store, in one call, each request
+// through the breaker of its keys' failure domain (e.main for a
+// standalone Redis). A request that asked for a local batch (take above
+// its cost) and was refused because the bucket holds less than the batch
+// is asked again for its own cost once (retry).
 func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry bool) {
 	if len(idx) == 0 {
 		return
 	}
-	// One allocation for the calls, answers, buckets and results of a single
-	// request of up to two rules (the closure below takes them to the
-	// heap), three for a batch.
-	total := 0
-	for _, i := range idx {
-		total += len(ps[i].ms)
+	// The breakers: the one of a standalone Redis, or one per master of
+	// a Cluster that idx's keys live on.
+	var one [1]attempt
+	sc := storeCall{ps: ps, idx: idx, atts: one[:1]}
+	sc.atts[0].g = &e.main
+	if e.domains != nil {
+		sc.atts, sc.of = e.attempts(ps, idx, one[:0])
 	}
-	var calls []redisstore.Call
-	var answers []redisstore.Answer
-	var all []redisstore.Bucket
-	if len(idx) == 1 && total <= 2 {
-		one := new(oneStoreCall)
-		calls, answers, all = one.calls[:0], one.answers[:], one.buckets[:total]
-		answers[0].Results = one.results[:0]
-	} else {
-		calls, answers, all = make([]redisstore.Call, 0, len(idx)), make([]redisstore.Answer, len(idx)), make([]redisstore.Bucket, total)
-	}
-	for _, i := range idx {
-		p := &ps[i]
-		n := len(p.ms)
-		buckets := all[:n:n]
-		all = all[n:]
-		for j := range p.ms {
-			buckets[j] = p.ms[j].bucket
-		}
-		calls = append(calls, redisstore.Call{Cost: p.take, Buckets: buckets})
-	}
-	budget := redisstore.Budget{Queue: e.cfg.QueueTimeout, RoundTrip: e.cfg.Timeout}
-	call := func() (struct{}, error) {
-		e.store.Do(ctx, budget, calls, answers)
-		if ctx.Err() != nil {
-			return struct{}{}, ctx.Err()
-		}
-		err := worst(answers)
-		if kind := classify(err); isStoreFailure(kind) {
-			e.firstFailure.CompareAndSwap(0, time.Now().UnixNano())
-			e.lastTimeout.Store(kind == "timeout")
-		}
-		return struct{}{}, err
-	}
-	_, berr := e.breaker.Execute(call)
-	rejected := errors.Is(berr, gobreaker.ErrOpenState) || errors.Is(berr, gobreaker.ErrTooManyRequests)
-	if rejected {
-		if pass, look := e.heardAgain(); pass {
-			// Past the breaker, which counts nothing. Failing, the next
-			// checks need an answer from Redis heard after this one was sent.
-			sent := time.Now().UnixNano()
-			if _, berr = call(); isStoreFailure(classify(berr)) {
-				if since := e.stallSince.Load(); since != 0 && since < sent {
-					e.stallSince.CompareAndSwap(since, sent)
-				}
-			}
-			if look {
-				e.looking.Store(false)
-			}
-			rejected = false
-		}
-	}
-	if berr == nil {
-		e.firstFailure.Store(0)
-		if e.stallSince.Load() != 0 { // the breaker is not closed: heardAgain reads it
-			e.lastOK.Store(time.Now().UnixNano())
+	e.through(ctx, 0, &sc)
+	for a := range sc.atts {
+		if at := &sc.atts[a]; at.send {
+			e.heard(at)
 		}
 	}
 	var again []int
+	k := 0 // the next answer
 	for j, i := range idx {
 		p := &ps[i]
-		err := answers[j].Err
-		if rejected {
-			err = berr
-		} else if err == nil && len(answers[j].Results) != len(p.ms) {
-			err = fmt.Errorf("%w: %d results for %d buckets", redisstore.ErrBadReply, len(answers[j].Results), len(p.ms))
+		at := sc.attempt(j)
+		var ans *redisstore.Answer
+		err := at.berr
+		if at.send {
+			ans = &sc.answers[k]
+			k++
+			err = ans.Err
+			if err == nil && len(ans.Results) != len(p.ms) {
+				err = fmt.Errorf("%w: %d results for %d buckets", redisstore.ErrBadReply, len(ans.Results), len(p.ms))
+			}
 		}
 		if err != nil && ctx.Err() != nil {
 			e.leaseAbandon(p)
@@ -264,19 +229,19 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 		switch kind := classify(err); kind {
 		case "":
 			if p.take > p.req.Cost {
-				if !answers[j].Allowed {
+				if !ans.Allowed {
 					if retry {
 						p.take = p.req.Cost
 						again = append(again, i)
 					} else {
-						p.resp = e.fromStore(p.ms, answers[j], p.req.Cost)
+						p.resp = e.fromStore(p.ms, *ans, p.req.Cost)
 					}
 					e.leases.done(p.ms[0].bucket.Key, 0, p.ms[0].leaseLife(), true)
 					continue
 				}
 				e.leases.done(p.ms[0].bucket.Key, p.take-p.req.Cost, p.ms[0].leaseLife(), false)
 			}
-			p.resp = e.fromStore(p.ms, answers[j], p.req.Cost)
+			p.resp = e.fromStore(p.ms, *ans, p.req.Cost)
 		case "queue_timeout":
 			e.leaseAbandon(p)
 			p.resp = e.shedAnswer(p.ms, kind)
@@ -289,56 +254,183 @@ func (e *Enforcer) callStore(ctx context.Context, ps []pending, idx []int, retry
 	e.callStore(ctx, ps, again, false)
 }
 
+// storeCall is one callStore's call to the store: the requests ps[idx],
+// by attempt (one per breaker), and the calls and answers of those sent.
+type storeCall struct {
+	ps      []pending
+	idx     []int
+	atts    []attempt
+	of      []int // of[j]: the attempt of idx[j] (nil: atts[0])
+	answers []redisstore.Answer
+}
+
+// attempt is one breaker's part of a store call: the requests of one
+// failure domain.
+type attempt struct {
+	g       *guard
+	n       int      // its requests
+	berr    error    // the breaker's refusal
+	send    bool     // its requests go to the store: let through, or past it (heardAgain)
+	past    bool     // past it (heardAgain), which counts nothing
+	look    bool     // past it to look (heardAgain): ends the look
+	sent    int64    // unix ns, when sent past it
+	acc     worstAcc // the outcome of its requests
+	outcome error    // what the breaker hears: acc's worst, or the caller's ctx.Err()
+}
+
+func (sc *storeCall) attempt(j int) *attempt {
+	if sc.of == nil {
+		return &sc.atts[0]
+	}
+	return &sc.atts[sc.of[j]]
+}
+
+// attempts appends to atts one attempt per guard of the domains of
+// ps[idx] (a partitioned store), and returns the attempt of each idx[j].
+func (e *Enforcer) attempts(ps []pending, idx []int, atts []attempt) ([]attempt, []int) {
+	of := make([]int, len(idx))
+	now := time.Now().UnixNano()
+	for j, i := range idx {
+		g := e.guardFor(ps[i].dom)
+		a := slices.IndexFunc(atts, func(at attempt) bool { return at.g == g })
+		if a < 0 {
+			a = len(atts)
+			atts = append(atts, attempt{g: g})
+			g.used.Store(now)
+		}
+		atts[a].n++
+		of[j] = a
+	}
+	return atts, of
+}
+
+// through passes sc's attempts from a on through their breakers, each one
+// within the previous one's (so that each breaker counts its own requests'
+// outcome), and makes the store call (send) inside the last.
+func (e *Enforcer) through(ctx context.Context, a int, sc *storeCall) {
+	if a == len(sc.atts) {
+		e.send(ctx, sc)
+		return
+	}
+	at := &sc.atts[a]
+	_, berr := at.g.breaker.Execute(func() (struct{}, error) {
+		at.send = true
+		e.through(ctx, a+1, sc)
+		return struct{}{}, at.outcome
+	})
+	if at.send {
+		return
+	}
+	// Refused (open, or half-open with its probes taken).
+	at.berr = berr
+	if pass, look := e.heardAgain(at.g); pass {
+		// Past the breaker, which counts nothing. Failing, the next
+		// checks need an answer from Redis heard after this one was sent.
+		at.send, at.past, at.look, at.sent = true, true, look, time.Now().UnixNano()
+	}
+	e.through(ctx, a+1, sc)
+}
+
+// send calls the store with the requests of the attempts that go to it,
+// and sets each attempt's outcome.
+func (e *Enforcer) send(ctx context.Context, sc *storeCall) {
+	ps, idx := sc.ps, sc.idx
+	sending, total := 0, 0
+	for j, i := range idx {
+		if sc.attempt(j).send {
+			sending++
+			total += len(ps[i].ms)
+		}
+	}
+	if sending == 0 {
+		return
+	}
+	// One allocation for the calls, answers, buckets and results of a single
+	// request of up to two rules, three for a batch.
+	var calls []redisstore.Call
+	var answers []redisstore.Answer
+	var all []redisstore.Bucket
+	if sending == 1 && total <= 2 {
+		one := new(oneStoreCall)
+		calls, answers, all = one.calls[:0], one.answers[:], one.buckets[:total]
+		answers[0].Results = one.results[:0]
+	} else {
+		calls, answers, all = make([]redisstore.Call, 0, sending), make([]redisstore.Answer, sending), make([]redisstore.Bucket, total)
+	}
+	for j, i := range idx {
+		if !sc.attempt(j).send {
+			continue
+		}
+		p := &ps[i]
+		n := len(p.ms)
+		buckets := all[:n:n]
+		all = all[n:]
+		for k := range p.ms {
+			buckets[k] = p.ms[k].bucket
+		}
+		calls = append(calls, redisstore.Call{Cost: p.take, Buckets: buckets})
+	}
+	e.store.Do(ctx, redisstore.Budget{Queue: e.cfg.QueueTimeout, RoundTrip: e.cfg.Timeout}, calls, answers)
+	sc.answers = answers
+	// What each breaker hears: the worst outcome of its requests.
+	if sc.of == nil {
+		sc.atts[0].outcome = worst(answers)
+	} else {
+		k := 0
+		for j := range idx {
+			if at := sc.attempt(j); at.send {
+				at.acc.add(answers[k].Err)
+				k++
+			}
+		}
+		for a := range sc.atts {
+			sc.atts[a].outcome = sc.atts[a].acc.err()
+		}
+	}
+	for a := range sc.atts {
+		at := &sc.atts[a]
+		if !at.send {
+			continue
+		}
+		if ctx.Err() != nil {
+			at.outcome = ctx.Err()
+		}
+		// Before the breaker hears it: ReadyToTrip reads these.
+		if kind := classify(at.outcome); isStoreFailure(kind) {
+			at.g.firstFailure.CompareAndSwap(0, time.Now().UnixNano())
+			at.g.lastTimeout.Store(kind == "timeout")
+		}
+	}
+}
+
+// heard ends at, whose requests were sent, once its breaker has heard
+// their outcome (see heardAgain).
+func (e *Enforcer) heard(at *attempt) {
+	g := at.g
+	if at.past {
+		if isStoreFailure(classify(at.outcome)) {
+			if since := g.stallSince.Load(); since != 0 && since < at.sent {
+				g.stallSince.CompareAndSwap(since, at.sent)
+			}
+		}
+		if at.look {
+			g.looking.Store(false)
+		}
+	}
+	if at.outcome == nil {
+		g.firstFailure.Store(0)
+		if g.stallSince.Load() != 0 { // the breaker is not closed: heardAgain reads it
+			g.lastOK.Store(time.Now().UnixNano())
+		}
+	}
+}
+
 // oneStoreCall holds callStore's slices for one request of up to two rules.
 type oneStoreCall struct {
 	calls   [1]redisstore.Call
 	answers [1]redisstore.Answer
 	buckets [2]redisstore.Bucket
 	results [2]redisstore.Result
-}
-
-// lookEvery is the least time between two checks that go past an open
-// breaker to look whether Redis is back (heardAgain): --timeout, at most
-// 10 ms.
-func (e *Enforcer) lookEvery() int64 { return int64(min(e.cfg.Timeout, 10*time.Millisecond)) }
-
-// heardAgain reports, for a check the breaker refused (open, or half-open
-// with its probes taken), whether it may go to Redis all the same (pass),
-// because Redis is back, or to look whether it is (look: the caller ends
-// the look when its call returns). Back: opened by a stall (timeouts),
-// Redis has answered since the first of those timeouts (the replies of the
-// pipelines it held arrive when it resumes, often before the breaker has
-// even opened); opened by errors (Redis refusing connections, resetting
-// them, answering errors), a check has succeeded since it opened. Else a
-// check goes to look if none is looking and none went in the last
-// lookEvery (each bounded by --timeout; a refused connection fails at
-// once). The breaker is there for a store that has failed; a Redis that
-// paused (a busy host, a slow fork) or restarted and answers again is not
-// failing, and its checks go to it while the breaker waits out its open
-// time (then its probes close it): the failure policy answers while Redis
-// fails, not for the rest of a fixed second after it is back. A check that
-// fails past the breaker makes the next ones wait for an answer (a
-// success, after errors) heard after it was sent, so a Redis that stays
-// silent or keeps failing keeps the checks on the failure policy; one that
-// answers gets them, each bounded by its budget, as with a closed breaker.
-func (e *Enforcer) heardAgain() (pass, look bool) {
-	since := e.stallSince.Load()
-	if since == 0 {
-		return false, false
-	}
-	heard := e.store.Load().Answered.UnixNano()
-	if e.byErrors.Load() {
-		heard = e.lastOK.Load()
-	}
-	if heard > since {
-		return true, false
-	}
-	now := time.Now().UnixNano()
-	if now-e.stallProbe.Load() < e.lookEvery() || !e.looking.CompareAndSwap(false, true) {
-		return false, false
-	}
-	e.stallProbe.Store(now) // the look is ours alone (looking)
-	return true, true
 }
 
 func decision(r Response) string {

@@ -13,7 +13,11 @@
 //     each store call has a short timeout, a circuit breaker stops calling a
 //     failing store, and then every matched rule's failure_mode decides
 //     (open: allow; closed: reject; local: an in-process token bucket).
-//     Such answers carry fail_open=true.
+//     Such answers carry fail_open=true. On a Redis Cluster the store is
+//     a failure domain per master (DomainStore; breaker.go), each with its
+//     own breaker and, in the store, its own queue and pipelines: a master
+//     that fails sends only its own keys' checks to the failure policy,
+//     and the other masters' checks are answered by Redis as before.
 //   - The enforcer fails open only when the store fails, never under its
 //     own load. The timeout measures Redis (silent for the timeout, beyond
 //     this process's own measured lag and its own scripts in flight), not
@@ -31,13 +35,17 @@
 //     hold is found when the rule set is loaded and answered by its own
 //     failure_mode without the store; a store error about one bucket (a
 //     script error) answers that check alone, by its rules' failure_mode,
-//     without touching the breaker.
+//     without touching the breaker; so does a Redis Cluster's refusal
+//     about the slot of the check's keys (TRYAGAIN for keys a migration has
+//     split, MOVED or ASK past the redirections).
 //   - Under overload (checks queued for Redis at ShedQueue, or Redis's
 //     recent round trip at ShedLatency) checks whose matched rules are all
 //     priority "low" are shed; priority "high" (the default) keeps going to
 //     Redis. A shed check consumes nothing, so no bucket passes its bound.
 //   - CheckBatch (gRPC CheckLimits) sends all its requests to Redis in one
-//     pipeline and answers them in order, each as Check would alone.
+//     pipeline (on a Cluster one per master, concurrently) and answers them
+//     in order, each as Check would alone: each request through the breaker
+//     of its own keys' domain.
 //   - local_batch: N (batch.go): every token admitted was taken from Redis
 //     first; an enforcer holds at most N-1 tokens of a key at a time.
 //   - split: k: a hot key's sub-buckets hold 1/k of the limit each and

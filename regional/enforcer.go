@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,28 +23,19 @@ type Enforcer struct {
 	log     *slog.Logger
 	sampled *logsample.Logger
 	metrics *Metrics
-	breaker *gobreaker.CircuitBreaker[struct{}]
 	local   *localLimiter
 	leases  *leaseTable
 
 	index atomic.Pointer[compiled]
-	// firstFailure is the unix ns of the first store failure since the
-	// last success (0: none), for the breaker.
-	firstFailure atomic.Int64
-	lastTimeout  atomic.Bool // the latest store failure was a timeout
-	// stallSince is, while the breaker is open (or half-open), the unix ns
-	// from which Redis must have been heard for checks to go past it: on
-	// timeouts (Redis silent) the first failure of the streak that opened
-	// it, on errors (Redis refusing, resetting, answering errors) the time
-	// it opened; then the latest failure of a check sent past it. 0 while
-	// it is closed (see heardAgain).
-	stallSince atomic.Int64
-	stallProbe atomic.Int64 // unix ns of the latest check sent past it to look
-	looking    atomic.Bool  // a check sent past it to look has not returned yet
-	// byErrors: the breaker opened on errors, not on timeouts; then only a
-	// check that succeeded (lastOK) shows Redis is back, not any reply.
-	byErrors atomic.Bool
-	lastOK   atomic.Int64 // unix ns of the latest store call that succeeded while stallSince was set
+
+	// The store's circuit breakers (breaker.go): main is the only one of
+	// a standalone Redis; on a Redis Cluster (domains set) every master
+	// has its own, by domain (main is domain 0's: keys whose master the
+	// client does not know yet).
+	main    guard
+	domains DomainStore
+	guards  atomic.Pointer[[]*guard] // by domain; [0] is &main
+	guardMu sync.Mutex
 }
 
 // New returns an Enforcer that evaluates rules against store. Call SetRules
@@ -74,48 +66,14 @@ func New(cfg Config, store Store) (*Enforcer, error) {
 	if e.cfg.ShedLatency == 0 {
 		e.cfg.ShedLatency = cfg.Timeout / 2
 	}
-	e.breaker = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
-		Name:        "redis",
-		MaxRequests: cfg.BreakerProbes,
-		Timeout:     cfg.BreakerOpen,
-		// Consecutive failures; timeouts must also span at least one
-		// Timeout: the calls of one stalled pipeline fail together and are
-		// one event, not many.
-		ReadyToTrip: func(c gobreaker.Counts) bool {
-			if c.ConsecutiveFailures < cfg.BreakerFailures {
-				return false
-			}
-			first := e.firstFailure.Load()
-			return !e.lastTimeout.Load() || (first != 0 && time.Since(time.Unix(0, first)) >= cfg.Timeout)
-		},
-		// Only the store failing counts: a caller that went away, a check
-		// shed by our own queue, or a request the store refuses as invalid
-		// is neither a failure nor a success. A call without error is a
-		// success: excluding it too would keep a half-open breaker from
-		// ever closing again.
-		IsExcluded: func(err error) bool { return err != nil && !isStoreFailure(classify(err)) },
-		OnStateChange: func(_ string, from, to gobreaker.State) {
-			log.Warn("store circuit breaker changed state", "from", from.String(), "to", to.String())
-			now := time.Now().UnixNano()
-			switch since := e.firstFailure.Load(); {
-			case to == gobreaker.StateOpen:
-				byErrors := !e.lastTimeout.Load()
-				if since == 0 || byErrors {
-					since = now
-				}
-				e.byErrors.Store(byErrors)
-				e.stallSince.Store(since)
-				e.stallProbe.Store(now)
-			case to == gobreaker.StateClosed:
-				e.stallSince.Store(0)
-			}
-			if e.metrics != nil {
-				e.metrics.setBreaker(to)
-			}
-		},
-	})
+	if ds, ok := store.(DomainStore); ok && ds.Partitioned() {
+		e.domains = ds
+	}
+	e.initGuard(&e.main, 0, "")
+	e.guards.Store(&[]*guard{&e.main})
 	if e.metrics != nil {
-		e.metrics.setBreaker(gobreaker.StateClosed)
+		e.metrics.setBreakers(gobreaker.StateClosed, 0)
+		e.metrics.summary.Store(&breakerSummaryFunc{e.breakerSummary})
 	}
 	return e, nil
 }
@@ -159,9 +117,6 @@ func (e *Enforcer) SetRules(rs []rules.Rule) error {
 
 // Ready reports whether a rule set is loaded.
 func (e *Enforcer) Ready() bool { return e.index.Load() != nil }
-
-// BreakerState is the store circuit breaker's state: "closed", "half-open" or "open".
-func (e *Enforcer) BreakerState() string { return e.breaker.State().String() }
 
 // CountRequest counts one answered call in apportion_requests_total under
 // protocol (grpc, http and envoy are this module's); for front ends outside

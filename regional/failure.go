@@ -14,9 +14,12 @@ import (
 
 // classify names what went wrong in a store call: "" (nothing), the
 // enforcer's own overload (queue_timeout), the caller (canceled), a request
-// the store refuses (invalid), or a store failure: timeout, breaker_open,
-// or error (connection refused or reset, a server that is loading, busy,
-// read-only, out of memory, or down).
+// the store refuses (invalid), a Redis Cluster's refusal about the slot of
+// the call's keys (slot: TRYAGAIN, a slot half migrated with the call's
+// keys split; MOVED or ASK past the client's redirections; CLUSTERDOWN
+// Hash slot not served: a slot no master serves), or a store failure:
+// timeout, breaker_open, or error (connection refused or reset, a server
+// that is loading, busy, read-only, out of memory, or down).
 func classify(err error) string {
 	if err == nil {
 		return "" // before rerr: its address escapes, one allocation per call
@@ -35,8 +38,15 @@ func classify(err error) string {
 		errors.Is(err, redisstore.ErrClock), errors.Is(err, redisstore.ErrBadReply):
 		return "invalid"
 	case errors.As(err, &rerr):
-		// An error reply: Redis itself is unwell, or it refuses this
-		// request (a script error about one key, a wrong type).
+		// An error reply: Redis itself is unwell, it refuses this
+		// request (a script error about one key, a wrong type), or a
+		// Cluster refuses it for its slot alone, which says nothing of
+		// the master's health (the other slots' calls succeed).
+		for _, p := range []string{"TRYAGAIN", "MOVED", "ASK", "CLUSTERDOWN Hash slot not served"} {
+			if redis.HasErrorPrefix(err, p) {
+				return "slot"
+			}
+		}
 		for _, p := range []string{"LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "OOM", "NOREPLICAS", "MISCONF", "NOAUTH", "WRONGPASS", "NOPERM"} {
 			if redis.HasErrorPrefix(err, p) {
 				return "error"
@@ -49,6 +59,39 @@ func classify(err error) string {
 
 func isStoreFailure(kind string) bool {
 	return kind == "timeout" || kind == "error" || kind == "breaker_open"
+}
+
+// worstAcc gathers the outcomes of a breaker's requests in a store call
+// (worst, one by one).
+type worstAcc struct {
+	n, failed int
+	failure   error // the first store failure
+	other     error // the first other error
+}
+
+func (w *worstAcc) add(err error) {
+	w.n++
+	if err == nil {
+		return
+	}
+	w.failed++
+	if w.failure == nil && isStoreFailure(classify(err)) {
+		w.failure = err
+	}
+	if w.other == nil {
+		w.other = err
+	}
+}
+
+// err is worst of the outcomes added.
+func (w *worstAcc) err() error {
+	switch {
+	case w.failure != nil:
+		return w.failure
+	case w.failed == w.n:
+		return w.other
+	}
+	return nil
 }
 
 // worst is the error the breaker sees for one store call: the first store
@@ -75,6 +118,9 @@ func worst(answers []redisstore.Answer) error {
 }
 
 func (e *Enforcer) storeError(kind string) {
+	if kind == "slot" {
+		kind = "error" // counted with the errors; only the breaker tells them apart
+	}
 	if e.metrics != nil {
 		e.metrics.storeErrors.WithLabelValues(kind).Inc()
 	}
@@ -99,9 +145,9 @@ func lowPriority(ms []matched) bool {
 	return true
 }
 
-// shedReason says why low-priority checks are shed now, or "".
-func (e *Enforcer) shedReason() string {
-	l := e.store.Load()
+// shedReason says why low-priority checks are shed now, or "", from the
+// load l of the store (a Cluster: of the checks' master).
+func (e *Enforcer) shedReason(l redisstore.Load) string {
 	switch {
 	case e.cfg.ShedQueue > 0 && l.Queued >= e.cfg.ShedQueue:
 		return "queue_depth"

@@ -15,6 +15,7 @@ type Metrics struct {
 	latency      *prometheus.HistogramVec
 	storeErrors  *prometheus.CounterVec
 	breaker      *prometheus.GaugeVec
+	breakersOpen prometheus.Gauge
 	rulesLoaded  prometheus.Gauge
 	ruleUpdates  prometheus.Counter
 	requests     *prometheus.CounterVec
@@ -31,6 +32,16 @@ type Metrics struct {
 	latencyOf  map[string]prometheus.Observer
 	requestsOf map[[2]string]prometheus.Counter                 // protocol, result
 	checksOf   atomic.Pointer[map[[2]string]prometheus.Counter] // rule, decision: the rule set's
+
+	// summary is the enforcer's breakerSummary, read at every scrape: a
+	// Cluster master's breaker stops counting once no check has reached it
+	// for a while, with no state change to say so.
+	summary atomic.Pointer[breakerSummaryFunc]
+}
+
+// breakerSummaryFunc is an Enforcer's breakerSummary.
+type breakerSummaryFunc struct {
+	f func() (gobreaker.State, int)
 }
 
 // Metric names, shared with deploy/ dashboards and alerts.
@@ -39,6 +50,7 @@ const (
 	MetricLatency      = "apportion_check_duration_seconds"
 	MetricStoreErrors  = "apportion_store_errors_total"
 	MetricBreakerState = "apportion_breaker_state"
+	MetricBreakersOpen = "apportion_breakers_open"
 	MetricRulesLoaded  = "apportion_rules_loaded"
 	MetricRuleUpdates  = "apportion_rule_updates_total"
 	MetricRequests     = "apportion_requests_total"
@@ -63,7 +75,9 @@ func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricStoreErrors, ConstLabels: cl,
 			Help: "Store calls answered by the failure policy, by kind: timeout, error (connection refused or reset, Redis loading/busy/down) and breaker_open count as store failures; invalid (a bucket the store refuses, answered alone) does not."}, []string{"kind"}),
 		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricBreakerState, ConstLabels: cl,
-			Help: "Store circuit breaker: 1 for the current state, 0 for the others."}, []string{"state"}),
+			Help: "Store circuit breaker: 1 for the current state, 0 for the others. On a Redis Cluster, with a breaker per primary, the worst of them (open if any is open)."}, []string{"state"}),
+		breakersOpen: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricBreakersOpen, ConstLabels: cl,
+			Help: "Store circuit breakers open now: a standalone Redis has one, a Redis Cluster one per primary; the failure policy answers only the checks of an open breaker's keys."}),
 		rulesLoaded: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricRulesLoaded, ConstLabels: cl,
 			Help: "Rules enforced in this region in the active rule set."}),
 		ruleUpdates: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricRuleUpdates, ConstLabels: cl,
@@ -79,7 +93,7 @@ func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
 		leaseAnswers: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricLocalBatch, ConstLabels: cl,
 			Help: "Checks of local_batch rules answered from tokens this enforcer took from Redis in advance."}),
 	}
-	reg.MustRegister(m.checks, m.latency, m.storeErrors, m.breaker, m.rulesLoaded, m.ruleUpdates, m.requests, m.inFlight, m.shed, m.leaseAnswers)
+	reg.MustRegister(m.checks, m.latency, m.storeErrors, breakerCollector{m}, m.rulesLoaded, m.ruleUpdates, m.requests, m.inFlight, m.shed, m.leaseAnswers)
 	// Every series with a known label value exists from the start (at 0), so
 	// dashboards and rate() see "0", not "No data", before the first event.
 	m.latencyOf = make(map[string]prometheus.Observer, len(outcomes))
@@ -98,8 +112,25 @@ func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
 	for _, r := range shedReasons {
 		m.shed.WithLabelValues(r)
 	}
-	m.setBreaker(gobreaker.StateClosed)
+	m.setBreakers(gobreaker.StateClosed, 0)
 	return m
+}
+
+// breakerCollector exports the breaker metrics, brought up to date at
+// every scrape.
+type breakerCollector struct{ m *Metrics }
+
+func (c breakerCollector) Describe(ch chan<- *prometheus.Desc) {
+	c.m.breaker.Describe(ch)
+	c.m.breakersOpen.Describe(ch)
+}
+
+func (c breakerCollector) Collect(ch chan<- prometheus.Metric) {
+	if f := c.m.summary.Load(); f != nil {
+		c.m.setBreakers(f.f())
+	}
+	c.m.breaker.Collect(ch)
+	c.m.breakersOpen.Collect(ch)
 }
 
 // The label values of the enforcer's metrics.
@@ -135,7 +166,9 @@ func (m *Metrics) ruleSet(ids []string) {
 	m.rules = keep
 }
 
-func (m *Metrics) setBreaker(s gobreaker.State) {
+// setBreakers sets the breaker state s (the worst of them) and the number
+// open.
+func (m *Metrics) setBreakers(s gobreaker.State, open int) {
 	for _, st := range []gobreaker.State{gobreaker.StateClosed, gobreaker.StateHalfOpen, gobreaker.StateOpen} {
 		v := 0.0
 		if st == s {
@@ -143,6 +176,7 @@ func (m *Metrics) setBreaker(s gobreaker.State) {
 		}
 		m.breaker.WithLabelValues(st.String()).Set(v)
 	}
+	m.breakersOpen.Set(float64(open))
 }
 
 func (m *Metrics) request(protocol string, resp Response, err error) {

@@ -18,6 +18,22 @@ type Store interface {
 	Load() redisstore.Load
 }
 
+// DomainStore is a Store whose keys fall in failure domains that fail
+// apart: the masters of a Redis Cluster (*redisstore.Store implements it).
+// When Partitioned is true the enforcer keeps a circuit breaker per domain
+// (Domain of the first bucket key of a request; the keys of one request
+// share a domain), so that a master that fails sends only the checks of
+// its own keys to the failure policy; DomainLoad is the load of one
+// domain's Redis (its shedding and heardAgain), DomainName names it in the
+// logs.
+type DomainStore interface {
+	Store
+	Partitioned() bool
+	Domain(key string) int
+	DomainLoad(d int) redisstore.Load
+	DomainName(d int) string
+}
+
 // Limits on request fields.
 const (
 	MaxClientKeyBytes = 256

@@ -119,7 +119,12 @@ func TestClusterAlgorithms(t *testing.T) {
 			window(Key(tag, "sw"), rules.SlidingWindow, 3, time.Hour),
 			window(Key(tag, "sl"), rules.SlidingLog, 3, time.Hour),
 		}
-		masters[e.master(t, bs[0].Key)] = true
+		m := e.master(t, bs[0].Key)
+		masters[m] = true
+		// Its failure domain is its master's (lane.go).
+		if d := e.store.Domain(bs[0].Key); d == 0 || e.store.DomainName(d) != e.c.Masters[m].Addr {
+			t.Fatalf("%s: domain %d (%q), want master %d's (%s)", tag, d, e.store.DomainName(d), m, e.c.Masters[m].Addr)
+		}
 		for i := 0; i < 4; i++ {
 			ok, res, err := e.store.Check(ctx, 1, bs)
 			if err != nil {
@@ -137,6 +142,9 @@ func TestClusterAlgorithms(t *testing.T) {
 	}
 	if len(masters) != 3 {
 		t.Fatalf("12 clients on %d masters, want all 3", len(masters))
+	}
+	if !e.store.Partitioned() {
+		t.Fatal("a Cluster store is not partitioned")
 	}
 }
 

@@ -245,14 +245,36 @@
 // share), but every marker copy it holds carries the old master's run id,
 // so its slots enforce the floor; a migrated slot's copies arrive with the
 // source master's run id and enforce the floor on the target likewise. Keys
-// move with their values; a check during a migration may get ASK, MOVED or
-// TRYAGAIN (an error: the failure policy answers). TestClusterFaults runs a
+// move with their values; a check during a migration may get ASK or MOVED
+// (the store sends it again through the Cluster client, which follows
+// them) or TRYAGAIN (its keys split between the two masters: an error the
+// failure policy answers, for that check alone; a multi-call script call
+// answered TRYAGAIN is sent again one call at a time, so that the calls of
+// the slot whose keys are in one place succeed). TestClusterFaults runs a
 // region on 3 masters with a replica each and checks that no check enforces
 // more than its key's bound through a slot migration and a master kill that
 // loses a confirmed lowering; TestAgentsWithRedisCluster in sync/agent runs
 // the agents' scenario with one region on a Cluster. On a connection error the store has go-redis
 // reload its slot map (at most every 200 ms), so checks follow a promoted
 // replica at once.
+//
+// Failure domains (lane.go). On a Cluster each master is a failure domain
+// of its own (Domain: the master the client's slot map has for a key's
+// slot), with its own lane: its own queue and workers, whose pipelines go
+// to that master's own go-redis client, and its own record of when it last
+// answered (the Activity keeps one per address), round trip and scripts in
+// flight. So a master that is killed, stopped or slow fails, and holds,
+// only the calls of its own keys: another master's calls never share a
+// pipeline with its calls (a Cluster pipeline waits for its slowest
+// master, and retries a failed master's commands after backoffs), never
+// queue behind its workers, and are never blamed for its silence. A Do
+// over several masters waits for each one's calls concurrently. The
+// enforcer keeps a circuit breaker per domain (regional, DomainStore), and
+// Load is per domain too (DomainLoad). A replica promoted in place of a
+// master is a new domain, found once go-redis reloads its slot map.
+// TestClusterMasterFailureFailsOnlyItsKeys in regional stops a master,
+// kills another and leaves a slot half migrated under load, and finds no
+// check of the other masters' keys answered but by Redis.
 //
 // State layout. Token bucket, leaky bucket, fixed and sliding window state
 // is one Redis string per key of little-endian unsigned integers (6 bytes
@@ -333,8 +355,9 @@
 // one token bucket costs Redis about a quarter less than alone (the EVALSHA
 // and TIME are shared; BenchmarkCheck/parallel's redis-cpu-µs/op, 48
 // checks per pipeline: 9.0 -> 6.2 µs, medians of 6 runs alternating). On a
-// Redis Cluster the calls of a pipeline share a script call only within
-// one hash slot (one per slot). A
+// Redis Cluster a pipeline holds the calls of one master (its lane: see
+// "Failure domains" above),
+// and they share a script call only within one hash slot (one per slot). A
 // Redis-side error in one call (a bad state, WRONGTYPE) is caught in the
 // script (pcall) and fails only that call, with that error reply
 // (TestSharedScriptCallIsolatesErrors); an
@@ -343,7 +366,9 @@
 // scripts are loaded and the call retried (ScriptLoads counts the loads);
 // Warm loads the scripts on the workers' connections before the first
 // check. The go-redis client's own retries may re-run a script whose reply
-// was lost; configure MaxRetries to taste. A check's reply is read as a
+// was lost; configure MaxRetries to taste (on a Cluster a master's pipeline
+// goes to its node client, which has the Cluster's MaxRetries; a call sent
+// again after MOVED, ASK or TRYAGAIN is not retried on errors). A check's reply is read as a
 // list of integers: any other (a bug) fails its call with ErrBadReply, and
 // go-redis stops reading that connection there, failing the calls behind it
 // in the pipeline with the same error.

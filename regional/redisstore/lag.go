@@ -157,27 +157,55 @@ func socketPair() (net.Conn, net.Conn, error) {
 // It also knows its open connections, so that a check about to blame Redis
 // for silence can ask the kernel whether a reply has in fact arrived and
 // waits unread in a socket (this process, not Redis, is behind: see Unread).
+//
+// It keeps the same two times per address dialed too (a Redis Cluster's
+// node), so that a Cluster store tells one master's silence from another's
+// (see the package doc, "Redis Cluster").
 type Activity struct {
 	last  atomic.Int64 // unix ns
 	wrote atomic.Int64 // unix ns when a write to Redis last completed, or a dial began
 	mu    sync.Mutex
 	conns map[*activityConn]struct{}
+	nodes map[string]*nodeActivity // by address dialed
+}
+
+// nodeActivity is an Activity's last and wrote for the connections to one
+// address.
+type nodeActivity struct {
+	last, wrote atomic.Int64
 }
 
 // NewActivity returns an Activity that has heard nothing yet.
-func NewActivity() *Activity { return &Activity{conns: map[*activityConn]struct{}{}} }
+func NewActivity() *Activity {
+	return &Activity{conns: map[*activityConn]struct{}{}, nodes: map[string]*nodeActivity{}}
+}
+
+// node is the record of the connections to addr, made on first use.
+func (a *Activity) node(addr string) *nodeActivity {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.nodes[addr]
+	if n == nil {
+		n = &nodeActivity{}
+		a.nodes[addr] = n
+	}
+	return n
+}
 
 // Dialer wraps dial (go-redis's Options.Dialer, for example
 // redis.NewDialer(opts) to keep its TLS and timeouts) so that every read
 // that returns bytes is recorded.
 func (a *Activity) Dialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		a.wrote.Store(time.Now().UnixNano()) // a dial that hangs is Redis unreachable
+		n := a.node(addr)
+		now := time.Now().UnixNano()
+		a.wrote.Store(now) // a dial that hangs is Redis unreachable
+		n.wrote.Store(now)
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		ac := &activityConn{Conn: c, a: a}
+		ac := &activityConn{Conn: c, a: a, n: n}
 		a.mu.Lock()
 		a.conns[ac] = struct{}{}
 		a.mu.Unlock()
@@ -189,10 +217,16 @@ func (a *Activity) Dialer(dial func(ctx context.Context, network, addr string) (
 // kernel has received and this process has not read yet: Redis has
 // answered, and the reader is waiting for a CPU. Where the kernel cannot be
 // asked (not Linux, a connection without a file descriptor) it is false.
-func (a *Activity) Unread() bool {
+func (a *Activity) Unread() bool { return a.unread(nil) }
+
+// unread is Unread for the connections of n (nil: every connection).
+func (a *Activity) unread(n *nodeActivity) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for c := range a.conns {
+		if n != nil && c.n != n {
+			continue
+		}
 		if sc, ok := c.raw(); ok {
 			if n, ok := unreadBytes(sc); ok && n > 0 {
 				return true
@@ -205,12 +239,15 @@ func (a *Activity) Unread() bool {
 type activityConn struct {
 	net.Conn
 	a *Activity
+	n *nodeActivity // its address's
 }
 
 func (c *activityConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
-		c.a.last.Store(time.Now().UnixNano())
+		now := time.Now().UnixNano()
+		c.a.last.Store(now)
+		c.n.last.Store(now)
 	}
 	return n, err
 }
@@ -222,7 +259,9 @@ func (c *activityConn) Read(p []byte) (int, error) {
 func (c *activityConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	if n > 0 {
-		c.a.wrote.Store(time.Now().UnixNano())
+		now := time.Now().UnixNano()
+		c.a.wrote.Store(now)
+		c.n.wrote.Store(now)
 	}
 	return n, err
 }

@@ -24,15 +24,21 @@ import (
 // this process's own backlog in Redis: that is overload, not a store
 // failure, and the call may wait until b.Queue + b.RoundTrip has passed
 // since Do began, then fails with ErrQueueTimeout.
+//
+// Redis is the Redis of c's lane: on a Cluster, the master of c's keys.
 func (s *Store) decide(c *call, b Budget, start time.Time) (time.Duration, error) {
+	l := c.lane
+	if l == nil {
+		l = &s.main
+	}
 	el := time.Since(start)
 	if c.state.Load() == callQueued {
 		// Queued behind workers that wait on a silent Redis: the store
 		// has failed, whatever the queue budget says.
 		if b.RoundTrip > 0 {
-			if silent, since := s.workerSilence(); since != 0 && s.redisSilent(max(since, s.answered()), b.RoundTrip) {
+			if silent, since := s.workerSilence(l); since != 0 && s.redisSilent(l, max(since, s.answered(l)), b.RoundTrip) {
 				if c.state.CompareAndSwap(callQueued, callAbandoned) {
-					s.queued.Add(-1)
+					l.queued.Add(-1)
 					return 0, fmt.Errorf("%w: queued behind pipelines Redis has not answered for %v", ErrTimeout, silent.Round(time.Millisecond))
 				}
 			}
@@ -41,7 +47,7 @@ func (s *Store) decide(c *call, b Budget, start time.Time) (time.Duration, error
 			return s.decideNext(c, b, start), nil
 		}
 		if c.state.CompareAndSwap(callQueued, callAbandoned) {
-			s.queued.Add(-1)
+			l.queued.Add(-1)
 			return 0, ErrQueueTimeout
 		}
 	}
@@ -52,7 +58,7 @@ func (s *Store) decide(c *call, b Budget, start time.Time) (time.Duration, error
 	if sent == 0 { // taken, about to be sent
 		return b.RoundTrip, nil
 	}
-	if !s.written(sent) {
+	if !s.written(l, sent) {
 		// Taken, and no write to Redis completed (nor dial begun)
 		// since: the worker waits for a CPU before or in its write. Not
 		// in Redis yet: this process's delay, bounded as a queued call is.
@@ -66,8 +72,8 @@ func (s *Store) decide(c *call, b Budget, start time.Time) (time.Duration, error
 		return b.RoundTrip - inRedis, nil
 	}
 	lag := s.lag.current()
-	from := max(sent, s.answered())
-	if s.redisSilent(from, b.RoundTrip) {
+	from := max(sent, s.answered(l))
+	if s.redisSilent(l, from, b.RoundTrip) {
 		return 0, fmt.Errorf("%w: no answer from Redis for %v (this process's network lag %v)", ErrTimeout, time.Since(time.Unix(0, from)).Round(time.Millisecond), lag.Round(time.Millisecond))
 	}
 	if el >= b.Queue+b.RoundTrip {
@@ -76,18 +82,19 @@ func (s *Store) decide(c *call, b Budget, start time.Time) (time.Duration, error
 	return min(b.RoundTrip, b.Queue+b.RoundTrip-el), nil
 }
 
-// workerSilence is how long Redis has answered nothing while some worker
-// waits on it (since != 0), measured from the oldest pipeline in flight.
-func (s *Store) workerSilence() (silent time.Duration, since int64) {
-	for i := range s.busy {
-		if t := s.busy[i].Load(); t != 0 && (since == 0 || t < since) {
+// workerSilence is how long l's Redis has answered nothing while some
+// worker of l waits on it (since != 0), measured from the oldest pipeline
+// in flight.
+func (s *Store) workerSilence(l *lane) (silent time.Duration, since int64) {
+	for i := range l.busy {
+		if t := l.busy[i].Load(); t != 0 && (since == 0 || t < since) {
 			since = t
 		}
 	}
 	if since == 0 {
 		return 0, 0
 	}
-	return time.Since(time.Unix(0, max(since, s.answered()))), since
+	return time.Since(time.Unix(0, max(since, s.answered(l)))), since
 }
 
 // allowance is how long Redis may stay silent before a check blames it:
@@ -95,8 +102,8 @@ func (s *Store) workerSilence() (silent time.Duration, since int64) {
 // time Redis needs for the scripts this process has in flight (Redis runs
 // them one after another and writes the replies of one event-loop turn
 // together, so a burst of our own makes Redis silent for that long).
-func (s *Store) allowance(rt time.Duration) time.Duration {
-	return rt + lagFactor*s.lag.current() + 2*time.Duration(s.inflight.Load()*s.perScript.Load())
+func (s *Store) allowance(l *lane, rt time.Duration) time.Duration {
+	return rt + lagFactor*s.lag.current() + 2*time.Duration(l.inflight.Load()*l.perScript.Load())
 }
 
 // lagFactor scales the measured lag into the silence a check forgives:
@@ -115,10 +122,10 @@ func (s *Store) decideNext(c *call, b Budget, start time.Time) time.Duration {
 	return max(next, time.Microsecond)
 }
 
-// worker takes a call, yields once, drains pending calls up to the batch
-// size (in script calls) and sends them in one pipeline. The batch belongs
-// to this goroutine.
-func (s *Store) worker(busy *atomic.Int64) {
+// worker takes a call from l, yields once, drains l's pending calls up to
+// the batch size (in script calls) and sends them in one pipeline. The
+// batch belongs to this goroutine.
+func (s *Store) worker(l *lane, busy *atomic.Int64) {
 	defer s.wg.Done()
 	batch := make([]*call, 0, s.opts.batch)
 	var sc scratch
@@ -126,10 +133,10 @@ func (s *Store) worker(busy *atomic.Int64) {
 		select {
 		case <-s.done:
 			return
-		case c := <-s.queue:
+		case c := <-l.queue:
 			batch = batch[:0]
 			n := 0
-			if s.take(c) {
+			if s.take(l, c) {
 				batch, n = append(batch, c), len(c.items)
 			}
 			// Let the goroutines that are runnable now (handlers of
@@ -140,8 +147,8 @@ func (s *Store) worker(busy *atomic.Int64) {
 		drain:
 			for n < s.opts.batch {
 				select {
-				case c := <-s.queue:
-					if s.take(c) {
+				case c := <-l.queue:
+					if s.take(l, c) {
 						batch, n = append(batch, c), n+len(c.items)
 					}
 				default:
@@ -150,7 +157,7 @@ func (s *Store) worker(busy *atomic.Int64) {
 			}
 			if len(batch) > 0 {
 				busy.Store(time.Now().UnixNano())
-				s.run(batch, &sc)
+				s.run(l, batch, &sc)
 				busy.Store(0)
 			}
 			clear(batch)
@@ -158,12 +165,13 @@ func (s *Store) worker(busy *atomic.Int64) {
 	}
 }
 
-// take claims c for this worker; false when its caller has given up.
-func (s *Store) take(c *call) bool {
+// take claims c, queued on l, for this worker; false when its caller has
+// given up.
+func (s *Store) take(l *lane, c *call) bool {
 	if !c.state.CompareAndSwap(callQueued, callTaken) {
 		return false
 	}
-	s.queued.Add(-1)
+	l.queued.Add(-1)
 	if c.ctx.Err() != nil {
 		c.done <- struct{}{} // the caller is gone (and may read it: see call)
 		return false
@@ -175,21 +183,33 @@ func (s *Store) take(c *call) bool {
 // next (run and scriptPipeline: fewer allocations per check); nil for a
 // one-off pipeline.
 type scratch struct {
-	its   []*item
-	units []int
-	cmds  []*redis.IntSliceCmd
-	sent  []redis.Cmder
-	idx   []int
-	pipe  redis.Pipeliner
+	its    []*item
+	units  []int
+	cmds   []*redis.IntSliceCmd
+	sent   []redis.Cmder
+	idx    []int
+	pipe   redis.Pipeliner
+	pipeOf piper // the client pipe belongs to
 }
 
-// run executes one batch in one pipeline. Its context ends at the latest of
+// piper is a go-redis client that makes pipelines: the store's client, or
+// a Cluster master's own (a lane's). Both are redis.Scripter too (load).
+type piper interface{ Pipeline() redis.Pipeliner }
+
+// run executes one batch of l in one pipeline. Its context ends at the latest of
 // the calls' ends, each call ending at its caller's deadline or when its
 // whole budget (Queue + 2 x RoundTrip) has passed since the send, whichever
 // is first (or at Close when a call has neither): the callers decide what a
 // late answer means (see Do); this only bounds how long a dead Redis holds
 // a worker.
-func (s *Store) run(batch []*call, sc *scratch) {
+//
+// On a Cluster master's lane the pipeline goes to that master's own client
+// (no redirection, no retry: a master that fails holds no other master's
+// calls); the calls it answers MOVED or ASK, and those of a multi-call
+// script call it answers TRYAGAIN (a slot half migrated), are sent again
+// through the Cluster client, which follows the redirection (redirect),
+// and only their callers wait for that.
+func (s *Store) run(l *lane, batch []*call, sc *scratch) {
 	sent := time.Now()
 	var deadline time.Time
 	bounded := true
@@ -217,8 +237,8 @@ func (s *Store) run(batch []*call, sc *scratch) {
 
 	s.pipelines.Add(1)
 	s.batched.Add(uint64(n))
-	ahead := s.inflight.Add(int64(n)) // scripts in Redis, this pipeline's included
-	defer s.inflight.Add(-int64(n))
+	ahead := l.inflight.Add(int64(n)) // scripts in Redis, this pipeline's included
+	defer l.inflight.Add(-int64(n))
 	its, units := s.units(batch, n, sc.its[:0], sc.units[:0])
 	cmds := slices.Grow(sc.cmds[:0], len(units)-1)[:len(units)-1]
 	defer func() { // nothing of this pipeline stays reachable from sc
@@ -231,7 +251,7 @@ func (s *Store) run(batch []*call, sc *scratch) {
 	if len(cmds) < len(its) {
 		nsc = 2
 	}
-	s.scriptPipeline(ctx, sc, len(cmds), func(i int) redis.Cmder {
+	s.scriptPipeline(ctx, sc, s.pipeClient(l), len(cmds), func(i int) redis.Cmder {
 		if u := its[units[i]:units[i+1]]; len(u) == 1 {
 			cmds[i] = redis.NewIntSliceCmd(ctx, u[0].args...)
 		} else {
@@ -243,30 +263,37 @@ func (s *Store) run(batch []*call, sc *scratch) {
 	rt := time.Since(sent)
 	for _, cmd := range cmds {
 		if err := cmd.Err(); err == nil || isReply(err) {
-			s.lastAnswer.Store(time.Now().UnixNano())
+			l.lastAnswer.Store(time.Now().UnixNano())
 			break
 		}
 	}
-	if old := s.roundTrip.Load(); old == 0 {
-		s.roundTrip.Store(int64(rt))
+	if old := l.roundTrip.Load(); old == 0 {
+		l.roundTrip.Store(int64(rt))
 	} else {
-		s.roundTrip.Store(old + (int64(rt)-old)/8)
+		l.roundTrip.Store(old + (int64(rt)-old)/8)
 	}
 	if per := int64(rt) / max(ahead, 1); ctx.Err() == nil && cmds[0].Err() == nil {
-		if old := s.perScript.Load(); old == 0 {
-			s.perScript.Store(per)
+		if old := l.perScript.Load(); old == 0 {
+			l.perScript.Store(per)
 		} else {
-			s.perScript.Store(old + (per-old)/8)
+			l.perScript.Store(old + (per-old)/8)
 		}
 	}
 	timedOut := ctx.Err() != nil
+	redo := 0
 	for k, cmd := range cmds {
 		u := its[units[k]:units[k+1]]
 		val, err := cmd.Val(), cmd.Err()
 		switch {
 		case err == nil:
+		case l != &s.main && isRedirect(err, len(u)):
+			for _, it := range u {
+				it.redo = true
+			}
+			redo += len(u)
+			continue
 		case timedOut || isTimeout(err):
-			err = s.late(sent, rt, err)
+			err = s.late(l, sent, rt, err)
 		case !isReply(err) && isParseError(err):
 			// A reply that is not an array of integers: go-redis
 			// stopped reading this connection there (the calls after
@@ -281,6 +308,10 @@ func (s *Store) run(batch []*call, sc *scratch) {
 		}
 		splitMulti(val, u)
 	}
+	if redo > 0 {
+		s.redirect(l, batch, redo, deadline, bounded)
+		return
+	}
 	for _, c := range batch {
 		c.done <- struct{}{} // the last touch of c (see call)
 	}
@@ -289,52 +320,68 @@ func (s *Store) run(batch []*call, sc *scratch) {
 // late classifies a pipeline that hit its deadline: Redis silent (as in
 // decide) is ErrTimeout; Redis answering others meanwhile means this process's
 // own backlog, ErrQueueTimeout.
-func (s *Store) late(sent time.Time, rt time.Duration, err error) error {
+func (s *Store) late(l *lane, sent time.Time, rt time.Duration, err error) error {
 	budget := time.Duration(0)
 	if d, ok := s.roundTripBudget.Load().(time.Duration); ok {
 		budget = d
 	}
-	from := max(sent.UnixNano(), s.answered())
-	if budget > 0 && (!s.written(sent.UnixNano()) || !s.redisSilent(from, budget)) {
+	from := max(sent.UnixNano(), s.answered(l))
+	if budget > 0 && (!s.written(l, sent.UnixNano()) || !s.redisSilent(l, from, budget)) {
 		return fmt.Errorf("%w: behind this process's backlog in Redis after %v: %w", ErrQueueTimeout, rt.Round(time.Millisecond), err)
 	}
 	return fmt.Errorf("%w after %v: %w", ErrTimeout, rt.Round(time.Millisecond), err)
 }
 
-// written reports whether a pipeline stamped sent at sent (unix ns) may be
-// in Redis: some write to Redis has completed since, or a dial has begun
-// (one that hangs is Redis unreachable; an Activity's), or the store cannot
-// tell (no Activity).
-func (s *Store) written(sent int64) bool {
+// written reports whether a pipeline of l stamped sent at sent (unix ns)
+// may be in Redis: some write to l's Redis has completed since, or a dial
+// has begun (one that hangs is Redis unreachable; an Activity's), or the
+// store cannot tell (no Activity).
+func (s *Store) written(l *lane, sent int64) bool {
 	a := s.opts.activity
-	return a == nil || a.wrote.Load() >= sent
+	if a == nil {
+		return true
+	}
+	if l.node != nil {
+		return l.node.wrote.Load() >= sent
+	}
+	return a.wrote.Load() >= sent
 }
 
-// redisSilent reports whether Redis has been silent since from (unix ns)
-// for the allowance of round trip rt, and the silence is Redis's own: no
-// reply waits unread, a local Redis was not waiting for a CPU, and nothing
-// was heard while these were asked.
-func (s *Store) redisSilent(from int64, rt time.Duration) bool {
-	return time.Since(time.Unix(0, from)) >= s.allowance(rt) && !s.replyWaiting() && !s.redisStarved(from) && s.answered() <= from
+// redisSilent reports whether l's Redis has been silent since from (unix
+// ns) for the allowance of round trip rt, and the silence is Redis's own:
+// no reply waits unread, a local Redis was not waiting for a CPU, and
+// nothing was heard while these were asked.
+func (s *Store) redisSilent(l *lane, from int64, rt time.Duration) bool {
+	return time.Since(time.Unix(0, from)) >= s.allowance(l, rt) && !s.replyWaiting(l) && !s.redisStarved(from) && s.answered(l) <= from
 }
 
-// replyWaiting reports a reply from Redis received by the kernel and not yet
-// read by this process (Activity.Unread), and counts it as Redis heard now:
-// Redis has answered; the silence is this process's, waiting for a CPU.
-func (s *Store) replyWaiting() bool {
+// replyWaiting reports a reply from l's Redis received by the kernel and
+// not yet read by this process (Activity.Unread), and counts it as Redis
+// heard now: Redis has answered; the silence is this process's, waiting
+// for a CPU.
+func (s *Store) replyWaiting(l *lane) bool {
 	a := s.opts.activity
-	if a == nil || !a.Unread() {
+	if a == nil || !a.unread(l.node) {
 		return false
 	}
-	a.last.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	a.last.Store(now)
+	if l.node != nil {
+		l.node.last.Store(now)
+	}
 	return true
 }
 
-// answered is the unix ns when Redis was last heard answering.
-func (s *Store) answered() int64 {
-	v := s.lastAnswer.Load()
+// answered is the unix ns when l's Redis was last heard answering (a
+// Cluster master's lane: that master; the main lane: any).
+func (s *Store) answered(l *lane) int64 {
+	v := l.lastAnswer.Load()
 	if a := s.opts.activity; a != nil {
-		v = max(v, a.last.Load())
+		if l.node != nil {
+			v = max(v, l.node.last.Load())
+		} else {
+			v = max(v, a.last.Load())
+		}
 	}
 	return v
 }
@@ -363,7 +410,7 @@ func isTimeout(err error) bool {
 // scriptPipeline).
 func (s *Store) evalShas(ctx context.Context, sc *redis.Script, n int, keys func(i int) []string, args func(i int) []any) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, n)
-	s.scriptPipeline(ctx, nil, n, func(i int) redis.Cmder {
+	s.scriptPipeline(ctx, nil, s.client, n, func(i int) redis.Cmder {
 		k, a := keys(i), args(i)
 		cmdArgs := make([]any, 0, 3+len(k)+len(a))
 		cmdArgs = append(cmdArgs, "evalsha", sc.Hash(), len(k))
@@ -380,17 +427,17 @@ func (s *Store) evalShas(ctx context.Context, sc *redis.Script, n int, keys func
 }
 
 // scriptPipeline sends the n EVALSHA commands (of the scripts scs) that
-// cmd(i) makes in one pipeline, with sc's buffers and pipeline (nil: new
-// ones). Calls that find their script missing
+// cmd(i) makes in one pipeline of client p, with sc's buffers and pipeline
+// (nil: new ones). Calls that find their script missing
 // (NOSCRIPT: a restarted or flushed server) are made again and sent in a
 // second pipeline, once the scripts are loaded; if loading fails, they carry that error. This is the
 // store's one NOSCRIPT retry.
-func (s *Store) scriptPipeline(ctx context.Context, sc *scratch, n int, cmd func(i int) redis.Cmder, scs ...*redis.Script) {
+func (s *Store) scriptPipeline(ctx context.Context, sc *scratch, p piper, n int, cmd func(i int) redis.Cmder, scs ...*redis.Script) {
 	if sc == nil {
 		sc = &scratch{}
 	}
-	if sc.pipe == nil {
-		sc.pipe = s.client.Pipeline()
+	if sc.pipe == nil || sc.pipeOf != p {
+		sc.pipe, sc.pipeOf = p.Pipeline(), p
 	}
 	cmds := slices.Grow(sc.sent[:0], n)[:n]
 	all := slices.Grow(sc.idx[:0], n)[:n]
@@ -419,7 +466,7 @@ func (s *Store) scriptPipeline(ctx context.Context, sc *scratch, n int, cmd func
 		return
 	}
 	for _, sc := range scs {
-		if err := s.load(ctx, sc); err != nil {
+		if err := s.load(ctx, p, sc); err != nil {
 			for _, i := range retry {
 				cmds[i].SetErr(err)
 			}
@@ -429,8 +476,15 @@ func (s *Store) scriptPipeline(ctx context.Context, sc *scratch, n int, cmd func
 	send(retry)
 }
 
-func (s *Store) load(ctx context.Context, sc *redis.Script) error {
-	if err := sc.Load(ctx, s.client).Err(); err != nil {
+// load loads sc through p: the store's client (on a Cluster, every node),
+// or a Cluster master's own client (that master alone: one that is down
+// fails no other master's reload).
+func (s *Store) load(ctx context.Context, p piper, sc *redis.Script) error {
+	sp, ok := p.(redis.Scripter)
+	if !ok {
+		sp = s.client
+	}
+	if err := sc.Load(ctx, sp).Err(); err != nil {
 		return fmt.Errorf("redisstore: load script: %w", err)
 	}
 	s.scriptLoads.Add(1)

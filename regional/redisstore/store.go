@@ -25,10 +25,9 @@ type Store struct {
 	winShares       *redis.Script // global windows' records (global_window.go)
 	opts            options
 	slackMs         int64
-	slackArg        any // slackMs, boxed once for every check's command
-	checkHash       any // the check script's SHA1, boxed once
-	multiHash       any // the multi-call script's SHA1, boxed once
-	queue           chan *call
+	slackArg        any             // slackMs, boxed once for every check's command
+	checkHash       any             // the check script's SHA1, boxed once
+	multiHash       any             // the multi-call script's SHA1, boxed once
 	ctx             context.Context // canceled by Close; parent of every pipeline's context
 	cancel          context.CancelFunc
 	done            chan struct{} // closed when Close starts
@@ -38,14 +37,16 @@ type Store struct {
 	scriptLoads     atomic.Uint64
 	pipelines       atomic.Uint64 // pipelines sent (for the benchmarks' batch figure)
 	batched         atomic.Uint64 // checks sent in them
-	queued          atomic.Int64  // calls waiting for a worker (Load)
-	roundTrip       atomic.Int64  // moving average of a pipeline's round trip, ns (Load)
-	lastAnswer      atomic.Int64  // unix ns when a pipeline last got a reply from Redis
 	lag             lagProbe
-	inflight        atomic.Int64   // scripts sent and not yet answered
-	perScript       atomic.Int64   // ns: Redis time per script in flight, a moving average
-	busy            []atomic.Int64 // per worker: unix ns when its pipeline in flight was sent; 0 when idle
-	roundTripBudget atomic.Value   // time.Duration: the latest Do's RoundTrip, for late
+	roundTripBudget atomic.Value // time.Duration: the latest Do's RoundTrip, for late
+
+	// main is the store's lane: a standalone Redis's only one; on a
+	// Cluster the lane of keys whose master the client does not know
+	// yet, and lanes holds one more per master (lane.go).
+	main   lane
+	lanes  atomic.Pointer[laneSet] // a Cluster's lanes; nil for a standalone Redis
+	laneMu sync.Mutex              // held to add a lane, and by Close to close done
+	noMap  atomic.Int64            // unix ns when a Cluster lookup last found no slot map (laneFor); 0: it found one since
 
 	// watch is a local Redis's scheduling (WatchLocalRedis); nil: none.
 	watch atomic.Pointer[procWatch]
@@ -101,6 +102,7 @@ type call struct {
 	sent   atomic.Int64 // unix ns when the worker sent the pipeline
 	state  atomic.Int32
 	done   chan struct{}
+	lane   *lane // the lane it is queued on (nil: the store's main lane)
 }
 
 // callPool holds the calls of answered Dos (see call).
@@ -131,7 +133,7 @@ func getCall(ctx context.Context, b Budget, n int) *call {
 // keeping no reference to the Do's data.
 func putCall(c *call) {
 	clear(c.items)
-	c.ctx, c.items = nil, nil
+	c.ctx, c.items, c.lane = nil, nil, nil
 	c.sent.Store(0)
 	c.state.Store(callQueued)
 	callPool.Put(c)
@@ -161,6 +163,7 @@ type item struct {
 	res  []Result // the array Do's caller gave for its results (out[out].Results)
 	val  []int64  // the script's reply, read by go-redis as integers
 	err  error
+	redo bool // to be sent again through the Cluster client (redirect)
 }
 
 // inlineBuckets is how many buckets of a call have their limits in
@@ -192,7 +195,6 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 		shares:  redis.NewScript(sharesSrc),
 		opts:    o,
 		slackMs: o.slack.Milliseconds(),
-		queue:   make(chan *call, o.batch*o.workers),
 		ctx:     ctx,
 		cancel:  cancel,
 		done:    make(chan struct{}),
@@ -210,10 +212,14 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 		cancel()
 		return nil, fmt.Errorf("redisstore: WithMarkerSlots needs a Redis Cluster client")
 	}
-	s.busy = make([]atomic.Int64, o.workers)
+	s.main.queue = make(chan *call, o.batch*o.workers)
+	s.main.busy = make([]atomic.Int64, o.workers)
+	if s.cluster != nil {
+		s.lanes.Store(&laneSet{all: []*lane{&s.main}, byAddr: map[string]*lane{}})
+	}
 	s.wg.Add(o.workers + 1)
 	for i := 0; i < o.workers; i++ {
-		go s.worker(&s.busy[i])
+		go s.worker(&s.main, &s.main.busy[i])
 	}
 	go func() {
 		defer s.wg.Done()
@@ -255,7 +261,9 @@ func (s *Store) Warm(ctx context.Context) error {
 // callers of Check never wait for it.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		s.laneMu.Lock() // no lane starts its workers once done is closed
 		close(s.done)
+		s.laneMu.Unlock()
 		s.cancel()
 		s.wg.Wait()
 		s.cs.wg.Wait() // Cluster marker fan-outs (canceled with s.ctx)
@@ -274,12 +282,33 @@ func (s *Store) Pipelines() (pipelines, checks uint64) {
 }
 
 // Load reports the calls waiting for a worker and the recent round trip.
+// On a Redis Cluster it sums the calls waiting for every master and takes
+// the slowest master's round trip and the latest answer of any; DomainLoad
+// is one master's.
 func (s *Store) Load() Load {
-	l := Load{Queued: int(s.queued.Load()), RoundTrip: time.Duration(s.roundTrip.Load())}
-	if a := s.answered(); a != 0 {
-		l.Answered = time.Unix(0, a)
+	set := s.lanes.Load()
+	if set == nil {
+		return s.loadOf(&s.main)
 	}
-	return l
+	var all Load
+	for _, l := range set.all {
+		ld := s.loadOf(l)
+		all.Queued += ld.Queued
+		all.RoundTrip = max(all.RoundTrip, ld.RoundTrip)
+		if ld.Answered.After(all.Answered) {
+			all.Answered = ld.Answered
+		}
+	}
+	return all
+}
+
+// loadOf is Load of one lane.
+func (s *Store) loadOf(l *lane) Load {
+	ld := Load{Queued: int(l.queued.Load()), RoundTrip: time.Duration(l.roundTrip.Load())}
+	if a := s.answered(l); a != 0 {
+		ld.Answered = time.Unix(0, a)
+	}
+	return ld
 }
 
 func (s *Store) nowArg() (any, error) {
@@ -312,7 +341,7 @@ func (s *Store) Check(ctx context.Context, cost int64, buckets []Bucket) (allowe
 }
 
 // Do evaluates each call as Check does, all of them in one pipeline (one
-// round trip), and writes call i's outcome to out[i] (len(out) must be at
+// round trip; on a Redis Cluster one per master), and writes call i's outcome to out[i] (len(out) must be at
 // least len(calls)). Each call is atomic on its own; calls are independent
 // of each other. An invalid call fails alone (ErrInvalidBucket,
 // ErrInvalidCost). Every call sent fails with ctx.Err() once ctx is done,
@@ -321,6 +350,11 @@ func (s *Store) Check(ctx context.Context, cost int64, buckets []Bucket) (allowe
 // out[i].Results' array, when it has room for call i's buckets, receives
 // its results (a caller's buffer: one allocation less per call); pass nil
 // Results to have new ones.
+//
+// On a Redis Cluster the calls of each master go to that master's own
+// lane (lane.go): a Do whose calls live on several masters waits for
+// each, concurrently, and a master that fails or stalls fails only its
+// own calls.
 func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 	start := time.Now()
 	if b.RoundTrip > 0 {
@@ -329,8 +363,35 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 		}
 	}
 	now, nowErr := s.nowArg()
+	l := &s.main
+	if s.cluster != nil {
+		var split bool
+		if l, split = s.lanesOf(calls); split {
+			s.doLanes(ctx, b, calls, out, start, now, nowErr)
+			return
+		}
+	}
 	c := getCall(ctx, b, len(calls))
-	for i, cl := range calls {
+	c.lane = l
+	if s.prepare(c, calls, out, nil, now, nowErr) {
+		s.send(ctx, b, c, calls, out, start)
+	}
+}
+
+// prepare builds c's items from calls (those of idx; nil: all) and writes
+// the outcome of each call that needs no script call (invalid, no bucket)
+// to out. False when no item is left to send: c is back in callPool.
+func (s *Store) prepare(c *call, calls []Call, out []Answer, idx []int, now any, nowErr error) bool {
+	n := len(calls)
+	if idx != nil {
+		n = len(idx)
+	}
+	for k := 0; k < n; k++ {
+		i := k
+		if idx != nil {
+			i = idx[k]
+		}
+		cl := calls[i]
 		res := out[i].Results[:0] // its array is reused (see Do)
 		out[i] = Answer{}
 		if nowErr != nil {
@@ -351,8 +412,14 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 	}
 	if len(c.items) == 0 {
 		putCall(c) // never queued
-		return
+		return false
 	}
+	return true
+}
+
+// send queues c on its lane and waits for its answers (see Do).
+func (s *Store) send(ctx context.Context, b Budget, c *call, calls []Call, out []Answer, start time.Time) {
+	l := c.lane
 	fail := func(err error) {
 		for i := range c.items {
 			out[c.items[i].out].Err = err
@@ -360,9 +427,9 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 	}
 	var timer *time.Timer
 	var expired <-chan time.Time
-	s.queued.Add(1)
+	l.queued.Add(1)
 	select {
-	case s.queue <- c: // room in the queue: no timer for the send
+	case l.queue <- c: // room in the queue: no timer for the send
 	default:
 		if b.Queue > 0 {
 			timer = getTimer(b.Queue)
@@ -370,17 +437,17 @@ func (s *Store) Do(ctx context.Context, b Budget, calls []Call, out []Answer) {
 			expired = timer.C
 		}
 		select {
-		case s.queue <- c:
+		case l.queue <- c:
 		case <-ctx.Done():
-			s.queued.Add(-1)
+			l.queued.Add(-1)
 			fail(ctx.Err())
 			return
 		case <-s.done:
-			s.queued.Add(-1)
+			l.queued.Add(-1)
 			fail(ErrClosed)
 			return
 		case <-expired:
-			s.queued.Add(-1)
+			l.queued.Add(-1)
 			fail(ErrQueueTimeout)
 			return
 		}
@@ -403,7 +470,7 @@ wait:
 			break wait
 		case <-ctx.Done():
 			if c.state.CompareAndSwap(callQueued, callAbandoned) {
-				s.queued.Add(-1)
+				l.queued.Add(-1)
 			}
 			fail(ctx.Err())
 			return
