@@ -146,6 +146,7 @@ type ruleState struct {
 	backoff  time.Duration
 	lowered  uint64      // the ledger's Stats().Lowered already counted (gift metric)
 	holds    recordHolds // records to write again (refresh.go)
+	marker   markerTrack // the marker's lease as last written (lapse.go)
 }
 
 // newLedger resets what st keeps of its ledger when another takes its

@@ -74,7 +74,10 @@
 //     one with the Hold (Config.RecordHold, refreshed every Hold/2: a
 //     held key's record never expires while the agent lives, and outlives
 //     its marker's lease when the agent dies). RunID is read every tick; a
-//     change calls StoreReset on every ledger.
+//     change calls StoreReset on every ledger. A marker renewal confirmed
+//     only after the lease it renews ran out (the rule's keys held their
+//     floor meanwhile, with no fence) is counted in
+//     apportion_sync_marker_lapses_total{cause} and logged (lapse.go).
 //   - Registry: Registry (EtcdRegistry: one JSON document per rule under
 //     /ratelimit/registry/<rule>, holding the rule's Spec and its
 //     ledger.RegistryState, changed only by a Txn comparing ModRevision, so

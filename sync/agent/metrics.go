@@ -3,6 +3,7 @@ package agent
 import (
 	"cmp"
 	"context"
+	"time"
 
 	"github.com/apportion/apportion/sync/driver"
 	"github.com/apportion/apportion/sync/ledger"
@@ -41,6 +42,8 @@ type metrics struct {
 	witness      *prometheus.CounterVec
 	witnessTakes prometheus.Counter
 	otherAgent   prometheus.Counter
+	markerLapses *prometheus.CounterVec
+	margin       *minWindow // apportion_sync_marker_margin_seconds (lapse.go)
 }
 
 func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
@@ -79,6 +82,12 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 			Help: "Witness keys of silent peer regions this agent took (their shares of two-region rules reclaimed).", ConstLabels: cl}),
 		otherAgent: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_other_agent_reports_total",
 			Help: "Reports on this region's own subject, signed with its key, of a newer incarnation than this agent runs: another agent appears to serve the region (run one per region and shard, the others with --standby).", ConstLabels: cl}),
+		markerLapses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_marker_lapses_total",
+			Help: "Marker leases that ran out before a renewal was confirmed, without a fence: every key of the rule in this region enforced its floor meanwhile. By cause: late (the agent's loop came to the renewal after the lease had run out: too slow), store (the renewal's writes began in time but Redis failed or answered after it).", ConstLabels: cl}, []string{"cause"}),
+		margin: newMinWindow(marginWindow),
+	}
+	for _, c := range lapseCauses {
+		m.markerLapses.WithLabelValues(c)
 	}
 	for _, r := range []string{"renewed", "taken", "error"} {
 		m.witness.WithLabelValues(r)
@@ -95,7 +104,10 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reports, m.bytes, m.rejected, m.peersSeen, m.peerLag, m.coordinated, m.closures, m.gifts, m.fenced,
-			m.reclaims, m.tickDuration, m.usageDropped, m.storeErrors, m.witness, m.witnessTakes, m.otherAgent, newShareCollector(a, region))
+			m.reclaims, m.tickDuration, m.usageDropped, m.storeErrors, m.witness, m.witnessTakes, m.otherAgent, m.markerLapses, newShareCollector(a, region),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apportion_sync_marker_margin_seconds",
+				Help: "Smallest lease left at a marker renewal over the last 15-30 s, any rule: the held lease's end minus the renewal's answer, on the agent's clock (a lower bound: it understates by at most the two writes' round trips). Negative: the marker lapsed. NaN: no renewal.", ConstLabels: cl},
+				func() float64 { return m.margin.value(time.Now()) }))
 		if er, ok := a.reg.(*EtcdRegistry); ok {
 			reg.MustRegister(
 				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apportion_sync_registry_document_bytes",

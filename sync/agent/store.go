@@ -41,6 +41,7 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 		}
 		jobs = append(jobs, job{st: st, ws: ws, sr: storeRule(st)})
 	}
+	began := a.now() // the markers' flush (lapse.go)
 	out := make(map[*driver.Rule]driver.Applied, len(jobs))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -90,7 +91,9 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 			var mvs []redisstore.Version
 			for _, m := range markers {
 				cctx, cancel := context.WithTimeout(ctx, a.cfg.StoreTimeout)
+				sent := a.now()
 				v, err := a.store.WriteMarker(cctx, j.st.ID, m)
+				a.markerWritten(j.st, m, began, sent, a.now(), v, err) // lapse.go
 				cancel()
 				if err != nil {
 					a.m.storeErrors.Inc()
