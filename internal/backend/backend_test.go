@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apportion/apportion/internal/testutil"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -270,5 +271,35 @@ func TestRedisLogger(t *testing.T) {
 	installedRedisLog{}.Printf(context.Background(), "redis: to nobody")
 	if sb.Len()+fb.Len() != n {
 		t.Fatal("an uninstalled logger got a message")
+	}
+}
+
+// TestRedisCallDeadline: a call through the options' client gives up at its
+// context's deadline, not at the 1 s read timeout: the agent's store writes
+// are bounded by StoreTimeout (the ledger's lease arithmetic relies on it).
+func TestRedisCallDeadline(t *testing.T) {
+	r := testutil.StartRedis(t)
+	o, err := (&Redis{Addr: r.Addr}).Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewUniversalClient(o)
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	admin := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer admin.Close()
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", 3000, "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Do(ctx, "CLIENT", "UNPAUSE")
+	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = c.Set(cctx, "k", "v", 0).Err()
+	if d := time.Since(start); err == nil || d > 700*time.Millisecond {
+		t.Fatalf("a write to a paused Redis returned after %v (err %v), want an error at the 100 ms deadline, well before the 1 s read timeout", d, err)
 	}
 }

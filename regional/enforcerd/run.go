@@ -236,8 +236,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	// Checks are concurrent and pipelined: keep a warm pool, one
 	// connection per pipelining worker at least. A round trip past its
-	// budget is abandoned at the deadline (ContextTimeoutEnabled), not at
-	// the read timeout, so that a hung Redis holds a worker no longer.
+	// budget is abandoned at the deadline (backend's options set
+	// ContextTimeoutEnabled), not at the read timeout, so that a hung Redis
+	// holds a worker no longer.
 	//
 	// PoolSize is also go-redis's dial breaker: after PoolSize failed dials
 	// in a row the pool stops dialing and tries again once a second. While
@@ -248,7 +249,6 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// with this). The pool's connections stay capped by MaxActiveConns; the
 	// store's workers use one each.
 	ropts.PoolSize, ropts.MaxActiveConns, ropts.MinIdleConns = max(dialBreaker, 2*o.pipelines), max(32, 2*o.pipelines), o.pipelines
-	ropts.ContextTimeoutEnabled = true
 	// One dial attempt per command: a Redis that refuses is a store
 	// failure now (the breaker and the next checks retry), not after backoffs.
 	ropts.DialerRetries = 1

@@ -340,8 +340,14 @@
 //     (Shards), not chunks.
 //   - A store write that takes effect later than StoreTimeout after it was
 //     issued breaks the ledger's lease arithmetic; the agent bounds its own
-//     calls by StoreTimeout and disables client retries, but cannot stop a
-//     request already sent from being applied late.
+//     calls by StoreTimeout (a go-redis client given to the store needs
+//     ContextTimeoutEnabled for a deadline to bound a call's wait: agentd's
+//     client has it, through internal/backend) and disables client
+//     retries, but cannot stop a request already sent from being applied
+//     late: a Redis that reads the request and runs it only later (starved
+//     of CPU, paused) gives a standalone marker its whole lease from then.
+//     A Cluster's marker copies are capped at their master's TIME read
+//     before the fan-out plus the lease; a standalone marker is not.
 //   - Shares, Snapshot, /v1/shares and the apportion_sync_share_units
 //     gauge read the ledgers on demand on the loop goroutine (no copy of
 //     the keys is kept between ticks), so they wait for the loop: up to a
