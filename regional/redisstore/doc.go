@@ -71,6 +71,10 @@
 // was applied and its lease end on the store clock, and the server run id it
 // was created on; it never expires by TTL) and per key an optional share
 // record (incarnation, version, units, Release) inside the bucket's value.
+// A marker's lease ends no later than the store clock read just before the
+// write was sent plus the lease, however late Redis runs the write (CPU
+// starvation, a pause: TestLateMarkerWriteKeepsItsLeaseEnd), so a write
+// applied late never holds a region's share longer than one applied at once.
 // Check enforces, per key:
 //
 //   - Global.Floor if the marker is missing, not in force (lease over, the

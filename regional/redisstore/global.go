@@ -214,11 +214,16 @@ func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' ||
 // the store's current run id is m.RunID and m's version is above the held
 // marker's; a renewal (Create false) only over a held marker of m.Inc with a
 // version at most m's. Either sets the default units and the lease (the
-// store's clock when applied, until that plus m.Lease). A marker left by
-// another server run (restored from a snapshot) counts as no marker. It
-// returns the marker version the store holds afterwards (zero: none). On a
-// Cluster it writes every slot's copy (see the package doc, "Redis
-// Cluster"), and returns the lowest version a copy holds.
+// store's clock when applied, until that plus m.Lease, but no later than
+// the store's clock read just before the write was sent plus m.Lease: a
+// write Redis runs late, starved or paused after reading it, cannot end its
+// lease later than one applied at once; the ledger takes a write not in
+// effect StoreTimeout after it was issued as never in effect, and ctx's
+// deadline bounds the read of that clock). A marker left by another server
+// run (restored from a snapshot) counts as no marker. It returns the marker
+// version the store holds afterwards (zero: none). On a Cluster it writes
+// every slot's copy (see the package doc, "Redis Cluster"), each capped on
+// its master's clock likewise, and returns the lowest version a copy holds.
 func (s *Store) WriteMarker(ctx context.Context, rule string, m Marker) (Version, error) {
 	if err := validateMarker(rule, m); err != nil {
 		return Version{}, err
@@ -233,12 +238,28 @@ func (s *Store) WriteMarker(ctx context.Context, rule string, m Marker) (Version
 	keys := []string{MarkerKey(rule)}
 	create := createArg(m)
 	args := []any{m.Inc, m.Seq, m.Units, m.Lease.Milliseconds(), create, m.RunID, now}
+	if now == "" {
+		// The latest lease end: the server's clock now, before the write
+		// is sent, plus the lease (the script's cap, as a Cluster copy's).
+		tm, err := s.client.Time(ctx).Result()
+		if err != nil {
+			return Version{}, fmt.Errorf("redisstore: write marker of %q: the server's clock: %w", rule, err)
+		}
+		if markerAnchored != nil {
+			markerAnchored()
+		}
+		args = append(args, tm.UnixMilli()+m.Lease.Milliseconds())
+	}
 	v, err := s.evalShas(ctx, s.marker, 1, func(int) []string { return keys }, func(int) []any { return args })[0].Result()
 	if err != nil {
 		return Version{}, fmt.Errorf("redisstore: write marker of %q: %w", rule, err)
 	}
 	return parseVersion(v)
 }
+
+// markerAnchored, if set (tests), runs in WriteMarker between the read of
+// the server's clock and the write.
+var markerAnchored func()
 
 // createArg is the marker script's create argument: 0 a renewal, 1 a
 // Create, 2 a boot Create (Marker.Boot).

@@ -635,9 +635,10 @@ return {inc, seq}
 // markerSrc writes a rule's marker (WriteMarker).
 //
 // KEYS[1]: the marker key. ARGV: inc, seq, units, lease ms, create (0/1),
-// run id, now ms or "" for TIME; in a Cluster also (else absent) the
-// latest lease end in ms on this master's clock ("" none: the lease ends at
-// now + lease) and the run id of the master the copy must be on.
+// run id, now ms or "" for TIME; then the latest lease end in ms on this
+// server's clock (absent or "": the lease ends at now + lease; WriteMarker
+// sends its clock read before the write plus the lease) and, in a Cluster,
+// the run id of the master the copy must be on.
 // Reply: {inc, seq}, the version of the marker the store holds afterwards
 // ({0, 0}: none, or one of another server run, which counts as none).
 const markerSrc = prelude + globalLocals + globalHelpers + `

@@ -344,10 +344,12 @@
 //     ContextTimeoutEnabled for a deadline to bound a call's wait: agentd's
 //     client has it, through internal/backend) and disables client
 //     retries, but cannot stop a request already sent from being applied
-//     late: a Redis that reads the request and runs it only later (starved
-//     of CPU, paused) gives a standalone marker its whole lease from then.
-//     A Cluster's marker copies are capped at their master's TIME read
-//     before the fan-out plus the lease; a standalone marker is not.
+//     late (a Redis that reads it and runs it only later: starved of CPU,
+//     paused). Such a write applies the share writes late (they are
+//     versioned: it changes nothing a later write has not), and a marker
+//     write cannot hold its lease any longer for it: its end is capped at
+//     the store's clock read before the write plus the lease, on a Cluster
+//     per master (redisstore.WriteMarker).
 //   - Shares, Snapshot, /v1/shares and the apportion_sync_share_units
 //     gauge read the ledgers on demand on the loop goroutine (no copy of
 //     the keys is kept between ticks), so they wait for the loop: up to a
