@@ -2,6 +2,7 @@ package regional
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -89,7 +90,9 @@ func (e *Enforcer) SetRules(rs []rules.Rule) error {
 	for _, r := range ix.Rules() {
 		p, ok := e.params(r)
 		if !ok {
-			e.log.Warn("global rule does not list this region; not enforced here", "rule", r.ID, "region", e.cfg.Region)
+			// The region in the message: ratelimitd's logger carries a
+			// "region" key already (JSON would hold it twice).
+			e.log.Warn(fmt.Sprintf("global rule does not list this region (%s); not enforced here", e.cfg.Region), "rule", r.ID)
 			continue
 		}
 		if err := redisstore.ValidateBucket(p.bucket("", &r)); err != nil {
