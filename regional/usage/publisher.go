@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/apportion/apportion/internal/logsample"
+	"github.com/apportion/apportion/internal/natsdiag"
 )
 
 // SubjectPrefix is the subject tree of usage messages.
@@ -331,10 +330,8 @@ func (p *Publisher) flush() error {
 
 // whyNotConnected says why nc (in state st) is not connected: its last
 // error if it kept one (e.g. TLS or authorization), else the error of a TCP
-// dial to each of its servers. The client keeps the errors of its reconnect
-// attempts to itself: it clears LastError at each attempt and reports them
-// only to a ReconnectErrHandler given when connecting, which cannot be set
-// on a connection made elsewhere.
+// dial to each of its servers (natsdiag: the client keeps its reconnect
+// errors to itself).
 func whyNotConnected(ctx context.Context, nc *nats.Conn, st nats.Status) error {
 	last := nc.LastError()
 	if st == nats.CLOSED {
@@ -346,25 +343,7 @@ func whyNotConnected(ctx context.Context, nc *nats.Conn, st nats.Status) error {
 	if last != nil {
 		return last
 	}
-	var errs []string
-	for _, s := range nc.Servers() { // scheme://host:port, never credentials
-		u, err := url.Parse(s)
-		if err != nil {
-			errs = append(errs, err.Error())
-			continue
-		}
-		host := u.Host
-		if u.Port() == "" {
-			host = net.JoinHostPort(u.Hostname(), "4222")
-		}
-		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", host)
-		if err != nil {
-			errs = append(errs, err.Error())
-			continue
-		}
-		c.Close()
-		errs = append(errs, host+" accepts TCP connections: the NATS handshake fails (TLS, credentials?) or the client has not reconnected yet")
-	}
+	errs := natsdiag.Dial(ctx, nc, "accepts TCP connections: the NATS handshake fails (TLS, credentials?) or the client has not reconnected yet")
 	if len(errs) == 0 {
 		return errors.New("no server to connect to")
 	}

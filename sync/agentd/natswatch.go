@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/apportion/apportion/internal/natsdiag"
 	"github.com/apportion/apportion/sync/agent"
 	"github.com/nats-io/nats.go"
 )
@@ -90,25 +89,7 @@ func natsDown(ctx context.Context, nc *nats.Conn, lost error) error {
 	if err := nc.LastError(); err != nil {
 		return err
 	}
-	var errs []string
-	for _, s := range nc.Servers() {
-		u, err := url.Parse(s)
-		if err != nil {
-			errs = append(errs, err.Error())
-			continue
-		}
-		host := u.Host
-		if u.Port() == "" {
-			host = net.JoinHostPort(u.Hostname(), "4222")
-		}
-		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", host)
-		if err != nil {
-			errs = append(errs, err.Error())
-			continue
-		}
-		c.Close()
-		errs = append(errs, host+" accepts TCP connections but the NATS handshake fails (TLS: --nats-ca; credentials: --nats-creds, --nats-nkey; see the server's log)")
-	}
+	errs := natsdiag.Dial(ctx, nc, "accepts TCP connections but the NATS handshake fails (TLS: --nats-ca; credentials: --nats-creds, --nats-nkey; see the server's log)")
 	if lost != nil {
 		errs = append(errs, "the connection was lost: "+lost.Error())
 	}
