@@ -64,32 +64,15 @@ func (f *domainStore) Partitioned() bool              { return true }
 func (f *domainStore) DomainLoad(int) redisstore.Load { return redisstore.Load{} }
 func (f *domainStore) DomainName(d int) string        { return fmt.Sprintf("10.0.0.%d:6379", d) }
 
+// gaugeValue is the value of name's series matching want in reg (there
+// must be one).
 func gaugeValue(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	v, ok := testutil.Metric(t, reg, name, want)
+	if !ok {
+		t.Fatalf("no %s%v", name, want)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			for k, v := range want {
-				if labels[k] != v {
-					continue metrics
-				}
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no %s%v", name, want)
-	return 0
+	return v
 }
 
 // With a partitioned store (a Redis Cluster) each failure domain has its

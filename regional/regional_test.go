@@ -480,33 +480,11 @@ func TestMetricsLint(t *testing.T) {
 	}
 }
 
-// counterValue sums a counter family's samples whose labels include want.
+// counterValue is the sum of name's series matching want in reg.
 func counterValue(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			for k, v := range want {
-				if labels[k] != v {
-					continue metrics
-				}
-			}
-			sum += m.GetCounter().GetValue()
-		}
-	}
-	return sum
+	v, _ := testutil.Metric(t, reg, name, want)
+	return v
 }
 
 var _ = errors.New

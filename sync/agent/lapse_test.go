@@ -12,7 +12,6 @@ import (
 
 	"github.com/apportion/apportion/internal/testutil"
 	"github.com/apportion/apportion/regional/redisstore"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -272,40 +271,6 @@ next:
 	return out
 }
 
-// gathered is the value of the series of name with labels (besides
-// region) in reg; ok false if there is none.
-func gathered(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) (float64, bool) {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue series
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue(), true
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue(), true
-			}
-		}
-	}
-	return 0, false
-}
-
 // TestMarkerLapsesWithRedis: two regions on real Redis servers, a global
 // rule between them (no fence: the witness keeps the leases). Healthy, no
 // lapse is counted and the margin stays positive. Then region a's marker
@@ -336,14 +301,14 @@ func TestMarkerLapsesWithRedis(t *testing.T) {
 	a, b := s.regions["a"], s.regions["b"]
 	lease := a.agent.cfg.Lease
 	lapses := func(r *testRegion, cause string) float64 {
-		v, ok := gathered(t, r.reg, "apportion_sync_marker_lapses_total", map[string]string{"cause": cause})
+		v, ok := testutil.Metric(t, r.reg, "apportion_sync_marker_lapses_total", map[string]string{"cause": cause})
 		if !ok {
 			t.Fatalf("region %s: no apportion_sync_marker_lapses_total{cause=%q}", r.name, cause)
 		}
 		return v
 	}
 	margin := func(r *testRegion) float64 {
-		v, ok := gathered(t, r.reg, "apportion_sync_marker_margin_seconds", nil)
+		v, ok := testutil.Metric(t, r.reg, "apportion_sync_marker_margin_seconds", nil)
 		if !ok {
 			t.Fatalf("region %s: no apportion_sync_marker_margin_seconds", r.name)
 		}
