@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -121,7 +122,11 @@ func (c *Client) interceptorConfig(opts []InterceptorOption) *interceptorConfig 
 // and x-ratelimit-reset (seconds) header metadata, and a rejection
 // retry-after (seconds). When the enforcer cannot be asked the Client's
 // FailurePolicy decides: FailOpen runs the handler, FailClosed answers
-// Unavailable.
+// Unavailable. A call's key and resource are fitted first (an empty key is
+// the caller's IP; an over-long or invalid key, resource or attribute its
+// hashed form: FitKey), and a check the enforcer still refuses (a negative
+// cost, one above its --max-cost) is answered InvalidArgument: a caller
+// can never go unlimited by sending what the enforcer refuses.
 func (c *Client) UnaryServerInterceptor(opts ...InterceptorOption) grpc.UnaryServerInterceptor {
 	cfg := c.interceptorConfig(opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -160,21 +165,35 @@ func (c *Client) StreamServerInterceptor(opts ...InterceptorOption) grpc.StreamS
 
 // admit checks one call: a nil error lets it through.
 func (c *Client) admit(ctx context.Context, cfg *interceptorConfig, method string) (metadata.MD, error) {
-	req := Request{ClientKey: cfg.key(ctx, method), Resource: cfg.resource(ctx, method)}
+	// The key, resource and attributes may come from the caller (its
+	// metadata): an empty key is the caller's IP, an over-long or invalid
+	// one its hashed form (FitKey), so that no caller can make the
+	// enforcer refuse the check and so go unlimited.
+	key := cfg.key(ctx, method)
+	if key == "" {
+		key = peerIP(ctx, method)
+	}
+	req := Request{ClientKey: FitKey(key), Resource: FitField(cfg.resource(ctx, method))}
 	if cfg.attributes != nil {
-		req.Attributes = cfg.attributes(ctx, method)
+		req.Attributes = FitAttributes(cfg.attributes(ctx, method))
 	}
 	if cfg.cost != nil {
 		req.Cost = cfg.cost(ctx, method)
 	}
 	d, err := c.Check(ctx, req)
+	var re *RequestError
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil, status.FromContextError(ctx.Err()).Err()
+	case errors.As(err, &re):
+		// A request the enforcer refuses (a negative cost, a cost above
+		// its --max-cost, too many attributes): refused, never let
+		// through by the failure policy, which is for an enforcer that
+		// cannot answer.
+		return nil, status.Errorf(codes.InvalidArgument, "rate limit: %s: %s", re.Field, re.Msg)
 	case err != nil:
-		// A request the enforcer refuses (the key function gave an empty
-		// key, a cost over the maximum) or a closed Client: the limiter
-		// cannot answer this call, so the failure policy decides.
+		// A closed Client: the limiter cannot answer this call, so the
+		// failure policy decides.
 		d = c.policy(err)
 	}
 	if d.Unreachable != nil {

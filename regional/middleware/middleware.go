@@ -9,7 +9,13 @@
 //
 // Invariant: the enforcer being unreachable never turns into an outage of
 // the wrapped handler unless the caller asks for it (WithFailClosed): by
-// default a failed or timed-out check lets the request through.
+// default a failed or timed-out check lets the request through. A check
+// the enforcer refuses as invalid is not such a failure: the client could
+// choose it (an empty, over-long or non-UTF-8 key, a negative or huge
+// cost) to go unlimited. The key, resource and attributes are fitted first
+// (an empty key is the remote IP, an over-long or invalid value its hashed
+// form: client.FitKey), and a check still refused answers the request 400,
+// or 413 for a cost above the enforcer's maximum.
 package middleware
 
 import (
@@ -19,11 +25,15 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
+	"github.com/apportion/apportion/regional/client"
 	"github.com/apportion/apportion/regional/header"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Checker is the part of the generated RateLimiter client the middleware uses.
@@ -125,9 +135,18 @@ func New(c Checker, opts ...Option) (func(http.Handler) http.Handler, error) {
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			req := &ratelimitv1.CheckLimitRequest{ClientKey: cfg.key(r), Resource: cfg.resource(r)}
+			// The key, resource and attributes may come from the client
+			// (a header, the path): an empty key is the remote IP, an
+			// over-long or invalid one its hashed form (client.FitKey), so
+			// that no client can make the enforcer refuse the check and
+			// so go unlimited.
+			key := cfg.key(r)
+			if key == "" {
+				key = remoteIP(r)
+			}
+			req := &ratelimitv1.CheckLimitRequest{ClientKey: client.FitKey(key), Resource: client.FitField(cfg.resource(r))}
 			if cfg.attributes != nil {
-				req.Attributes = cfg.attributes(r)
+				req.Attributes = client.FitAttributes(cfg.attributes(r))
 			}
 			if cfg.cost != nil {
 				req.Cost = cfg.cost(r)
@@ -135,6 +154,18 @@ func New(c Checker, opts ...Option) (func(http.Handler) http.Handler, error) {
 			ctx, cancel := context.WithTimeout(r.Context(), cfg.timeout)
 			resp, err := c.CheckLimit(ctx, req)
 			cancel()
+			if st, ok := status.FromError(err); ok && st.Code() == codes.InvalidArgument {
+				// Refused by the enforcer (a negative cost, one above its
+				// --max-cost, too many attributes): the request is refused
+				// too, never let through as if the enforcer were down.
+				cfg.log.Warn("rate-limit check refused as invalid", "error", st.Message())
+				code := http.StatusBadRequest
+				if strings.HasPrefix(st.Message(), "cost: ") && strings.Contains(st.Message(), "above") {
+					code = http.StatusRequestEntityTooLarge
+				}
+				http.Error(w, "rate limit: "+st.Message(), code)
+				return
+			}
 			if err != nil {
 				cfg.log.Warn("rate-limit check failed", "error", err, "fail_closed", cfg.failClosed)
 				if cfg.failClosed {

@@ -13,6 +13,8 @@ import (
 
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // fakeChecker is pure logic: it allows the first n calls per key.
@@ -166,5 +168,73 @@ func TestHonestAnswers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestClientCannotChooseNoBucket: a key, resource or cost the enforcer
+// would refuse never lets a request through as if the enforcer were down.
+// An empty key (WithKey reading an absent header) is the remote IP; an
+// over-long or non-UTF-8 key or resource its hashed form; a check the
+// enforcer still refuses (InvalidArgument) answers 400, or 413 for its
+// cost. Before, each was a failed check: the request went through.
+func TestClientCannotChooseNoBucket(t *testing.T) {
+	quiet := WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	byHeader := WithKey(func(r *http.Request) string { return r.Header.Get("X-User") })
+	for _, tc := range []struct {
+		name, user, path string
+		wantKey, wantRes string
+	}{
+		{"absent header", "", "/a", "203.0.113.7", "GET /a"},
+		{"long key", strings.Repeat("u", 300), "/a", "sha256:", "GET /a"},
+		{"invalid key", "u\xff", "/a", "sha256:", "GET /a"},
+		{"long path", "alice", "/" + strings.Repeat("p", 1100), "alice", "sha256:"},
+		{"invalid path", "alice", "/\xff", "alice", "sha256:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeChecker{n: 1, seen: map[string]int{}}
+			mw, err := New(f, byHeader, quiet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := mw(ok)
+			var codes []int
+			for range 2 {
+				rec := httptest.NewRecorder()
+				req := httptest.NewRequest("GET", "/", nil)
+				req.URL.Path = tc.path
+				req.RemoteAddr = "203.0.113.7:5555"
+				if tc.user != "" {
+					req.Header.Set("X-User", tc.user)
+				}
+				h.ServeHTTP(rec, req)
+				codes = append(codes, rec.Code)
+			}
+			if codes[0] != 200 || codes[1] != 429 {
+				t.Errorf("statuses %v, want 200 then 429 (limited)", codes)
+			}
+			if !strings.HasPrefix(f.last.ClientKey, tc.wantKey) || !strings.HasPrefix(f.last.Resource, tc.wantRes) || len(f.last.ClientKey) > 256 || len(f.last.Resource) > 1024 {
+				t.Errorf("sent key %.20q resource %.20q, want %q... and %q...", f.last.ClientKey, f.last.Resource, tc.wantKey, tc.wantRes)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		msg  string
+		want int
+	}{
+		{"cost: 5000 is above the maximum of 1000", http.StatusRequestEntityTooLarge},
+		{"cost: must not be negative, got -1", http.StatusBadRequest},
+		{"attributes: has 65 entries, the maximum is 64", http.StatusBadRequest},
+	} {
+		f := &fakeChecker{err: status.Error(codes.InvalidArgument, tc.msg), seen: map[string]int{}}
+		mw, err := New(f, quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := httptest.NewRecorder()
+		mw(ok).ServeHTTP(rec, httptest.NewRequest("GET", "/a", nil))
+		if rec.Code != tc.want || !strings.Contains(rec.Body.String(), tc.msg) {
+			t.Errorf("refused %q: %d %q, want %d naming it (never let through)", tc.msg, rec.Code, rec.Body.String(), tc.want)
+		}
 	}
 }
