@@ -1,16 +1,13 @@
 package envoy
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"time"
-	"unicode/utf8"
 
+	"github.com/apportion/apportion/internal/hashform"
 	"github.com/apportion/apportion/regional"
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
@@ -53,42 +50,21 @@ const (
 	maxAttributes = 64
 )
 
-// hashPrefix begins every hashed form: "sha256:" and 64 lowercase hex digits.
-const hashPrefix = "sha256:"
-
-// hashedForm is "sha256:" and the hex SHA-256 of s (71 bytes).
-func hashedForm(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return hashPrefix + hex.EncodeToString(sum[:])
-}
-
-// isHashedForm reports whether s is of the form hashedForm returns.
-func isHashedForm(s string) bool {
-	if len(s) != len(hashPrefix)+2*sha256.Size || !strings.HasPrefix(s, hashPrefix) {
-		return false
-	}
-	for i := len(hashPrefix); i < len(s); i++ {
-		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}
-
 // mapped is s as a field of an enforcer request that takes at most max
 // bytes: s itself when it is at most max bytes of valid UTF-8 and not of the
-// hashed form, else hashedForm(s). It is injective: a kept s is never of
-// the hashed form and a hashed one always is, so a hashed form never equals
-// a kept value, and two different hashed values differ (barring a SHA-256
-// collision). So every value gets its own bucket and match value, long ones
-// included, and a client cannot send the hashed form of another value to
-// share its bucket: that form is hashed again.
-func mapped(s string, max int) string {
-	if len(s) <= max && !isHashedForm(s) && utf8.ValidString(s) {
-		return s
-	}
-	return hashedForm(s)
-}
+// hashed form, else hashedForm(s), "sha256:" and the hex SHA-256 of s (71
+// bytes) (internal/hashform, shared with the Go client and middleware). It
+// is injective: a kept s is never of the hashed form and a hashed one always
+// is, so a hashed form never equals a kept value, and two different hashed
+// values differ (barring a SHA-256 collision). So every value gets its own
+// bucket and match value, long ones included, and a client cannot send the
+// hashed form of another value to share its bucket: that form is hashed
+// again.
+var (
+	mapped       = hashform.Fit
+	hashedForm   = hashform.Hash
+	isHashedForm = hashform.Is
+)
 
 // identity is the envoy.descriptor attribute of a descriptor whose entries
 // (or, at share_threshold levels, wildcard values) are path:
