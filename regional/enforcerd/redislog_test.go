@@ -11,17 +11,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/apportion/apportion/internal/testutil"
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // captureStderr redirects the process's file descriptor 2 (where go-redis's
@@ -80,33 +76,10 @@ func TestRedisDownNoRawRedisLines(t *testing.T) {
 		t.Fatal(err)
 	}
 	restore := captureStderr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	stdout, stderr := &testutil.SyncBuffer{}, &testutil.SyncBuffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, []string{"--region", "us-east", "--redis-addr", closed, "--rules", rulesFile,
-			"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--timeout", "50ms", "--warmup-timeout", "200ms",
-			"--log-level", "debug", "--log-format", "json"}, stdout, stderr)
-	}()
-	stopped := false
-	defer func() {
-		if !stopped {
-			cancel()
-			<-done
-		}
-	}()
-	ready := regexp.MustCompile(`ready grpc=(\S+)`)
-	var m []string
-	testutil.WaitFor(t, 10*time.Second, "the ready line", func() bool {
-		m = ready.FindStringSubmatch(stdout.String())
-		return m != nil
-	})
-	conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := ratelimitv1.NewRateLimiterClient(conn)
+	run := startRun(t, "--region", "us-east", "--redis-addr", closed, "--rules", rulesFile,
+		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--timeout", "50ms", "--warmup-timeout", "200ms",
+		"--log-level", "debug", "--log-format", "json")
+	client := run.client(t)
 	checks := 0
 	for end := time.Now().Add(time.Second); time.Now().Before(end); checks++ {
 		resp, err := client.CheckLimit(context.Background(), &ratelimitv1.CheckLimitRequest{ClientKey: "user:1", Resource: "POST /orders"})
@@ -117,9 +90,7 @@ func TestRedisDownNoRawRedisLines(t *testing.T) {
 			t.Fatalf("check %d answered by Redis at %s, which is closed", checks, closed)
 		}
 	}
-	cancel()
-	stopped = true
-	if err := <-done; err != nil {
+	if err := run.stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	raw := restore()
@@ -135,7 +106,7 @@ func TestRedisDownNoRawRedisLines(t *testing.T) {
 	}
 	// The daemon's log stays JSON, with go-redis's messages in it at debug.
 	dials := 0
-	sc := bufio.NewScanner(strings.NewReader(stderr.String()))
+	sc := bufio.NewScanner(strings.NewReader(run.stderr.String()))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		var rec map[string]any
@@ -150,7 +121,7 @@ func TestRedisDownNoRawRedisLines(t *testing.T) {
 		}
 	}
 	if dials == 0 {
-		t.Errorf("no debug record of go-redis's failed dials in the log:\n%.2000s", stderr.String())
+		t.Errorf("no debug record of go-redis's failed dials in the log:\n%.2000s", run.stderr.String())
 	}
 	t.Logf("%d checks, %d go-redis dial failures logged at debug", checks, dials)
 }

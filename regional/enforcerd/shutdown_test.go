@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -29,21 +28,10 @@ func TestShutdownDelay(t *testing.T) {
 	if err := os.WriteFile(rulesFile, []byte("- id: a\n  match: {resource: GET /a}\n  algorithm: token_bucket\n  capacity: 100\n  refill_per_second: 100\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stdout := &testutil.SyncBuffer{}
-	done := make(chan error, 1)
 	const delay = 1500 * time.Millisecond
-	go func() {
-		done <- Run(ctx, []string{"--region", "x", "--redis-addr", r.Addr, "--rules", rulesFile,
-			"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--shutdown-delay", delay.String()}, stdout, &testutil.SyncBuffer{})
-	}()
-	ready := regexp.MustCompile(`ready grpc=\S+ http=(\S+)`)
-	var m []string
-	testutil.WaitFor(t, 10*time.Second, "the ready line", func() bool {
-		m = ready.FindStringSubmatch(stdout.String())
-		return m != nil
-	})
-	base := "http://" + m[1]
+	run := startRun(t, "--region", "x", "--redis-addr", r.Addr, "--rules", rulesFile,
+		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--shutdown-delay", delay.String())
+	base := "http://" + run.http
 	get := func(path string) int {
 		resp, err := http.Get(base + path)
 		if err != nil {
@@ -64,12 +52,13 @@ func TestShutdownDelay(t *testing.T) {
 		t.Fatalf("/readyz before: %d", c)
 	}
 	stop := time.Now()
-	cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- run.stop() }()
 	testutil.WaitFor(t, 5*time.Second, "/readyz 503", func() bool { return get("/readyz") == http.StatusServiceUnavailable })
 	if c := check(); c != http.StatusOK {
 		t.Fatalf("a check while unready: %d, want 200 (still serving)", c)
 	}
-	if err := <-done; err != nil {
+	if err := <-stopped; err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(stop); d < delay {

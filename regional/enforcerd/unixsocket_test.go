@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +12,6 @@ import (
 	"github.com/apportion/apportion/internal/testutil"
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // TestRedisUnixSocket: ratelimitd --redis-addr unix:///PATH checks against
@@ -36,31 +33,9 @@ func TestRedisUnixSocket(t *testing.T) {
 	if err := os.WriteFile(rulesFile, []byte("- id: orders\n  match: {resource: POST /orders}\n  algorithm: token_bucket\n  capacity: 2\n  refill_per_second: 0.001\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stdout, stderr := &testutil.SyncBuffer{}, &testutil.SyncBuffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, []string{"--region", "us-east", "--redis-addr", "unix://" + path, "--rules", rulesFile,
-			"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--timeout", "1s"}, stdout, stderr)
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
-	ready := regexp.MustCompile(`ready grpc=(\S+)`)
-	var m []string
-	testutil.WaitFor(t, 10*time.Second, "the ready line", func() bool {
-		m = ready.FindStringSubmatch(stdout.String())
-		return m != nil
-	})
-	conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := ratelimitv1.NewRateLimiterClient(conn)
+	run := startRun(t, "--region", "us-east", "--redis-addr", "unix://"+path, "--rules", rulesFile,
+		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--timeout", "1s")
+	client := run.client(t)
 	for i, want := range []bool{true, true, false} {
 		resp, err := client.CheckLimit(context.Background(), &ratelimitv1.CheckLimitRequest{ClientKey: "user:1", Resource: "POST /orders"})
 		if err != nil {
@@ -78,6 +53,9 @@ func TestRedisUnixSocket(t *testing.T) {
 	}
 	watching := fmt.Sprintf("pid=%d", r.PID())
 	testutil.WaitFor(t, 10*time.Second, "the local Redis watch", func() bool {
-		return strings.Contains(stderr.String(), "watching the local Redis") && strings.Contains(stderr.String(), watching)
+		return strings.Contains(run.stderr.String(), "watching the local Redis") && strings.Contains(run.stderr.String(), watching)
 	})
+	if err := run.stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
 }
