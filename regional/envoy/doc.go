@@ -13,7 +13,10 @@
 //     order of preference); without one, the descriptor's identity: its
 //     entries as key=value joined by "|" (envoyconfig.Identity), e.g.
 //     "key1=foo" or "source_cluster=proxy|destination_cluster=mock". Over
-//     regional.MaxClientKeyBytes it is hashed (below).
+//     regional.MaxClientKeyBytes it is hashed (below). The value alone,
+//     whichever entry gave it: a rule that matches descriptors keyed by
+//     different entries counts equal values in one bucket (docs/api.md
+//     says how to keep a client-set entry out of another's bucket).
 //   - Resource: the value of the "resource" entry; else the request's domain,
 //     a space and the value of the first resource entry (WithResourceEntries;
 //     default path, header_match), e.g. "edge /orders"; else the domain
