@@ -288,12 +288,9 @@ func ParseRules(data []byte) ([]Rule, error) {
 			return nil, err
 		}
 	} else {
-		if err := checkSingleYAMLDoc(data); err != nil {
-			return nil, err
-		}
-		conv, err := yaml.YAMLToJSONStrict(data)
+		conv, err := YAMLToJSON(data)
 		if err != nil {
-			return nil, fmt.Errorf("%w: invalid YAML: %w", ErrInvalid, err)
+			return nil, err
 		}
 		js = conv
 	}
@@ -385,6 +382,21 @@ func checkNoDuplicateKeys(obj []byte) error {
 		}
 	}
 	return nil
+}
+
+// YAMLToJSON converts one YAML document to JSON with the checks ParseRules
+// makes of YAML before its own: a stream of several documents ("---") and
+// repeated keys are refused (errors wrap ErrInvalid), where a plain
+// conversion would keep the first document and the last of a key's values.
+func YAMLToJSON(data []byte) ([]byte, error) {
+	if err := checkSingleYAMLDoc(data); err != nil {
+		return nil, err
+	}
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: invalid YAML: %w", ErrInvalid, err)
+	}
+	return js, nil
 }
 
 // checkSingleYAMLDoc refuses a YAML stream of several documents ("---"

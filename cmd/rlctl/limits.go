@@ -6,7 +6,9 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 
+	"github.com/apportion/apportion/allocation"
 	"github.com/apportion/apportion/rules"
 	"github.com/spf13/cobra"
 )
@@ -31,7 +33,10 @@ func (c *cli) limitsShowCmd() *cobra.Command {
 		Use:   "show ID",
 		Short: "Show a rule's global limit, each region's static share and, with --agents, its live share",
 		Long: `Show the rule's limit and, for a global rule, each region's static share
-(weight, rate, burst, floor). With --agents, also each region's live share
+and floor: a token or leaky bucket's in rate and burst, a window rule's in
+requests per window (STATIC /WINDOW, FLOOR /WINDOW: what the store enforces
+for the region's units of a coordinated window; a sliding_log enforces its
+static share and has no floor). With --agents, also each region's live share
 from its sync agent: one agent per region, [REGION=]URL (http://host:9091 or
 host:9091); the region named is checked against the agent's answer.
 
@@ -63,6 +68,9 @@ func (c *cli) limitsShow(ctx context.Context, id, agents string, top int) error 
 	}
 	if top > 0 && refs == nil {
 		return usagef("--top needs --agents")
+	}
+	if err := checkRuleID(id); err != nil {
+		return err
 	}
 	st, closeStore, err := c.store()
 	if err != nil {
@@ -102,6 +110,9 @@ concurrent change makes this fail with exit code 4, nothing overwritten.`,
 				return usagef("%s %d: the burst (capacity) must be at least 1", c.flagSource("burst"), burst)
 			}
 			if err := c.ifMatchFlag(cmd, ifMatch, "update the revision just read"); err != nil {
+				return err
+			}
+			if err := checkRuleID(args[0]); err != nil {
 				return err
 			}
 			return c.limitsSet(cmd.Context(), args[0], rate, burst, ifMatch)
@@ -150,38 +161,94 @@ type liveQuery struct {
 	top    int
 }
 
-// regionLimit is one region's part of a rule's limit.
+// regionLimit is one region's part of a rule's limit: a token or leaky
+// bucket's in rate and burst (static_rate, static_burst, floor_rate), a
+// window rule's in requests per window (static_per_window,
+// floor_per_window); the other fields are left out.
 type regionLimit struct {
-	Region      string     `json:"region"`
-	Weight      float64    `json:"weight,omitempty"`
-	StaticRate  float64    `json:"static_rate"`
-	StaticBurst float64    `json:"static_burst"`
-	FloorRate   float64    `json:"floor_rate"`
-	Live        *liveShare `json:"live,omitempty"`
+	Region      string   `json:"region"`
+	Weight      float64  `json:"weight,omitempty"`
+	StaticRate  *float64 `json:"static_rate,omitempty"`
+	StaticBurst *float64 `json:"static_burst,omitempty"`
+	FloorRate   *float64 `json:"floor_rate,omitempty"`
+	// StaticPerWindow is the requests per window the region's static share
+	// admits; FloorPerWindow those its floor admits (the least it keeps, and
+	// what it enforces while its sync agent's share is not in force): a
+	// coordinated window's, as the store computes them from the region's
+	// units (allocation.Floors); absent for a window rule that is not
+	// coordinated (sliding_log), which enforces its static share.
+	StaticPerWindow *int64     `json:"static_per_window,omitempty"`
+	FloorPerWindow  *int64     `json:"floor_per_window,omitempty"`
+	Live            *liveShare `json:"live,omitempty"`
 }
 
 type limitsView struct {
-	ID       string        `json:"id"`
-	Revision int64         `json:"revision"`
-	Scope    rules.Scope   `json:"scope"`
-	Rate     float64       `json:"rate"`
-	Burst    int64         `json:"burst"`
-	MinShare float64       `json:"min_share"`
-	Regions  []regionLimit `json:"regions"`
+	ID       string      `json:"id"`
+	Revision int64       `json:"revision"`
+	Scope    rules.Scope `json:"scope"`
+	// Rate and Burst are a token or leaky bucket's; Limit and Window a
+	// window rule's.
+	Rate     float64        `json:"rate,omitempty"`
+	Burst    int64          `json:"burst,omitempty"`
+	Limit    int64          `json:"limit,omitempty"`
+	Window   rules.Duration `json:"window,omitempty"`
+	MinShare float64        `json:"min_share"`
+	Regions  []regionLimit  `json:"regions"`
 	// OtherAgents are the answers of agents that match none of the rule's
 	// regions (or a region another agent already answered for).
 	OtherAgents []liveShare `json:"other_agents,omitempty"`
+}
+
+// isBucket reports whether r's limit is a rate and a burst (token_bucket,
+// leaky_bucket) rather than requests per window.
+func isBucket(r rules.Rule) bool {
+	return r.Algorithm == rules.TokenBucket || r.Algorithm == rules.LeakyBucket
+}
+
+// windowShares returns each region's static share and floor of a global
+// window rule, in requests per window, by region name. For a coordinated
+// rule they are what the store enforces for the region's units
+// (allocation.Floors, as the enforcer and the sync agent split the limit
+// into allocation.DefaultUnits): the floor units alone, and the floor and
+// initial units together. A window rule that is not coordinated
+// (sliding_log) enforces its static share, the limit times the region's
+// weight share, and has no floor (nil).
+func windowShares(r rules.Rule) (static map[string]int64, floor map[string]*int64) {
+	static, floor = map[string]int64{}, map[string]*int64{}
+	if !r.Coordinated() {
+		for name := range r.Regions {
+			frac, _ := r.StaticShare(name)
+			static[name] = int64(float64(r.Limit) * frac) // as the enforcer's regional params
+		}
+		return static, floor
+	}
+	names, floorUnits, initial := allocation.Floors(allocation.DefaultUnits, r.MinShare, r.Regions)
+	for i, name := range names {
+		f := unitsShare(r.Limit, floorUnits[i], allocation.DefaultUnits)
+		static[name], floor[name] = unitsShare(r.Limit, floorUnits[i]+initial[i], allocation.DefaultUnits), &f
+	}
+	return static, floor
+}
+
+// unitsShare is floor(limit x u / units) without overflow: what a region
+// holding u of units units of a global window's limit admits per window,
+// as the store computes it (regional/redisstore's shareOf).
+func unitsShare(limit, u, units int64) int64 {
+	q := limit / units
+	return q*u + (limit-q*units)*u/units
 }
 
 // showLimits prints r's limits; with lq and a global token-bucket rule, also
 // each region's live share from its sync agent. It fails (after printing)
 // when every agent failed.
 func (c *cli) showLimits(ctx context.Context, r rules.Rule, rev int64, lq *liveQuery) error {
-	rate, burst := r.RefillPerSecond, r.Capacity
-	if r.Algorithm != rules.TokenBucket && r.Algorithm != rules.LeakyBucket {
-		rate, burst = 0, r.Limit
+	bucket := isBucket(r)
+	v := limitsView{ID: r.ID, Revision: rev, Scope: r.Scope, MinShare: r.MinShare, Regions: []regionLimit{}}
+	if bucket {
+		v.Rate, v.Burst = r.RefillPerSecond, r.Capacity
+	} else {
+		v.Limit, v.Window = r.Limit, r.Window
 	}
-	v := limitsView{ID: r.ID, Revision: rev, Scope: r.Scope, Rate: rate, Burst: burst, MinShare: r.MinShare, Regions: []regionLimit{}}
 	regions := slices.Sorted(maps.Keys(r.Regions))
 	coordinated := r.Coordinated()
 	queried := lq != nil && len(lq.agents) > 0 && coordinated
@@ -191,10 +258,22 @@ func (c *cli) showLimits(ctx context.Context, r rules.Rule, rev int64, lq *liveQ
 		answers = queryAgents(ctx, &http.Client{}, lq.agents, r.ID, max(liveKeys, lq.top), lq.top)
 		live, v.OtherAgents = assignLive(regions, answers)
 	}
+	var static map[string]int64
+	var floor map[string]*int64
+	if !bucket {
+		static, floor = windowShares(r)
+	}
 	for _, name := range regions {
-		frac, _ := r.StaticShare(name)
-		v.Regions = append(v.Regions, regionLimit{Region: name, Weight: r.Regions[name],
-			StaticRate: rate * frac, StaticBurst: float64(burst) * frac, FloorRate: rate * frac * r.MinShare, Live: live[name]})
+		rl := regionLimit{Region: name, Weight: r.Regions[name], Live: live[name]}
+		if bucket {
+			frac, _ := r.StaticShare(name)
+			rate, burst, floorRate := r.RefillPerSecond*frac, float64(r.Capacity)*frac, r.RefillPerSecond*frac*r.MinShare
+			rl.StaticRate, rl.StaticBurst, rl.FloorRate = &rate, &burst, &floorRate
+		} else {
+			n := static[name]
+			rl.StaticPerWindow, rl.FloorPerWindow = &n, floor[name]
+		}
+		v.Regions = append(v.Regions, rl)
 	}
 	var liveErr error
 	if queried {
@@ -224,11 +303,23 @@ func (c *cli) showLimits(ctx context.Context, r rules.Rule, rev int64, lq *liveQ
 		_, err := fmt.Fprintln(c.stdout, "regional rule: every region enforces the whole limit")
 		return err
 	}
-	fmt.Fprintf(c.stdout, "global limit: rate %s/s, burst %d, min_share %s\n", num(rate), burst, num(r.MinShare))
 	tw := c.table()
-	fmt.Fprintln(tw, "REGION\tWEIGHT\tSTATIC RATE/S\tSTATIC BURST\tFLOOR RATE/S")
-	for _, rl := range v.Regions {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", rl.Region, num(rl.Weight), num(rl.StaticRate), num(rl.StaticBurst), num(rl.FloorRate))
+	if bucket {
+		fmt.Fprintf(c.stdout, "global limit: rate %s/s, burst %d, min_share %s\n", num(r.RefillPerSecond), r.Capacity, num(r.MinShare))
+		fmt.Fprintln(tw, "REGION\tWEIGHT\tSTATIC RATE/S\tSTATIC BURST\tFLOOR RATE/S")
+		for _, rl := range v.Regions {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", rl.Region, num(rl.Weight), num(*rl.StaticRate), num(*rl.StaticBurst), num(*rl.FloorRate))
+		}
+	} else {
+		fmt.Fprintf(c.stdout, "global limit: %d per window of %s, min_share %s (STATIC and FLOOR in requests per window)\n", r.Limit, r.Window, num(r.MinShare))
+		fmt.Fprintln(tw, "REGION\tWEIGHT\tSTATIC /WINDOW\tFLOOR /WINDOW")
+		for _, rl := range v.Regions {
+			floorText := "- (not coordinated: enforces its static share)"
+			if rl.FloorPerWindow != nil {
+				floorText = strconv.FormatInt(*rl.FloorPerWindow, 10)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", rl.Region, num(rl.Weight), *rl.StaticPerWindow, floorText)
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -125,8 +125,8 @@ func TestLimitsShowLive(t *testing.T) {
 	if l := live["ap-south"]; l == nil || l.Status != liveNotCoordinated {
 		t.Errorf("ap-south: %+v", l)
 	}
-	if v.Regions[2].StaticRate != 5 {
-		t.Errorf("static rate of us-east: %v", v.Regions[2].StaticRate)
+	if rate := v.Regions[2].StaticRate; rate == nil || *rate != 5 {
+		t.Errorf("static rate of us-east: %v", rate)
 	}
 
 	// Every agent fails: exit 1, the output still printed.

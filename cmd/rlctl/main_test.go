@@ -168,7 +168,7 @@ func TestRulesCommands(t *testing.T) {
 			}
 			var view limitsView
 			out = cmd("limits", "show", "orders-free", "-o", "json").must(t, exitOK).stdout
-			if err := json.Unmarshal([]byte(out), &view); err != nil || len(view.Regions) != 3 || view.Regions[2].StaticRate != 20 {
+			if err := json.Unmarshal([]byte(out), &view); err != nil || len(view.Regions) != 3 || view.Regions[2].StaticRate == nil || *view.Regions[2].StaticRate != 20 {
 				t.Fatalf("limits show -o json: %v\n%s", err, out)
 			}
 

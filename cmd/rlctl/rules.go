@@ -8,11 +8,11 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/rules/etcdstore"
 	"github.com/spf13/cobra"
-	"sigs.k8s.io/yaml"
 )
 
 // rulesCmd is the rules group: put, get, list, delete, validate, shadow.
@@ -148,6 +148,9 @@ func (c *cli) rulesGetCmd() *cobra.Command {
 		Args:              exactArgs(1, "ID"),
 		ValidArgsFunction: c.completeRuleIDs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkRuleID(args[0]); err != nil {
+				return err
+			}
 			st, closeStore, err := c.store()
 			if err != nil {
 				return err
@@ -198,10 +201,13 @@ func (c *cli) rulesListCmd() *cobra.Command {
 		Short:   "List all rules, and the stored documents that are not valid rules",
 		Long: `List all rules, then every document stored under --etcd-prefix that is not
 a valid rule (status invalid, with what is wrong: the enforcers skip it and
-keep the last valid version they had; fix it with rules put -f, or delete
-it). -o json and -o yaml print the list of rule documents, ready for
-rules put -f, and name each invalid document on stderr. The exit code is 0
-either way.`,
+keep the last valid version they had), each with how to fix or remove it:
+rules put -f or rules delete ID when its key names a valid rule id; rules
+delete ID (put cannot write it) when its id is not a valid rule id but
+rlctl can name it; else (an empty id, an id with "/") the etcdctl del
+command that removes it. -o json and -o yaml print the list of rule
+documents, ready for rules put -f, and name each invalid document, with
+the same remedy, on stderr. The exit code is 0 either way.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			st, closeStore, err := c.store()
@@ -227,7 +233,7 @@ func (c *cli) printList(rs []rules.Rule, bad []etcdstore.InvalidDocument) error 
 			rs = []rules.Rule{}
 		}
 		for _, d := range bad {
-			fmt.Fprintf(c.stderr, "rlctl: stored document %q (revision %d) is not a valid rule, and the enforcers skip it: %s\n", d.ID, d.Revision, oneLine(d.Error))
+			fmt.Fprintf(c.stderr, "rlctl: stored document %q (revision %d) is not a valid rule, and the enforcers skip it: %s; %s\n", d.ID, d.Revision, oneLine(d.Error), c.remedy(d.ID))
 		}
 		return c.emit(rs)
 	}
@@ -242,13 +248,80 @@ func (c *cli) printList(rs []rules.Rule, bad []etcdstore.InvalidDocument) error 
 	if len(bad) == 0 {
 		return nil
 	}
-	fmt.Fprintf(c.stdout, "\n%d stored document(s) are not valid rules: the enforcers skip them and keep the last valid version they had (fix with rules put -f, or delete):\n", len(bad))
+	fmt.Fprintf(c.stdout, "\n%d stored document(s) are not valid rules: the enforcers skip them and keep the last valid version they had (FIX says how to fix or remove each):\n", len(bad))
 	tw = c.table()
-	fmt.Fprintln(tw, "ID\tREVISION\tSTATUS\tERROR")
+	fmt.Fprintln(tw, "ID\tREVISION\tSTATUS\tERROR\tFIX")
 	for _, d := range bad {
-		fmt.Fprintf(tw, "%s\t%d\tinvalid\t%s\n", d.ID, d.Revision, oneLine(d.Error))
+		id := d.ID
+		if id == "" || strings.IndexFunc(id, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsGraphic(r) }) >= 0 {
+			id = strconv.Quote(id) // an empty id, blanks and control characters visible
+		}
+		fmt.Fprintf(tw, "%s\t%d\tinvalid\t%s\t%s\n", id, d.Revision, oneLine(d.Error), c.remedy(d.ID))
 	}
 	return tw.Flush()
+}
+
+// remedy says how to fix or remove the invalid document stored under id
+// (its key without the prefix): with rlctl when rlctl can name it, else
+// with etcdctl and its full key. The store refuses an id that is empty or
+// holds "/" (or NUL) in every command; put also one that is not a valid
+// rule id, which delete still takes.
+func (c *cli) remedy(id string) string {
+	switch {
+	case checkRuleID(id) == nil:
+		return "fix it with rules put -f, or remove it with rules delete " + id
+	case id != "" && !strings.ContainsAny(id, "/\x00"):
+		return "not a valid rule id, so rules put cannot fix it: remove it with rules delete " + shellQuote(id)
+	}
+	key := c.g.etcd.Prefix + id
+	msg := "rlctl cannot name this key (an empty id, or one with \"/\"): remove it with etcdctl del " + shellQuote(key)
+	if c.g.etcd.Endpoints == "" {
+		msg += fmt.Sprintf(" (the key under %s; through --admin-url, use the enforcer's --etcd-prefix if it is another)", c.flagSource("etcd-prefix"))
+	}
+	return msg
+}
+
+// shellQuote quotes s for a POSIX shell: in single quotes, or when it
+// holds control characters in bash's $'...' with escapes.
+func shellQuote(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }) < 0 {
+		return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+	}
+	var b strings.Builder
+	b.WriteString("$'")
+	for i := 0; i < len(s); i++ {
+		switch ch := s[i]; {
+		case ch == '\'' || ch == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(ch)
+		case ch < 0x20 || ch == 0x7f:
+			fmt.Fprintf(&b, "\\x%02x", ch)
+		default:
+			b.WriteByte(ch)
+		}
+	}
+	b.WriteByte('\'')
+	return b.String()
+}
+
+// checkRuleID refuses, as a usage error naming it and what is wrong, an id
+// that no rule can have: the rule of a rule's id that the store applies on
+// every put (rules.Rule.Validate: 1 to 128 of the ASCII letters, digits,
+// '_', '.' and '-', not dots alone).
+func checkRuleID(id string) error {
+	r := rules.Rule{ID: id}
+	var fe *rules.FieldError
+	if err := r.Validate(); !errors.As(err, &fe) || fe.Field != "id" {
+		return nil // the id is fine (the empty rule is wrong elsewhere)
+	}
+	msg := fe.Msg
+	if !strings.Contains(msg, "use only") {
+		msg += fmt.Sprintf("; a rule id is 1 to %d of the ASCII letters, digits, '_', '.' and '-'", rules.MaxIDLen)
+	}
+	if strings.HasPrefix(msg, strconv.Quote(id)) {
+		return usagef("invalid rule id: %s", msg) // the message names it
+	}
+	return usagef("invalid rule id %q: %s", id, msg)
 }
 
 // oneLine keeps a message on one table row.
@@ -272,6 +345,10 @@ func (c *cli) rulesDeleteCmd() *cobra.Command {
 			}
 			defer closeStore()
 			if err := st.Delete(cmd.Context(), args[0], ifMatch); err != nil {
+				if idErr := checkRuleID(args[0]); idErr != nil && errors.Is(err, etcdstore.ErrNotFound) {
+					// Nothing stored under an id no rule can have: say why.
+					return usagef("%v (and nothing is stored under it)", idErr)
+				}
 				return err
 			}
 			if c.structured() {
@@ -291,7 +368,9 @@ func (c *cli) rulesValidateCmd() *cobra.Command {
 		Use:   "validate -f FILE",
 		Short: "Validate a rule file offline (no etcd)",
 		Long: `Check every rule of FILE as the store would, without talking to etcd: exit 1
-names the first wrong field. rules put -f runs the same check before it
+names the first wrong field. A YAML file is one document (a second one
+after "---" is refused, not dropped) and no key may be given twice, as in
+JSON. rules put -f runs the same check before it
 stores anything. What needs the store is not checked here: a global rule's
 split against the one stored or registered for its id.`,
 		Args: exactArgs(0, "no arguments (the rules come from -f FILE)"),
@@ -337,6 +416,9 @@ change makes this fail with exit code 4, nothing overwritten.`,
 			case "off":
 			default:
 				return usagef("shadow mode is on or off, got %q", args[1])
+			}
+			if err := checkRuleID(args[0]); err != nil {
+				return err
 			}
 			st, closeStore, err := c.store()
 			if err != nil {
@@ -399,8 +481,14 @@ func parseRuleFile(path string) ([]rules.Rule, error) {
 	}
 	doc := bytes.TrimSpace(data)
 	if len(doc) > 0 && doc[0] != '{' && doc[0] != '[' {
-		// YAML: a single mapping is one rule; convert it to JSON for ParseRule.
-		if j, err := yaml.YAMLToJSON(doc); err == nil && len(j) > 0 && j[0] == '{' {
+		// YAML: converted with the checks rules.ParseRules makes of a list
+		// (one document only, no repeated key), then a single mapping is one
+		// rule for ParseRule, as JSON.
+		j, err := rules.YAMLToJSON(data)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if j = bytes.TrimSpace(j); len(j) > 0 && j[0] == '{' {
 			doc = j
 		}
 	}
