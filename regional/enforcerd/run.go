@@ -79,6 +79,7 @@ type options struct {
 	cpuProfile    string
 	pipelines     int
 	streamWorkers int
+	maxStreams    int
 	gcPercent     int
 }
 
@@ -91,6 +92,12 @@ const (
 	// grows its stack again on every check (runtime.newstack and copystack
 	// were 7% of the enforcer's CPU).
 	DefaultStreamWorkers = 256
+	// DefaultMaxStreams is how many calls one gRPC connection may have
+	// open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): gRPC's own
+	// default is unlimited, so one client that opens streams and never
+	// reads their answers could hold memory without bound (about 4 KB a
+	// stream: 100,000 streams on one connection took 520 MB of heap).
+	DefaultMaxStreams = 1024
 	// DefaultGCPercent is the GOGC the daemon runs with unless GOGC is set:
 	// the live heap is small, so at 100 the collector ran many times a
 	// second and shrank the workers' stacks each time (GC and stack
@@ -148,6 +155,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.tracing.register(fs)
 	fs.IntVar(&o.pipelines, "redis-pipelines", redisstore.DefaultWorkers, "pipelines to Redis in flight at once, at most (each sent by a worker with the checks that waited meanwhile)")
 	fs.IntVar(&o.streamWorkers, "grpc-stream-workers", DefaultStreamWorkers, "gRPC goroutines kept for calls and reused (0: a new goroutine per call)")
+	fs.IntVar(&o.maxStreams, "grpc-max-streams", DefaultMaxStreams, "calls one gRPC connection may have open at once; a client's further calls wait on its side (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS) or go on another connection")
 	fs.IntVar(&o.gcPercent, "gc-percent", DefaultGCPercent, "the Go collector's GOGC percentage unless the GOGC variable is set (0: the runtime's default, 100)")
 	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "write a pprof CPU profile of the whole run to this file, for performance work (empty: off)")
 	if err := flagenv.Parse(fs, args, nil); err != nil {
@@ -174,6 +182,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("--max-usage-keys must be at least 1")
 	case o.streamWorkers < 0 || o.gcPercent < 0:
 		return nil, errors.New("--grpc-stream-workers and --gc-percent must not be negative")
+	case o.maxStreams < 1:
+		return nil, fmt.Errorf("--grpc-max-streams %d: must be at least 1", o.maxStreams)
 	case o.shutdown <= 0:
 		return nil, errors.New("--shutdown-timeout must be positive")
 	case o.shutdownDelay < 0:
@@ -362,7 +372,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	// A connection that does not finish its TLS and HTTP/2 handshake within
 	// the read-header timeout is dropped (gRPC's default waits 120 s).
-	gopts := []grpc.ServerOption{grpc.ConnectionTimeout(o.httpTimeouts.ReadHeader)}
+	gopts := []grpc.ServerOption{grpc.ConnectionTimeout(o.httpTimeouts.ReadHeader), grpc.MaxConcurrentStreams(uint32(o.maxStreams))}
 	if o.streamWorkers > 0 {
 		gopts = append(gopts, grpc.NumStreamWorkers(uint32(o.streamWorkers)))
 	}
