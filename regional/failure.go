@@ -220,7 +220,13 @@ func (e *Enforcer) failurePolicy(ms []matched, cost int64, cause error) Response
 		e.local.commit(specs, cost)
 	}
 	e.bind(&resp)
-	e.sampled.Log(slog.LevelWarn, "failure_policy", "store unavailable; answering from the failure policy",
+	msg := "store unavailable; answering from the failure policy"
+	if kind := classify(cause); !isStoreFailure(kind) {
+		// The store answered, refusing this check alone (a key of the
+		// wrong type or layout, a slot moving): nothing is wrong with it.
+		msg = "the store refused this check (" + kind + "); answering it alone from the failure policy"
+	}
+	e.sampled.Log(slog.LevelWarn, "failure_policy", msg,
 		"error", cause.Error(), "allowed", resp.Allowed, "breaker", e.BreakerState())
 	return resp
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -285,7 +286,10 @@ func TestBreakerCountsOnlyStoreFailures(t *testing.T) {
 // fails on it) answers that check alone, by its rule's failure mode; every
 // other check keeps its store answer and the breaker stays closed.
 func TestOneBadKeyHarmsNobody(t *testing.T) {
-	e := newEnv(t, []rules.Rule{tokenBucket("r", 5, 0.001)}, nil)
+	var logs testutil.SyncBuffer
+	e := newEnv(t, []rules.Rule{tokenBucket("r", 5, 0.001)}, func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
 	ctx := context.Background()
 	if err := e.rc.LPush(ctx, redisstore.Key("bad", "r"), "x").Err(); err != nil {
 		t.Fatal(err)
@@ -303,6 +307,11 @@ func TestOneBadKeyHarmsNobody(t *testing.T) {
 	}
 	if n := counterValue(t, e.registry, MetricStoreErrors, map[string]string{"kind": "invalid"}); n != 30 {
 		t.Fatalf("store errors of kind invalid = %v, want 30", n)
+	}
+	// The log says what happened: the store refused this check, it is not
+	// unavailable.
+	if l := logs.String(); strings.Contains(l, "store unavailable") || !strings.Contains(l, "the store refused this check (invalid)") {
+		t.Fatalf("log:\n%s\nwant the refusal of one check, not \"store unavailable\"", l)
 	}
 }
 
