@@ -161,6 +161,8 @@ func (e *Enforcer) run(ctx context.Context, ps []pending) error {
 		case len(p.ms) == 0:
 			p.resp, p.done = Response{Allowed: true, Statuses: []Status{}}, true
 			e.observe(start, "none")
+		case unlistedRule(p.ms):
+			p.resp = e.unlistedAnswer(p.ms)
 		case invalidRule(p.ms) != nil:
 			e.storeError("invalid")
 			p.resp = e.failurePolicy(p.ms, p.req.Cost, invalidRule(p.ms))
@@ -461,8 +463,8 @@ func (e *Enforcer) match(c *compiled, req *Request) []matched {
 	var splitParts []string
 	for _, r := range rs {
 		p, ok := c.params[r.ID]
-		if !ok {
-			continue
+		if !ok || p.unlisted && r.Shadow {
+			continue // a shadow rule with no share here has nothing to say
 		}
 		parts, ok := r.KeyValues(req.ClientKey, req.Resource, req.Attributes)
 		if !ok || len(parts) == 0 {
@@ -563,7 +565,7 @@ func (e *Enforcer) bind(resp *Response) {
 // the usage of global rules.
 func (e *Enforcer) record(ms []matched, resp *Response, cost int64) {
 	for i, st := range resp.Statuses {
-		if e.cfg.Usage != nil && ms[i].rule.Scope == rules.Global && !resp.Shed {
+		if e.cfg.Usage != nil && ms[i].rule.Scope == rules.Global && !resp.Shed && !ms[i].params.unlisted {
 			switch {
 			case st.Allowed && resp.Allowed:
 				e.cfg.Usage(st.RuleID, ms[i].bucket.Key, cost, 0)

@@ -25,6 +25,11 @@ type bucketParams struct {
 	// invalid is why the store cannot hold this rule's bucket; its checks
 	// are answered by its failure_mode without the store.
 	invalid error
+	// unlisted: a global rule whose regions do not include this one. Its
+	// whole limit belongs to the regions it lists, so here it admits
+	// nothing (unlistedAnswer), without the store: admitting would put
+	// this region's traffic on top of the limit.
+	unlisted bool
 }
 
 // params derives the bucket parameters a rule has in this region.
@@ -33,7 +38,7 @@ func (e *Enforcer) params(r rules.Rule) (bucketParams, bool) {
 	if r.Scope == rules.Global {
 		f, ok := r.StaticShare(e.cfg.Region)
 		if !ok {
-			return bucketParams{}, false
+			return bucketParams{algorithm: r.Algorithm, unlisted: true}, true
 		}
 		frac = f
 	}

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -87,12 +88,22 @@ func (e *Enforcer) SetRules(rs []rules.Rule) error {
 		return err
 	}
 	c := &compiled{index: ix, params: make(map[string]bucketParams, len(rs))}
+	unlisted := 0
 	for _, r := range ix.Rules() {
 		p, ok := e.params(r)
 		if !ok {
 			// The region in the message: ratelimitd's logger carries a
 			// "region" key already (JSON would hold it twice).
 			e.log.Warn(fmt.Sprintf("global rule does not list this region (%s); not enforced here", e.cfg.Region), "rule", r.ID)
+			continue
+		}
+		if p.unlisted {
+			unlisted++
+			if !r.Shadow {
+				e.log.Error(fmt.Sprintf("global rule does not list this region (%s): its checks are rejected here, since its whole limit belongs to the regions it lists; check --region, or put the rule's split with this region under a new rule id", e.cfg.Region),
+					"rule", r.ID, "regions", strings.Join(slices.Sorted(maps.Keys(r.Regions)), ","))
+			}
+			c.params[r.ID] = p
 			continue
 		}
 		if err := redisstore.ValidateBucket(p.bucket("", &r)); err != nil {
@@ -110,11 +121,12 @@ func (e *Enforcer) SetRules(rs []rules.Rule) error {
 	}
 	e.index.Store(c)
 	if e.metrics != nil {
-		e.metrics.rulesLoaded.Set(float64(len(c.params)))
+		e.metrics.rulesLoaded.Set(float64(len(c.params) - unlisted))
+		e.metrics.rulesUnlisted.Set(float64(unlisted))
 		e.metrics.ruleSet(slices.Collect(maps.Keys(c.params)))
 		e.metrics.ruleUpdates.Inc()
 	}
-	e.log.Info("rule set applied", "rules", ix.Len(), "enforced_here", len(c.params))
+	e.log.Info("rule set applied", "rules", ix.Len(), "enforced_here", len(c.params)-unlisted, "unlisted_here", unlisted)
 	return nil
 }
 

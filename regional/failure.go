@@ -135,6 +135,38 @@ func invalidRule(ms []matched) error {
 	return nil
 }
 
+// unlistedRule reports whether a matched rule is a global rule that does
+// not list this region (bucketParams.unlisted; shadow ones are not matched).
+func unlistedRule(ms []matched) bool {
+	for _, m := range ms {
+		if m.params.unlisted {
+			return true
+		}
+	}
+	return false
+}
+
+// unlistedAnswer rejects a check that a global rule not listing this region
+// matched, without the store and whatever its failure_mode: the rule's
+// whole limit belongs to the regions it lists. Its status has limit 0 and
+// retry_after_ms -1 (waiting cannot help); the other rules are not
+// consumed.
+func (e *Enforcer) unlistedAnswer(ms []matched) Response {
+	resp := Response{Statuses: make([]Status, len(ms))}
+	for i, m := range ms {
+		st := Status{RuleID: m.rule.ID, Allowed: true, Shadow: m.rule.Shadow, WindowMs: m.params.windowMs}
+		if m.params.unlisted {
+			st.Allowed, st.RetryAfterMs, st.ResetAfterMs = false, -1, -1
+		} else {
+			st.Limit = m.limitTokens()
+		}
+		resp.Statuses[i] = st
+	}
+	e.bind(&resp)
+	e.sampled.Log(slog.LevelWarn, "unlisted", "check rejected: a global rule it matched does not list this region", "rule", resp.RuleID)
+	return resp
+}
+
 // lowPriority reports whether every matched rule may be shed.
 func lowPriority(ms []matched) bool {
 	for _, m := range ms {

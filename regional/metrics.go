@@ -11,17 +11,18 @@ import (
 // Metrics are the enforcer's Prometheus metrics. Create them with
 // NewMetrics on a registry that main owns.
 type Metrics struct {
-	checks       *prometheus.CounterVec
-	latency      *prometheus.HistogramVec
-	storeErrors  *prometheus.CounterVec
-	breaker      *prometheus.GaugeVec
-	breakersOpen prometheus.Gauge
-	rulesLoaded  prometheus.Gauge
-	ruleUpdates  prometheus.Counter
-	requests     *prometheus.CounterVec
-	inFlight     prometheus.Gauge
-	shed         *prometheus.CounterVec
-	leaseAnswers prometheus.Counter
+	checks        *prometheus.CounterVec
+	latency       *prometheus.HistogramVec
+	storeErrors   *prometheus.CounterVec
+	breaker       *prometheus.GaugeVec
+	breakersOpen  prometheus.Gauge
+	rulesLoaded   prometheus.Gauge
+	rulesUnlisted prometheus.Gauge
+	ruleUpdates   prometheus.Counter
+	requests      *prometheus.CounterVec
+	inFlight      prometheus.Gauge
+	shed          *prometheus.CounterVec
+	leaseAnswers  prometheus.Counter
 
 	mu    sync.Mutex
 	rules map[string]bool // the rules whose checks series exist
@@ -46,18 +47,19 @@ type breakerSummaryFunc struct {
 
 // Metric names, shared with deploy/ dashboards and alerts.
 const (
-	MetricChecks       = "apportion_checks_total"
-	MetricLatency      = "apportion_check_duration_seconds"
-	MetricStoreErrors  = "apportion_store_errors_total"
-	MetricBreakerState = "apportion_breaker_state"
-	MetricBreakersOpen = "apportion_breakers_open"
-	MetricRulesLoaded  = "apportion_rules_loaded"
-	MetricRuleUpdates  = "apportion_rule_updates_total"
-	MetricRequests     = "apportion_requests_total"
-	MetricScriptLoads  = "apportion_script_loads_total"
-	MetricInFlight     = "apportion_checks_in_flight"
-	MetricShed         = "apportion_shed_total"
-	MetricLocalBatch   = "apportion_local_batch_answers_total"
+	MetricChecks        = "apportion_checks_total"
+	MetricLatency       = "apportion_check_duration_seconds"
+	MetricStoreErrors   = "apportion_store_errors_total"
+	MetricBreakerState  = "apportion_breaker_state"
+	MetricBreakersOpen  = "apportion_breakers_open"
+	MetricRulesLoaded   = "apportion_rules_loaded"
+	MetricRulesUnlisted = "apportion_rules_unlisted"
+	MetricRuleUpdates   = "apportion_rule_updates_total"
+	MetricRequests      = "apportion_requests_total"
+	MetricScriptLoads   = "apportion_script_loads_total"
+	MetricInFlight      = "apportion_checks_in_flight"
+	MetricShed          = "apportion_shed_total"
+	MetricLocalBatch    = "apportion_local_batch_answers_total"
 )
 
 // NewMetrics creates and registers the enforcer's metrics. region is a
@@ -80,6 +82,8 @@ func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
 			Help: "Store circuit breakers open now: a standalone Redis has one, a Redis Cluster one per primary; the failure policy answers only the checks of an open breaker's keys."}),
 		rulesLoaded: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricRulesLoaded, ConstLabels: cl,
 			Help: "Rules enforced in this region in the active rule set."}),
+		rulesUnlisted: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricRulesUnlisted, ConstLabels: cl,
+			Help: "Global rules in the active rule set whose regions do not include this one: their checks are rejected here (a wrong --region, or a region not yet in the rule's split)."}),
 		ruleUpdates: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricRuleUpdates, ConstLabels: cl,
 			Help: "Rule sets applied."}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRequests, ConstLabels: cl,
@@ -93,7 +97,7 @@ func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
 		leaseAnswers: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricLocalBatch, ConstLabels: cl,
 			Help: "Checks of local_batch rules answered from tokens this enforcer took from Redis in advance."}),
 	}
-	reg.MustRegister(m.checks, m.latency, m.storeErrors, breakerCollector{m}, m.rulesLoaded, m.ruleUpdates, m.requests, m.inFlight, m.shed, m.leaseAnswers)
+	reg.MustRegister(m.checks, m.latency, m.storeErrors, breakerCollector{m}, m.rulesLoaded, m.rulesUnlisted, m.ruleUpdates, m.requests, m.inFlight, m.shed, m.leaseAnswers)
 	// Every series with a known label value exists from the start (at 0), so
 	// dashboards and rate() see "0", not "No data", before the first event.
 	m.latencyOf = make(map[string]prometheus.Observer, len(outcomes))
