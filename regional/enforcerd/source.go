@@ -49,9 +49,12 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 	reachable := prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_rule_etcd_reachable",
 		ConstLabels: prometheus.Labels{"region": o.region},
 		Help:        "1 while the enforcer reaches etcd (its rule snapshot, watch or a probe of a watch silent for 5 s answered), 0 before the first snapshot and while etcd does not answer (the last rule set stays)."})
-	reg.MustRegister(invalid, reachable)
+	revision := prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_rule_revision",
+		ConstLabels: prometheus.Labels{"region": o.region},
+		Help:        "etcd revision of the rule set this process enforces."})
+	reg.MustRegister(invalid, reachable, revision)
 	wopts := []etcdstore.Option{etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithRegistryPrefix(o.registry), etcdstore.WithLogger(log),
-		etcdstore.WithInvalidCounter(invalid), etcdstore.WithReachableGauge(reachable)}
+		etcdstore.WithInvalidCounter(invalid), etcdstore.WithReachableGauge(reachable), etcdstore.WithRevisionGauge(revision)}
 	if o.etcdCache != "" {
 		wopts = append(wopts, etcdstore.WithCacheFile(o.etcdCache))
 	}

@@ -62,6 +62,7 @@ type config struct {
 	cacheFile      string
 	invalidCounter prometheus.Counter
 	reachable      prometheus.Gauge
+	revisionGauge  prometheus.Gauge
 	probeEvery     time.Duration
 	minBackoff     time.Duration
 	maxBackoff     time.Duration
@@ -170,12 +171,27 @@ func WithReachableGauge(g prometheus.Gauge) Option {
 	}
 }
 
+// WithRevisionGauge also reports on a Prometheus gauge owned (and
+// registered) by the caller the etcd revision of the rule set the Watcher
+// delivered last: set on every delivery (a set served from the cache file:
+// its cached revision), so that an operator can see every enforcer reach a
+// change. It goes down when etcd's history changed (see Run). Default:
+// none; Revision always tells. Watcher only.
+func WithRevisionGauge(g prometheus.Gauge) Option {
+	return func(c *config) error {
+		c.revisionGauge = g
+		return nil
+	}
+}
+
 // WithProbeInterval sets how long the Watcher's watch may stay silent
 // before it asks etcd whether it is still there (a count-only read of one
 // key, bounded by the interval, 2 s at most): etcd's client resumes a
 // broken watch by itself without a word, so a lost etcd is found, logged
-// once and reported by WithReachableGauge this way. Default 5s. Watcher
-// only.
+// once and reported by WithReachableGauge this way, and an etcd restored to
+// an older revision (or replaced by another cluster) is found by the
+// probe's answer, within about one interval of etcd answering again, and
+// the rule set reloaded (see Watcher.Run). Default 5s. Watcher only.
 func WithProbeInterval(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
@@ -245,7 +261,10 @@ func checkID(id string) error {
 
 // Get returns the rule stored under id and the key's ModRevision. It returns
 // ErrNotFound when there is none, and an error wrapping ErrInvalidDocument
-// (and the *rules.FieldError) when the stored document is not a valid rule.
+// (and the *rules.FieldError) when the stored document is not a valid rule,
+// or one the Watcher skips: a global rule whose split differs from the sync
+// agents' registered one (registryMismatch), or whose algorithm or window
+// differ from its life's baseline (see globalChange).
 func (s *Store) Get(ctx context.Context, id string) (rules.Rule, int64, error) {
 	if err := checkID(id); err != nil {
 		return rules.Rule{}, 0, err
@@ -261,6 +280,20 @@ func (s *Store) Get(ctx context.Context, id string) (rules.Rule, int64, error) {
 	r, err := decode(id, kv.Value)
 	if err != nil {
 		return rules.Rule{}, kv.ModRevision, err
+	}
+	if r.Scope != rules.Global {
+		return r, kv.ModRevision, nil
+	}
+	h, err := lifeHistory(ctx, s.c, s.cfg.requestTimeout, kv)
+	if err != nil {
+		return rules.Rule{}, 0, fmt.Errorf("etcdstore: get %q: %w", id, err)
+	}
+	v, err := judge(ctx, newRegistryReader(s.c, &s.cfg), id, h)
+	if err != nil {
+		return rules.Rule{}, 0, fmt.Errorf("etcdstore: get %q: %w", id, err)
+	}
+	if v.err != nil {
+		return rules.Rule{}, kv.ModRevision, invalidDoc(id, v.err)
 	}
 	return r, kv.ModRevision, nil
 }
@@ -286,10 +319,23 @@ type InvalidDocument struct {
 }
 
 // ListAll returns, read at one store revision (returned), the valid rules
-// and the documents that are not valid rules, each in id order.
+// and the documents that are not valid rules, each in id order. A global
+// rule the Watcher skips is such a document (see Get): its registry
+// document (read a batch of ids at a time, after the rules) and its key's
+// history (one watch per global rule with more than one version) are read
+// for it.
 func (s *Store) ListAll(ctx context.Context) ([]rules.Rule, []InvalidDocument, int64, error) {
 	resp, err := s.c.Get(ctx, s.cfg.prefix, clientv3.WithPrefix())
 	if err != nil {
+		return nil, nil, 0, fmt.Errorf("etcdstore: list: %w", err)
+	}
+	reg := newRegistryReader(s.c, &s.cfg)
+	global, multi := globalIDs(s.cfg.prefix, resp.Kvs)
+	if err := reg.prefetch(ctx, global); err != nil {
+		return nil, nil, 0, fmt.Errorf("etcdstore: list: %w", err)
+	}
+	hist, failed := lifeHistories(ctx, s.c, s.cfg.requestTimeout, multi)
+	if err := firstFailure(failed); err != nil {
 		return nil, nil, 0, fmt.Errorf("etcdstore: list: %w", err)
 	}
 	out := make([]rules.Rule, 0, len(resp.Kvs))
@@ -297,6 +343,17 @@ func (s *Store) ListAll(ctx context.Context) ([]rules.Rule, []InvalidDocument, i
 	for _, kv := range resp.Kvs {
 		id := strings.TrimPrefix(string(kv.Key), s.cfg.prefix)
 		r, err := parseDoc(id, kv.Value)
+		if err == nil && r.Scope == rules.Global {
+			h, ok := hist[string(kv.Key)]
+			if !ok {
+				h = []*mvccpb.KeyValue{kv}
+			}
+			v, jerr := judge(ctx, reg, id, h)
+			if jerr != nil {
+				return nil, nil, 0, fmt.Errorf("etcdstore: list: %w", jerr)
+			}
+			err = v.err
+		}
 		if err != nil {
 			d := InvalidDocument{ID: id, Revision: kv.ModRevision, Error: err.Error()}
 			var fe *rules.FieldError
@@ -406,9 +463,10 @@ func conflictError(id string, ifMatch int64) error {
 var errRaced = errors.New("etcdstore: changed while being checked")
 
 // putGlobal is one attempt of Put for a global rule: it reads the stored
-// rule and its registry document at one revision, checks the split against
-// both (checkSplit), and writes doc if neither key changed since and the
-// caller's precondition holds.
+// rule and its registry document at one revision, reads the stored key's
+// life to find its baseline, checks r against them (checkSplit), and
+// writes doc if neither key changed since and the caller's precondition
+// holds.
 func (s *Store) putGlobal(ctx context.Context, r rules.Rule, doc []byte, ifMatch int64) (int64, error) {
 	key, regKey := s.key(r.ID), s.registryKey(r.ID)
 	read, err := s.c.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(regKey)).Commit()
@@ -428,7 +486,26 @@ func (s *Store) putGlobal(ctx context.Context, r rules.Rule, doc []byte, ifMatch
 	case ifMatch == MustNotExist && ruleKV != nil, ifMatch > 0 && stored != ifMatch:
 		return 0, conflictError(r.ID, ifMatch)
 	}
-	if err := s.checkSplit(r, ruleKV, regKey, regKV); err != nil {
+	// The stored life's baseline, from its history: the first valid
+	// global version, valid for the registry document as read.
+	var base *rules.Rule
+	if ruleKV != nil {
+		h, err := lifeHistory(ctx, s.c, s.cfg.requestTimeout, ruleKV)
+		if err != nil {
+			return 0, fmt.Errorf("etcdstore: put %q: %w", r.ID, err)
+		}
+		reg := newRegistryReader(s.c, &s.cfg)
+		reg.docs[r.ID] = nil
+		if regKV != nil {
+			reg.docs[r.ID] = regKV.Value
+		}
+		v, err := judge(ctx, reg, r.ID, h)
+		if err != nil {
+			return 0, fmt.Errorf("etcdstore: put %q: %w", r.ID, err)
+		}
+		base = v.base
+	}
+	if err := s.checkSplit(r, ruleKV, base, regKey, regKV); err != nil {
 		return 0, err
 	}
 	// The write holds only if both keys are still as read: the rule's at
@@ -468,8 +545,12 @@ func firstKV(op *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
 	return nil
 }
 
-// checkSplit refuses a global rule r whose regions, weights or min_share
-// differ from those of
+// checkSplit refuses a global rule r whose algorithm or window differ from
+// those of base, the first valid global version of the stored key's life
+// (globalChange: it is what the Watchers hold every later version to, so
+// a put giving back the algorithm a hand-written document changed is
+// accepted, and one of a third algorithm refused), and one whose regions,
+// weights or min_share differ from those of
 //   - the sync agents' registry document of r's id (regKV), if there is one:
 //     the agents keep the split a rule's ledgers started with there, also
 //     after the rule is deleted or its stored document replaced by hand, and
@@ -485,15 +566,15 @@ func firstKV(op *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
 //     replaced.
 //
 // A new rule id starts a new ledger and a new registry document.
-func (s *Store) checkSplit(r rules.Rule, ruleKV *mvccpb.KeyValue, regKey string, regKV *mvccpb.KeyValue) error {
+func (s *Store) checkSplit(r rules.Rule, ruleKV *mvccpb.KeyValue, base *rules.Rule, regKey string, regKV *mvccpb.KeyValue) error {
 	var old *rules.Rule
 	if ruleKV != nil {
 		if o, err := decode(r.ID, ruleKV.Value); err == nil && o.Scope == rules.Global {
 			old = &o
 		}
 	}
-	if old != nil {
-		if err := globalChange(*old, r); err != nil {
+	if base != nil {
+		if err := globalChange(*base, r); err != nil {
 			return err
 		}
 	}
@@ -525,9 +606,11 @@ func (s *Store) checkSplit(r rules.Rule, ruleKV *mvccpb.KeyValue, regKey string,
 //     ledgers start, and under a longer window a region lost mid-window
 //     would have its share used twice in that window.
 //
-// The Store refuses such a put, and the Watcher skips such a stored
-// document (the last good version stays), so no process runs the rule with
-// an algorithm or window its ledgers did not start with.
+// old is the baseline of the rule's key's current life: its first valid
+// global version (see life.go). The Store refuses a put that changes it,
+// and every Watcher skips such a stored document (the last good version
+// stays), running or started later, so no process runs the rule with an
+// algorithm or window its ledgers did not start with.
 func globalChange(old, r rules.Rule) error {
 	if old.Scope != rules.Global || r.Scope != rules.Global {
 		return nil

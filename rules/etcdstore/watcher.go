@@ -15,6 +15,7 @@ import (
 
 	"github.com/apportion/apportion/internal/logsample"
 	"github.com/apportion/apportion/rules"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -40,6 +41,14 @@ type Watcher struct {
 
 	invalid  atomic.Uint64
 	revision atomic.Int64
+	// clusterID is the etcd cluster id of the last snapshot (0 before it):
+	// an answer from another cluster means the history followed is gone.
+	clusterID atomic.Uint64
+	// reload tells the watch (from the monitor) that etcd's history
+	// changed under it; reloadPending is set from then until the next
+	// snapshot, so that it is told, and logged, once.
+	reload        chan struct{}
+	reloadPending atomic.Bool
 
 	// heard is when etcd last answered a snapshot or a watch (UnixNano),
 	// not counting probes; watching is true while a watch is open.
@@ -70,7 +79,7 @@ func NewWatcher(c *clientv3.Client, opts ...Option) (*Watcher, error) {
 	if cfg.registryPrefix == cfg.prefix {
 		return nil, fmt.Errorf("etcdstore: the registry prefix %q is the rules' prefix", cfg.prefix)
 	}
-	return &Watcher{c: c, cfg: cfg}, nil
+	return &Watcher{c: c, cfg: cfg, reload: make(chan struct{}, 1)}, nil
 }
 
 // InvalidDocuments is the number of invalid rule documents met so far (each
@@ -78,7 +87,8 @@ func NewWatcher(c *clientv3.Client, opts ...Option) (*Watcher, error) {
 func (w *Watcher) InvalidDocuments() uint64 { return w.invalid.Load() }
 
 // Revision is the etcd revision of the last applied snapshot or watch
-// response (0 before the first).
+// response (0 before the first). It goes down only when etcd's history
+// changed (see Run).
 func (w *Watcher) Revision() int64 { return w.revision.Load() }
 
 // reachState is what the Watcher knows of etcd.
@@ -93,6 +103,9 @@ const (
 // state is the watcher's view; it belongs to the goroutine running Run.
 type state struct {
 	rules map[string]rules.Rule // last good version of every rule
+	// lives holds, per id, the life (CreateRevision) of its key that the
+	// state follows and that life's baseline.
+	lives map[string]life
 	// badSeen remembers the ModRevision of the last invalid document seen per
 	// key, so a reload does not count the same bad version twice.
 	badSeen   map[string]int64
@@ -101,6 +114,20 @@ type state struct {
 	// came from the cache file.
 	rev       int64
 	fromCache bool
+	// historyGone: etcd's history changed under the state (a restore, or
+	// another cluster): the next snapshot is taken as a fresh watcher's.
+	historyGone bool
+}
+
+// life is what the watcher remembers of one life of a rule's key.
+type life struct {
+	create int64 // the key's CreateRevision
+	// base is the life's first valid global version (the algorithm and
+	// window every later global version must keep), nil if none yet;
+	// known is false while it has not been determined (a life met in a
+	// snapshot at a regional version: read from its history if needed).
+	base  *rules.Rule
+	known bool
 }
 
 // Run delivers the rule set to update until ctx is done, then returns
@@ -115,8 +142,17 @@ type state struct {
 // (revision N) until it returns" (WARN), and on getting it back (also after
 // failed snapshots) "etcdstore: etcd reachable again; following rule
 // changes live" (INFO); both name the endpoints.
+//
+// When a linearizable answer of etcd (that probe, a snapshot) shows a
+// revision below the one already applied, or any answer another cluster
+// id, the history Run followed is gone (etcd restored from a snapshot, or
+// replaced): it logs once (WARN) "etcdstore: etcd's history changed (...);
+// reloading the rule set", ends the watch and delivers a fresh snapshot,
+// judged as a watcher started then would (its revision may be lower).
+// Every snapshot delivered is logged (INFO, "etcdstore: rule set loaded
+// from etcd", with its revision).
 func (w *Watcher) Run(ctx context.Context, update func([]rules.Rule)) error {
-	st := &state{rules: map[string]rules.Rule{}, badSeen: map[string]int64{}}
+	st := &state{rules: map[string]rules.Rule{}, lives: map[string]life{}, badSeen: map[string]int64{}}
 	mctx, stopMonitor := context.WithCancel(ctx)
 	var monitor sync.WaitGroup
 	monitor.Go(func() { w.monitor(mctx) })
@@ -137,6 +173,10 @@ func (w *Watcher) Run(ctx context.Context, update func([]rules.Rule)) error {
 		return nil
 	}
 	for {
+		select {
+		case <-w.reload: // a reload is what comes next anyway
+		default:
+		}
 		rev, err := w.snapshot(ctx, st, update)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -179,6 +219,10 @@ func (w *Watcher) Run(ctx context.Context, update func([]rules.Rule)) error {
 				w.cfg.log.Info("etcdstore: watch history compacted; reloading rules", logKeyRevision, rev, logKeyErr, err)
 				break
 			}
+			if errors.Is(err, errHistoryChanged) { // logged where found
+				st.historyGone = true
+				break
+			}
 			lim.Log(slog.LevelWarn, "watch", "etcdstore: rule watch interrupted; keeping the last rule set",
 				logKeyEnds, w.endpoints(), logKeyErr, err, logKeyRevision, rev, logKeyRetryIn, backoff.String())
 			if err := wait(); err != nil {
@@ -190,27 +234,62 @@ func (w *Watcher) Run(ctx context.Context, update func([]rules.Rule)) error {
 
 var errCompacted = errors.New("etcdstore: watch revision compacted")
 
+// errHistoryChanged: etcd's history is not the one the watch followed.
+var errHistoryChanged = errors.New("etcdstore: etcd's history changed")
+
+// historyChange says why h, the header of a linearizable answer of etcd to
+// a request sent when applied was the revision applied, shows that the
+// history followed is gone, or "": another cluster id, or a revision below
+// the applied one.
+func (w *Watcher) historyChange(h *etcdserverpb.ResponseHeader, applied int64) string {
+	if h == nil {
+		return ""
+	}
+	if known := w.clusterID.Load(); known != 0 && h.ClusterId != 0 && h.ClusterId != known {
+		return fmt.Sprintf("cluster id %x to %x", known, h.ClusterId)
+	}
+	if applied > 0 && h.Revision < applied {
+		return fmt.Sprintf("revision %d below applied %d", h.Revision, applied)
+	}
+	return ""
+}
+
+// historyWarn logs that etcd's history changed, why.
+func (w *Watcher) historyWarn(why string) {
+	w.cfg.log.Warn(fmt.Sprintf("etcdstore: etcd's history changed (%s); reloading the rule set", why),
+		logKeyEnds, w.endpoints(), logKeyRevision, w.Revision())
+}
+
 // endpoints names the etcd client's endpoints for the log.
 func (w *Watcher) endpoints() string { return strings.Join(w.c.Endpoints(), ",") }
 
 // monitor probes etcd while the watch is open and has not heard from it
-// for a probe interval (etcd's client resumes a broken watch silently),
-// until ctx is done. Outside the watch the snapshot loop tells.
+// for a probe interval (etcd's client resumes a broken watch silently,
+// also on an etcd restored to an older revision), until ctx is done: a
+// probe interval after the last answer, then every interval. Outside the
+// watch the snapshot loop tells. A probe's answer showing that etcd's
+// history changed (historyChange) ends the watch for a reload.
 func (w *Watcher) monitor(ctx context.Context) {
-	t := time.NewTicker(w.cfg.probeEvery)
-	defer t.Stop()
 	timeout := min(w.cfg.probeEvery, w.cfg.requestTimeout, 2*time.Second)
+	t := time.NewTimer(w.cfg.probeEvery)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if !w.watching.Load() || time.Since(time.Unix(0, w.heard.Load())) < w.cfg.probeEvery {
+		silent := time.Since(time.Unix(0, w.heard.Load()))
+		if !w.watching.Load() || silent < w.cfg.probeEvery {
+			t.Reset(max(w.cfg.probeEvery-silent, w.cfg.probeEvery/10))
 			continue
 		}
+		t.Reset(w.cfg.probeEvery)
+		// Read before the probe is sent: a linearizable read answers at a
+		// revision at least as recent as all applied by then.
+		applied := w.revision.Load()
 		pctx, cancel := context.WithTimeout(ctx, timeout)
-		_, err := w.c.Get(pctx, w.cfg.prefix, clientv3.WithCountOnly())
+		resp, err := w.c.Get(pctx, w.cfg.prefix, clientv3.WithCountOnly())
 		cancel()
 		switch {
 		case ctx.Err() != nil:
@@ -219,6 +298,13 @@ func (w *Watcher) monitor(ctx context.Context) {
 			w.lost(err, true)
 		default:
 			w.reached()
+			if why := w.historyChange(resp.Header, applied); why != "" && w.reloadPending.CompareAndSwap(false, true) {
+				w.historyWarn(why)
+				select {
+				case w.reload <- struct{}{}:
+				default:
+				}
+			}
 		}
 	}
 }
@@ -275,159 +361,102 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 	if err != nil {
 		return 0, err
 	}
-	// The registry documents of the global rules, read in a few round
-	// trips rather than one per rule (check reads them from here).
-	reg := w.registryReader()
-	var global []string
-	for _, kv := range resp.Kvs {
-		id := strings.TrimPrefix(string(kv.Key), w.cfg.prefix)
-		if r, err := decode(id, kv.Value); err == nil && r.Scope == rules.Global {
-			global = append(global, id)
+	if !st.historyGone && st.delivered {
+		if why := w.historyChange(resp.Header, w.Revision()); why != "" {
+			w.historyWarn(why)
+			st.historyGone = true
 		}
 	}
+	// After a change of history, what the state remembers belongs to
+	// another history: judge as a watcher started now.
+	fresh := st.historyGone
+	if fresh {
+		st.badSeen = map[string]int64{}
+	}
+	sameLife := func(id string, kv *mvccpb.KeyValue) (life, bool) {
+		l, ok := st.lives[id]
+		return l, ok && !fresh && l.create == kv.CreateRevision
+	}
+	// The registry documents of the global rules, read in a few round
+	// trips rather than one per rule (validate reads them from here).
+	reg := newRegistryReader(w.c, &w.cfg)
+	global, _ := globalIDs(w.cfg.prefix, resp.Kvs)
 	if err := reg.prefetch(rctx, global); err != nil {
 		return 0, err // try the snapshot again; the last set stays
 	}
-	next := make(map[string]rules.Rule, len(resp.Kvs))
+	// The histories of the lives the state does not know, where they
+	// decide: an invalid document's last good version, a global rule's
+	// baseline.
+	var need []*mvccpb.KeyValue
 	for _, kv := range resp.Kvs {
-		id := strings.TrimPrefix(string(kv.Key), w.cfg.prefix)
-		r, err := w.check(rctx, reg, id, kv.Value)
-		if errors.Is(err, errRegistryRead) {
-			return 0, err // try the snapshot again; the last set stays
+		id := kv2id(w.cfg.prefix, kv)
+		if l, same := sameLife(id, kv); kv.Version <= 1 || same && l.known {
+			continue
 		}
-		if old, ok := st.rules[id]; ok && err == nil {
-			err = globalChange(old, r)
+		if r, err := parseDoc(id, kv.Value); err != nil || r.Scope == rules.Global {
+			need = append(need, kv)
 		}
-		if err != nil {
-			w.badDocument(st, string(kv.Key), kv.ModRevision, err)
-			if old, ok := st.rules[id]; ok {
+	}
+	hist, failed := lifeHistories(rctx, w.c, w.cfg.requestTimeout, need)
+	for key, err := range failed {
+		// Judged on its own below, as if it had no history: one rule's
+		// history (a long one, a compaction racing it) never holds up
+		// the whole set. A watcher that knew the life keeps what it knew.
+		w.cfg.log.Warn("etcdstore: cannot read a rule's history; judging its stored version alone", logKeyKey, key, logKeyErr, err)
+	}
+	next := make(map[string]rules.Rule, len(resp.Kvs))
+	lives := make(map[string]life, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		id := kv2id(w.cfg.prefix, kv)
+		l, same := sameLife(id, kv)
+		if !same {
+			l = life{create: kv.CreateRevision, known: kv.Version <= 1}
+		}
+		var v lifeView
+		if h, ok := hist[string(kv.Key)]; ok {
+			if v, err = judge(rctx, reg, id, h); err != nil {
+				return 0, err // try the snapshot again; the last set stays
+			}
+			l.base, l.known = v.base, true
+		} else {
+			r, err := validate(rctx, reg, id, kv.Value)
+			if errors.Is(err, errRegistryRead) {
+				return 0, err // try the snapshot again; the last set stays
+			}
+			if err == nil && r.Scope == rules.Global && l.known {
+				if l.base == nil {
+					l.base = &r
+				} else {
+					err = globalChange(*l.base, r)
+				}
+			}
+			v = lifeView{cur: r, err: err}
+		}
+		lives[id] = l
+		if v.err != nil {
+			w.badDocument(st, string(kv.Key), kv.ModRevision, invalidDoc(id, v.err))
+			if old, ok := st.rules[id]; ok && same {
 				next[id] = old
-			} else if old, rev, ok := w.lastGood(rctx, reg, kv, id); ok {
+			} else if v.good != nil {
 				// A process that never had the good version (started
 				// after the bad put) serves it as those that had it do.
-				next[id] = old
+				next[id] = *v.good
 				w.cfg.log.Warn("etcdstore: serving the last good version of an invalid rule document, from etcd's history",
-					logKeyKey, string(kv.Key), logKeyRevision, rev)
+					logKeyKey, string(kv.Key), logKeyRevision, v.goodRev)
 			}
 			continue
 		}
-		next[id] = r
+		next[id] = v.cur
 	}
-	st.rules = next
+	st.rules, st.lives = next, lives
 	rev := resp.Header.Revision
+	w.clusterID.Store(resp.Header.ClusterId)
+	w.cfg.log.Info("etcdstore: rule set loaded from etcd", logKeyRevision, rev, logKeyRules, len(next), logKeyEnds, w.endpoints())
 	w.deliver(st, rev, update)
+	st.historyGone = false
+	w.reloadPending.Store(false)
 	w.heardFrom()
 	return rev, nil
-}
-
-// maxHistory is how many earlier versions of an invalid document lastGood
-// reads at most.
-const maxHistory = 16
-
-// lastGood finds the last valid version of kv's document in etcd's history,
-// among the versions since the key was last created (a deleted rule is not
-// brought back) and not compacted away; it returns that version's
-// ModRevision.
-func (w *Watcher) lastGood(ctx context.Context, reg *registryReader, kv *mvccpb.KeyValue, id string) (rules.Rule, int64, bool) {
-	for range maxHistory {
-		if kv.Version <= 1 || kv.ModRevision-1 < kv.CreateRevision {
-			return rules.Rule{}, 0, false // the first version of this life
-		}
-		resp, err := w.c.Get(ctx, string(kv.Key), clientv3.WithRev(kv.ModRevision-1))
-		if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != kv.CreateRevision {
-			return rules.Rule{}, 0, false // compacted, unreachable, or another life
-		}
-		kv = resp.Kvs[0]
-		r, err := w.check(ctx, reg, id, kv.Value)
-		if err == nil {
-			return r, kv.ModRevision, true
-		}
-		if errors.Is(err, errRegistryRead) {
-			return rules.Rule{}, 0, false
-		}
-	}
-	return rules.Rule{}, 0, false
-}
-
-// errRegistryRead: the registry document a global rule is checked against
-// could not be read (etcd unreachable): nothing is decided, the last set
-// stays, and the watcher tries again.
-var errRegistryRead = errors.New("etcdstore: reading the sync agents' registry document")
-
-// check decodes a stored document as decode does and, for a global rule,
-// checks its split against the sync agents' registry document of its id
-// (registryMismatch): a document written by hand with another split than
-// the registered one is invalid, so that this enforcer's floors stay those
-// the agents' ledgers start from (else the regions' shares could add up to
-// more than the limit). No registry document: no agent has started a
-// ledger for the id, and the rule's split is the one they will take.
-func (w *Watcher) check(ctx context.Context, reg *registryReader, id string, doc []byte) (rules.Rule, error) {
-	r, err := decode(id, doc)
-	if err != nil || r.Scope != rules.Global {
-		return r, err
-	}
-	regDoc, err := reg.get(ctx, id)
-	if err != nil {
-		return rules.Rule{}, err
-	}
-	if regDoc == nil {
-		return r, nil
-	}
-	if err := registryMismatch(r, w.cfg.registryPrefix+id, regDoc); err != nil {
-		return rules.Rule{}, fmt.Errorf("%w: key %q: %w", ErrInvalidDocument, id, err)
-	}
-	return r, nil
-}
-
-// registryReader reads the sync agents' registry documents for check, each
-// once: prefetch reads many in few round trips, get reads one it does not
-// hold yet.
-type registryReader struct {
-	w    *Watcher
-	docs map[string][]byte // rule id -> document; nil value: none
-}
-
-func (w *Watcher) registryReader() *registryReader {
-	return &registryReader{w: w, docs: map[string][]byte{}}
-}
-
-// registryBatch is how many documents one prefetch transaction reads
-// (etcd's default limit on a transaction's operations is 128).
-const registryBatch = 64
-
-func (g *registryReader) prefetch(ctx context.Context, ids []string) error {
-	for len(ids) > 0 {
-		n := min(len(ids), registryBatch)
-		ops := make([]clientv3.Op, n)
-		for i, id := range ids[:n] {
-			ops[i] = clientv3.OpGet(g.w.cfg.registryPrefix + id)
-		}
-		rctx, cancel := context.WithTimeout(ctx, g.w.cfg.requestTimeout)
-		resp, err := g.w.c.Txn(rctx).Then(ops...).Commit()
-		cancel()
-		if err != nil {
-			return fmt.Errorf("%w %s...: %w", errRegistryRead, g.w.cfg.registryPrefix, err)
-		}
-		for i, id := range ids[:n] {
-			g.docs[id] = nil
-			if kvs := resp.Responses[i].GetResponseRange().GetKvs(); len(kvs) > 0 {
-				g.docs[id] = kvs[0].Value
-			}
-		}
-		ids = ids[n:]
-	}
-	return nil
-}
-
-// get returns id's registry document (nil: none), reading it unless held.
-func (g *registryReader) get(ctx context.Context, id string) ([]byte, error) {
-	if doc, ok := g.docs[id]; ok {
-		return doc, nil
-	}
-	if err := g.prefetch(ctx, []string{id}); err != nil {
-		return nil, err
-	}
-	return g.docs[id], nil
 }
 
 // watch applies watch responses from rev+1 until the watch ends. It returns
@@ -440,7 +469,28 @@ func (w *Watcher) watch(ctx context.Context, st *state, rev int64, update func([
 	w.watching.Store(true)
 	defer w.watching.Store(false)
 	ch := w.c.Watch(wctx, w.cfg.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	for resp := range ch {
+	for {
+		var resp clientv3.WatchResponse
+		select {
+		case <-w.reload:
+			return rev, errHistoryChanged
+		case r, ok := <-ch:
+			if !ok {
+				if err := ctx.Err(); err != nil {
+					return rev, err
+				}
+				return rev, errors.New("etcdstore: watch channel closed")
+			}
+			resp = r
+		}
+		// Every member answers with the cluster's id; its revision is no
+		// proof of anything (a lagging member may answer).
+		if known, id := w.clusterID.Load(), resp.Header.ClusterId; known != 0 && id != 0 && id != known {
+			if w.reloadPending.CompareAndSwap(false, true) { // else the monitor said it
+				w.historyWarn(fmt.Sprintf("cluster id %x to %x", known, id))
+			}
+			return rev, errHistoryChanged
+		}
 		if resp.CompactRevision != 0 {
 			return rev, fmt.Errorf("%w: need %d, compacted up to %d", errCompacted, rev+1, resp.CompactRevision)
 		}
@@ -468,36 +518,66 @@ func (w *Watcher) watch(ctx context.Context, st *state, rev int64, update func([
 			w.revision.Store(rev)
 		}
 	}
-	if err := ctx.Err(); err != nil {
-		return rev, err
-	}
-	return rev, errors.New("etcdstore: watch channel closed")
 }
 
 // apply folds one event into the state and reports whether the set
-// changed; an error (a registry document it could not read) leaves the
-// event unapplied.
+// changed; an error (a registry document or a history it could not read)
+// leaves the event unapplied.
 func (w *Watcher) apply(ctx context.Context, st *state, ev *clientv3.Event) (bool, error) {
-	id := strings.TrimPrefix(string(ev.Kv.Key), w.cfg.prefix)
+	id := kv2id(w.cfg.prefix, ev.Kv)
 	switch ev.Type {
 	case mvccpb.DELETE:
 		delete(st.badSeen, string(ev.Kv.Key))
+		delete(st.lives, id) // the life ends, and its baseline with it
 		if _, ok := st.rules[id]; !ok {
 			return false, nil
 		}
 		delete(st.rules, id)
 		return true, nil
 	default: // PUT
-		r, err := w.check(ctx, w.registryReader(), id, ev.Kv.Value)
+		reg := newRegistryReader(w.c, &w.cfg)
+		r, err := validate(ctx, reg, id, ev.Kv.Value)
 		if errors.Is(err, errRegistryRead) {
 			return false, err
 		}
-		if old, ok := st.rules[id]; ok && err == nil {
-			err = globalChange(old, r)
+		changed := false
+		l, ok := st.lives[id]
+		if !ok || l.create != ev.Kv.CreateRevision {
+			// A new life (its DELETE came first; a missed one is
+			// dropped here all the same).
+			if _, had := st.rules[id]; had && ok {
+				delete(st.rules, id)
+				changed = true
+			}
+			l = life{create: ev.Kv.CreateRevision, known: ev.Kv.Version <= 1}
 		}
+		if err == nil && r.Scope == rules.Global {
+			switch {
+			case !l.known:
+				// Met in a snapshot as a regional rule: the baseline is in
+				// the life's history.
+				h, herr := lifeHistory(ctx, w.c, w.cfg.requestTimeout, ev.Kv)
+				if herr != nil {
+					// As in a snapshot: judged alone rather than holding
+					// up every later change behind this one.
+					w.cfg.log.Warn("etcdstore: cannot read a rule's history; judging its stored version alone", logKeyKey, string(ev.Kv.Key), logKeyErr, herr)
+					h = []*mvccpb.KeyValue{ev.Kv}
+				}
+				v, herr := judge(ctx, reg, id, h)
+				if herr != nil {
+					return changed, herr
+				}
+				l.base, l.known, err = v.base, true, v.err
+			case l.base == nil:
+				l.base = &r
+			default:
+				err = globalChange(*l.base, r)
+			}
+		}
+		st.lives[id] = l
 		if err != nil {
-			w.badDocument(st, string(ev.Kv.Key), ev.Kv.ModRevision, err)
-			return false, nil
+			w.badDocument(st, string(ev.Kv.Key), ev.Kv.ModRevision, invalidDoc(id, err))
+			return changed, nil
 		}
 		st.rules[id] = r
 		return true, nil
@@ -525,6 +605,9 @@ func (w *Watcher) deliver(st *state, rev int64, update func([]rules.Rule)) {
 	sortRules(out)
 	w.revision.Store(rev)
 	st.delivered, st.rev, st.fromCache = true, rev, false
+	if w.cfg.revisionGauge != nil {
+		w.cfg.revisionGauge.Set(float64(rev))
+	}
 	update(out)
 	if w.cfg.cacheFile != "" {
 		if err := writeCache(w.cfg.cacheFile, rev, out); err != nil {
@@ -546,6 +629,9 @@ func (w *Watcher) deliverCache(st *state, update func([]rules.Rule)) {
 		st.rules[r.ID] = r
 	}
 	st.delivered, st.rev, st.fromCache = true, rev, true
+	if w.cfg.revisionGauge != nil {
+		w.cfg.revisionGauge.Set(float64(rev))
+	}
 	w.cfg.log.Warn("etcdstore: etcd unreachable; serving rules from the cache file",
 		logKeyPath, w.cfg.cacheFile, logKeyRevision, rev, logKeyRules, len(rs))
 	update(rs)
