@@ -42,8 +42,9 @@ var errHistoryRead = errors.New("etcdstore: reading a rule's history")
 // the registered one is invalid, so that an enforcer's floors stay those
 // the agents' ledgers start from (else the regions' shares could add up
 // to more than the limit). No registry document: no agent has started a
-// ledger for the id, and the rule's split is the one they will take. A
-// registry document that cannot be read returns an error wrapping
+// ledger for the id, and the rule's split is the one they will take; one
+// that no agent can read: the rule stands as stored (below). A registry
+// document that etcd does not deliver returns an error wrapping
 // errRegistryRead.
 func validate(ctx context.Context, reg *registryReader, id string, doc []byte) (rules.Rule, error) {
 	r, err := parseDoc(id, doc)
@@ -55,6 +56,15 @@ func validate(ctx context.Context, reg *registryReader, id string, doc []byte) (
 		return rules.Rule{}, err
 	}
 	if regDoc == nil {
+		return r, nil
+	}
+	if _, _, err := registeredSplit(regDoc); err != nil {
+		// A registry document no agent can read (written by hand, or
+		// damaged): the agents cannot coordinate the id, so each region
+		// runs on the static floors of the rule as stored, the same in
+		// every process. Skipping the rule would leave an enforcer
+		// started now enforcing nothing for it (Put still refuses a rule
+		// under such an id).
 		return r, nil
 	}
 	if err := registryMismatch(r, reg.prefix+id, regDoc); err != nil {

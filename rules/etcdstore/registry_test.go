@@ -136,6 +136,34 @@ func TestStoreRefusesAnUnreadableRegistryDocument(t *testing.T) {
 	}
 }
 
+// A registry document no agent can read (written by hand, damaged) does
+// not make the enforcers skip the global rule of its id: each region runs
+// on the rule's static floors as stored. Before, a watcher started after
+// the damage judged every version of the rule invalid and enforced nothing
+// for it, while running ones kept it (an explorer's fresh ratelimitd
+// answered limit 0, rule "", for a rule its peers enforced).
+func TestUnreadableRegistryDocumentKeepsTheRuleEnforced(t *testing.T) {
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	ab := map[string]float64{"a": 1, "b": 1}
+	good := globalRule("g", ab, 0.1)
+	if _, err := s.Put(ctx, good, Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	good.Capacity++
+	if _, err := s.Put(ctx, good, Unconditional); err != nil { // a second version: judged with its history
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, DefaultRegistryPrefix+"g", "garbage"); err != nil {
+		t.Fatal(err)
+	}
+	want := []rules.Rule{normalized(good)}
+	waitSet(t, runWatcher(t, fastWatcher(t, c)), want, "a watcher started after the registry document was damaged")
+	if rs, bad, _, err := s.ListAll(ctx); err != nil || len(bad) != 0 || len(rs) != 1 {
+		t.Fatalf("ListAll: %v, invalid %v, %v; want the rule, as the enforcers see it", ids(rs), bad, err)
+	}
+}
+
 // WithRegistryPrefix: the store reads the registry where the agents keep it
 // (their --registry-prefix), and only there.
 func TestStoreRegistryPrefix(t *testing.T) {
