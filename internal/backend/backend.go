@@ -123,7 +123,12 @@ func (r *Redis) socket() (string, bool) {
 // Options returns go-redis options: 1 s dial, read and write timeouts (a
 // call's context deadline, when sooner, bounds it: ContextTimeoutEnabled)
 // and no client retries (a retried script call whose reply was lost would
-// run twice). One address is a standalone server, several a Cluster; with
+// run twice). Without retries a command sent into a connection Redis has
+// closed (its idle timeout, a restart) fails: go-redis's pool finds such a
+// connection before use by peeking at its socket, which it can only do
+// when the connection is a syscall.Conn, as the dialers here return it (a
+// wrapping Dialer must keep it one: redisstore.Activity's does). One
+// address is a standalone server, several a Cluster; with
 // --redis-sentinel-addrs the addresses are Sentinels and go-redis's
 // NewUniversalClient builds a failover client that follows the primary of
 // --redis-master-name (same timeouts, TLS and password, for the Sentinels

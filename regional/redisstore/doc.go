@@ -377,6 +377,23 @@
 // go-redis stops reading that connection there, failing the calls behind it
 // in the pipeline with the same error.
 //
+// Closed idle connections. Redis closes a client idle past its timeout
+// (CONFIG SET timeout), and a restart closes them all; an enforcer idle
+// meanwhile must not send its next checks into them (with no client
+// retries each would fail, answered by the failure policy: a limit
+// bypass). go-redis's pool peeks at an idle connection's socket before
+// handing it out and dials anew for one its peer closed; the Activity's
+// connections expose their socket for that (syscall.Conn), except under
+// TLS, where go-redis does not look (a record waiting there could block
+// the look): keep Redis's timeout at 0 with TLS. A connection closed in the
+// instant between that look and the write still fails its pipeline (EOF),
+// which is not sent again: an EOF or a reset before any reply byte does
+// not tell a Redis that closed the connection before our write arrived
+// (nothing ran) from one that ran the scripts and then died (a restart,
+// a crash), and a retry of the latter would charge the buckets twice.
+// TestIdleConnectionsClosedByRedis and TestIdleConnectionsAfterRestart
+// send a burst after each with no check failing.
+//
 // Budgets. Do takes a Budget with two parts, measured apart: Queue, the wait
 // for a worker (this process's own load), and RoundTrip, Redis. A call past
 // Queue fails with ErrQueueTimeout and is never sent. A sent call fails with
@@ -385,7 +402,15 @@
 // a byte through a local socket pair, the way a reply reaches a worker; a
 // probe that stopped ticking means the whole process was paused) and twice
 // the time Redis needs for the scripts in flight (Redis runs them one after
-// another and writes one event-loop turn's replies together). While Redis
+// another and writes one event-loop turn's replies together). With an
+// Activity only the scripts written count: a worker dialing, or waiting in
+// a new connection's handshake (its HELLO written, Redis silent: a
+// stopped Redis accepts connections into its kernel backlog), has put no
+// script in Redis, so that silence is Redis's (TestHandshakeSilenceIsRedis,
+// TestStoppedRedisBehindNewConnections); and the time per script is
+// measured only by pipelines that dialed no connection, each raising it by
+// at most three eighths (a pipeline answered after a stall measured the
+// stall, and an estimate that high would excuse the next one). While Redis
 // keeps answering, a call behind this process's backlog may wait until
 // Queue + RoundTrip has passed, then fails with ErrQueueTimeout: overload,
 // not a store failure. Given an Activity (WithActivity, with the client's

@@ -162,17 +162,19 @@ func socketPair() (net.Conn, net.Conn, error) {
 // node), so that a Cluster store tells one master's silence from another's
 // (see the package doc, "Redis Cluster").
 type Activity struct {
-	last  atomic.Int64 // unix ns
-	wrote atomic.Int64 // unix ns when a write to Redis last completed, or a dial began
-	mu    sync.Mutex
-	conns map[*activityConn]struct{}
-	nodes map[string]*nodeActivity // by address dialed
+	last    atomic.Int64 // unix ns
+	wrote   atomic.Int64 // unix ns when a write to Redis last completed, or a dial began
+	scripts atomic.Int64 // unix ns when a write beginning with a script call (EVALSHA) last completed
+	dialed  atomic.Int64 // unix ns when a dial last began
+	mu      sync.Mutex
+	conns   map[*activityConn]struct{}
+	nodes   map[string]*nodeActivity // by address dialed
 }
 
-// nodeActivity is an Activity's last and wrote for the connections to one
-// address.
+// nodeActivity is an Activity's last, wrote, scripts and dialed for the
+// connections to one address.
 type nodeActivity struct {
-	last, wrote atomic.Int64
+	last, wrote, scripts, dialed atomic.Int64
 }
 
 // NewActivity returns an Activity that has heard nothing yet.
@@ -201,6 +203,8 @@ func (a *Activity) Dialer(dial func(ctx context.Context, network, addr string) (
 		now := time.Now().UnixNano()
 		a.wrote.Store(now) // a dial that hangs is Redis unreachable
 		n.wrote.Store(now)
+		a.dialed.Store(now)
+		n.dialed.Store(now)
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
@@ -209,6 +213,9 @@ func (a *Activity) Dialer(dial func(ctx context.Context, network, addr string) (
 		a.mu.Lock()
 		a.conns[ac] = struct{}{}
 		a.mu.Unlock()
+		if sc, ok := c.(syscall.Conn); ok {
+			return &activitySysConn{ac, sc}, nil
+		}
 		return ac, nil
 	}
 }
@@ -242,6 +249,29 @@ type activityConn struct {
 	n *nodeActivity // its address's
 }
 
+// activitySysConn is an activityConn whose connection is a socket of its
+// own (TCP, Unix: not TLS), exposed as go-redis's pool wants it: the pool
+// peeks at an idle connection's socket before handing it out (its health
+// check, internal/pool's connCheck, on every Get of the main and the
+// pipeline pool) and drops one whose peer has closed it (Redis's idle
+// timeout, a restart). A connection that is no syscall.Conn passes that
+// check unlooked at: embedding net.Conn alone would hide the method, and
+// the pool would send the next pipeline into a closed socket, failing
+// every check in it (the backend sets no client retries).
+//
+// A TLS connection stays an activityConn: go-redis does not look under
+// TLS either (a post-handshake record waiting in the socket would make the
+// check read through TLS, which may block), so there the pool cannot tell a
+// closed idle connection, as without an Activity.
+type activitySysConn struct {
+	*activityConn
+	sc syscall.Conn
+}
+
+// SyscallConn is the socket's, for go-redis's health check (read-only
+// peeks: what it reads stays in the socket for Read).
+func (c *activitySysConn) SyscallConn() (syscall.RawConn, error) { return c.sc.SyscallConn() }
+
 func (c *activityConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
@@ -255,15 +285,46 @@ func (c *activityConn) Read(p []byte) (int, error) {
 // Write records when a write completed: before that the bytes may not have
 // reached the kernel (the writer preempted), and Redis cannot answer them.
 // (A write that blocks on a full socket buffer would not count either, but
-// each worker has one pipeline in flight: the buffers do not fill.)
+// each worker has one pipeline in flight: the buffers do not fill.) A write
+// that begins with a script call is a pipeline's scripts in Redis; any
+// other may be a new connection's handshake (HELLO, CLIENT SETINFO), which
+// costs Redis nothing (see Store.inRedis).
 func (c *activityConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	if n > 0 {
 		now := time.Now().UnixNano()
 		c.a.wrote.Store(now)
 		c.n.wrote.Store(now)
+		if isScriptCall(p) {
+			c.a.scripts.Store(now)
+			c.n.scripts.Store(now)
+		}
 	}
 	return n, err
+}
+
+// isScriptCall reports whether p begins with an EVALSHA command as go-redis
+// writes it (a RESP array whose first bulk string is the command's name):
+// "*<n>\r\n$7\r\nevalsha\r\n", the name in any case.
+func isScriptCall(p []byte) bool {
+	if len(p) < 2 || p[0] != '*' {
+		return false
+	}
+	i := 1
+	for i < len(p) && i < 12 && p[i] >= '0' && p[i] <= '9' {
+		i++
+	}
+	const head = "\r\n$7\r\n"
+	if i == 1 || len(p) < i+len(head)+len("evalsha") || string(p[i:i+len(head)]) != head {
+		return false
+	}
+	name := p[i+len(head) : i+len(head)+len("evalsha")]
+	for k, ch := range []byte("evalsha") {
+		if name[k]|0x20 != ch {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *activityConn) Close() error {

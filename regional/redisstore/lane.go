@@ -40,6 +40,7 @@ type lane struct {
 	inflight   atomic.Int64   // scripts sent and not yet answered
 	perScript  atomic.Int64   // ns: Redis time per script in flight, a moving average
 	busy       []atomic.Int64 // per worker: unix ns when its pipeline in flight was sent; 0 when idle
+	scripts    []atomic.Int64 // per worker: the script calls of its pipeline in flight (set while busy)
 }
 
 // laneSet is a Cluster store's lanes, replaced whole when one is added.
@@ -107,7 +108,7 @@ func (s *Store) addLane(addr string) *lane {
 	default:
 	}
 	l := &lane{id: len(set.all), addr: addr, queue: make(chan *call, s.opts.batch*s.opts.workers),
-		busy: make([]atomic.Int64, s.opts.workers)}
+		busy: make([]atomic.Int64, s.opts.workers), scripts: make([]atomic.Int64, s.opts.workers)}
 	if a := s.opts.activity; a != nil {
 		l.node = a.node(addr)
 	}
@@ -116,7 +117,7 @@ func (s *Store) addLane(addr string) *lane {
 	s.lanes.Store(next)
 	s.wg.Add(len(l.busy))
 	for i := range l.busy {
-		go s.worker(l, &l.busy[i])
+		go s.worker(l, i)
 	}
 	return l
 }

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -99,11 +98,49 @@ func (s *Store) workerSilence(l *lane) (silent time.Duration, since int64) {
 
 // allowance is how long Redis may stay silent before a check blames it:
 // the round-trip budget, plus 5x this process's network lag, plus twice the
-// time Redis needs for the scripts this process has in flight (Redis runs
+// time Redis needs for the scripts this process has in Redis (Redis runs
 // them one after another and writes the replies of one event-loop turn
 // together, so a burst of our own makes Redis silent for that long).
 func (s *Store) allowance(l *lane, rt time.Duration) time.Duration {
-	return rt + lagFactor*s.lag.current() + 2*time.Duration(l.inflight.Load()*l.perScript.Load())
+	return rt + lagFactor*s.lag.current() + 2*time.Duration(s.inRedis(l)*l.perScript.Load())
+}
+
+// inRedis is how many script calls of l's pipelines in flight Redis may be
+// running: with an Activity, those of the workers whose pipeline's script
+// calls have been written since it was sent (Activity.scripts). A worker
+// still getting a connection (dialing, or in the handshake of a new one:
+// its HELLO written, Redis silent) has put no script in Redis, and Redis's
+// silence towards it is Redis's own, not the time our scripts take.
+// Without an Activity: every script call in flight.
+func (s *Store) inRedis(l *lane) int64 {
+	a := s.opts.activity
+	if a == nil {
+		return l.inflight.Load()
+	}
+	w := a.scripts.Load()
+	if l.node != nil {
+		w = l.node.scripts.Load()
+	}
+	var n int64
+	for i := range l.busy {
+		if t := l.busy[i].Load(); t != 0 && w >= t {
+			n += l.scripts[i].Load()
+		}
+	}
+	return n
+}
+
+// dialedSince reports a dial to l's Redis begun at or after t (unix ns):
+// a pipeline sent at t may have waited for a new connection.
+func (s *Store) dialedSince(l *lane, t int64) bool {
+	a := s.opts.activity
+	if a == nil {
+		return false
+	}
+	if l.node != nil {
+		return l.node.dialed.Load() >= t
+	}
+	return a.dialed.Load() >= t
 }
 
 // lagFactor scales the measured lag into the silence a check forgives:
@@ -125,8 +162,9 @@ func (s *Store) decideNext(c *call, b Budget, start time.Time) time.Duration {
 // worker takes a call from l, yields once, drains l's pending calls up to
 // the batch size (in script calls) and sends them in one pipeline. The
 // batch belongs to this goroutine.
-func (s *Store) worker(l *lane, busy *atomic.Int64) {
+func (s *Store) worker(l *lane, w int) {
 	defer s.wg.Done()
+	busy := &l.busy[w]
 	batch := make([]*call, 0, s.opts.batch)
 	var sc scratch
 	for {
@@ -156,6 +194,7 @@ func (s *Store) worker(l *lane, busy *atomic.Int64) {
 				}
 			}
 			if len(batch) > 0 {
+				l.scripts[w].Store(int64(n))
 				busy.Store(time.Now().UnixNano())
 				s.run(l, batch, &sc)
 				busy.Store(0)
@@ -272,11 +311,20 @@ func (s *Store) run(l *lane, batch []*call, sc *scratch) {
 	} else {
 		l.roundTrip.Store(old + (int64(rt)-old)/8)
 	}
-	if per := int64(rt) / max(ahead, 1); ctx.Err() == nil && cmds[0].Err() == nil {
+	// Redis's time per script: not measured by a pipeline that may have
+	// waited for a new connection (a dial and handshake are no script
+	// time), and one sample counts as at most 4x the average, so raises
+	// it by at most three eighths (a pipeline answered after a stall,
+	// Redis's or this process's, measured the stall, not scripts: a real
+	// rise shows in every pipeline and is followed within a few). An
+	// overestimate would excuse a stalled Redis's silence as our own
+	// scripts' time, past the queue budget: checks shed instead of
+	// answered by the failure policy.
+	if per := int64(rt) / max(ahead, 1); ctx.Err() == nil && cmds[0].Err() == nil && !s.dialedSince(l, sent.UnixNano()) {
 		if old := l.perScript.Load(); old == 0 {
 			l.perScript.Store(per)
 		} else {
-			l.perScript.Store(old + (per-old)/8)
+			l.perScript.Store(old + (min(per, 4*old)-old)/8)
 		}
 	}
 	timedOut := ctx.Err() != nil

@@ -214,12 +214,13 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	}
 	s.main.queue = make(chan *call, o.batch*o.workers)
 	s.main.busy = make([]atomic.Int64, o.workers)
+	s.main.scripts = make([]atomic.Int64, o.workers)
 	if s.cluster != nil {
 		s.lanes.Store(&laneSet{all: []*lane{&s.main}, byAddr: map[string]*lane{}})
 	}
 	s.wg.Add(o.workers + 1)
 	for i := 0; i < o.workers; i++ {
-		go s.worker(&s.main, &s.main.busy[i])
+		go s.worker(&s.main, i)
 	}
 	go func() {
 		defer s.wg.Done()
