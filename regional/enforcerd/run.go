@@ -259,6 +259,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// with this). The pool's connections stay capped by MaxActiveConns; the
 	// store's workers use one each.
 	ropts.PoolSize, ropts.MaxActiveConns, ropts.MinIdleConns = max(dialBreaker, 2*o.pipelines), max(32, 2*o.pipelines), o.pipelines
+	// The workers' pipelines go through go-redis's pipeline pool (10
+	// connections by default), apart from the pool above: room for one per
+	// worker, so that --redis-pipelines above 10 is not capped silently.
+	ropts.PipelinePoolSize = max(redis.DefaultPipelinePoolSize, 2*o.pipelines)
 	// One dial attempt per command: a Redis that refuses is a store
 	// failure now (the breaker and the next checks retry), not after backoffs.
 	ropts.DialerRetries = 1

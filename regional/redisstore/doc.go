@@ -368,8 +368,8 @@
 // invalid call fails before sending, as alone. A pipeline of one call is
 // one check script call. On NOSCRIPT the
 // scripts are loaded and the call retried (ScriptLoads counts the loads);
-// Warm loads the scripts on the workers' connections before the first
-// check. The go-redis client's own retries may re-run a script whose reply
+// Warm loads the scripts and opens the connections the workers' pipelines
+// use (go-redis's pipeline pool, one per worker) before the first check. The go-redis client's own retries may re-run a script whose reply
 // was lost; configure MaxRetries to taste (on a Cluster a master's pipeline
 // goes to its node client, which has the Cluster's MaxRetries; a call sent
 // again after MOVED, ASK or TRYAGAIN is not retried on errors). A check's reply is read as a

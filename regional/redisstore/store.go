@@ -252,7 +252,46 @@ func (s *Store) Warm(ctx context.Context) error {
 			first = fmt.Errorf("redisstore: warm: %w", err)
 		}
 	}
-	return first
+	if first != nil || s.cluster != nil {
+		return first
+	}
+	return s.warmPipelines(ctx)
+}
+
+// warmPipelines opens the connections of go-redis's pipeline pool that the
+// workers use at once: the workers' pipelines take their connections from
+// that pool, apart from the one plain commands use, and go-redis keeps none
+// idle there by itself. A round sends one pipeline per worker at once (a
+// pipeline that ends before another starts reuses its connection, so a
+// round may open fewer: a few rounds, until the pool holds one per worker
+// or as many as it may).
+func (s *Store) warmPipelines(ctx context.Context) error {
+	scripts := []*redis.Script{s.check, s.multi, s.marker, s.shares, s.winShares}
+	for range 5 {
+		if st := s.client.PoolStats(); st == nil || st.PipelineStats == nil || int(st.PipelineStats.TotalConns) >= s.opts.workers {
+			return nil
+		}
+		errs := make(chan error, s.opts.workers)
+		start := make(chan struct{})
+		for i := 0; i < s.opts.workers; i++ {
+			go func() {
+				p := s.client.Pipeline()
+				for _, sc := range scripts {
+					sc.Load(ctx, p)
+				}
+				<-start
+				_, err := p.Exec(ctx)
+				errs <- err
+			}()
+		}
+		close(start)
+		for i := 0; i < s.opts.workers; i++ {
+			if err := <-errs; err != nil {
+				return fmt.Errorf("redisstore: warm: %w", err)
+			}
+		}
+	}
+	return nil
 }
 
 // Close stops the workers and waits for them; checks still queued fail with
