@@ -247,7 +247,7 @@ func decodeError(id string, err error) error {
 			want = te.Type.String()
 		}
 		if k := te.Type.Kind(); (k == reflect.Int64 || k == reflect.Int) && strings.HasPrefix(te.Value, "number ") {
-			return &FieldError{RuleID: id, Field: field, Msg: fmt.Sprintf("must be an integer within range, got %s", te.Value)}
+			return &FieldError{RuleID: id, Field: field, Msg: fmt.Sprintf("must be an integer within range, written as digits (1000, not 1e3 or 1000.0), got %s", strings.TrimPrefix(te.Value, "number "))}
 		}
 		if k := te.Type.Kind(); k == reflect.Float64 && strings.HasPrefix(te.Value, "number ") {
 			// A JSON number a float64 cannot hold (1e400).

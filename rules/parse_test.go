@@ -56,6 +56,8 @@ func TestParseRuleErrors(t *testing.T) {
 		{"key string", `{"id":"a","key":"client_key","algorithm":"token_bucket","capacity":1,"refill_per_second":1}`, "key", "list of strings"},
 		{"window abc", `{"id":"a","algorithm":"fixed_window","limit":5,"window":"abc"}`, "window", `"abc" is not a duration`},
 		{"window number", `{"id":"a","algorithm":"fixed_window","limit":5,"window":60}`, "window", "duration string"},
+		{"limit exponent", `{"id":"a","algorithm":"fixed_window","limit":1e3,"window":"1s"}`, "limit", "written as digits (1000, not 1e3 or 1000.0), got 1e3"},
+		{"window zero", `{"id":"a","algorithm":"fixed_window","limit":5,"window":"0s"}`, "window", "must be above 0"},
 		{"unknown algorithm", `{"id":"a","algorithm":"gcra","capacity":1,"refill_per_second":1}`, "algorithm", "token_bucket"},
 		{"not an object", `["a"]`, "", "must be a JSON object"},
 		{"local batch", `{"id":"a","algorithm":"token_bucket","capacity":1,"refill_per_second":1,"local_batch":10}`, "local_batch", "above capacity"},

@@ -286,7 +286,7 @@ func (r *Rule) validateWindow(fe func(string, string, ...any) error) error {
 	w := time.Duration(r.Window)
 	switch {
 	case w == 0:
-		return fe("window", "required for %s, a duration such as \"1s\", \"1m\", \"1h\"", a)
+		return fe("window", "required for %s and must be above 0, a duration such as \"1s\", \"1m\", \"1h\"", a)
 	case w < MinWindow:
 		return fe("window", "must be at least 1ms, got %s", w)
 	case w%time.Millisecond != 0:
