@@ -262,7 +262,17 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
-	rule, rev, err := h.store.Get(r.Context(), r.PathValue("id"))
+	id := r.PathValue("id")
+	rule, rev, err := h.store.Get(r.Context(), id)
+	if errors.Is(err, etcdstore.ErrNotFound) {
+		// Nothing stored, and no rule could be: say why (a document
+		// written by hand under such an id is still served above).
+		var fe *rules.FieldError
+		if verr := (&rules.Rule{ID: id}).Validate(); errors.As(verr, &fe) && fe.Field == "id" {
+			writeError(w, http.StatusBadRequest, "id", "%v (and nothing is stored under it)", verr)
+			return
+		}
+	}
 	if err != nil {
 		h.storeError(w, r, err)
 		return

@@ -192,6 +192,10 @@ func TestRuleLifecycle(t *testing.T) {
 	if r := e.do(t, "DELETE", "/rules/orders", "", nil); r.code != 404 {
 		t.Fatalf("delete missing: %d", r.code)
 	}
+	// An id no rule can have, with nothing under it: 400 naming it, not 404.
+	if r := e.do(t, "GET", "/rules/a%20b", "", nil); r.code != 400 || r.err.Field != "id" || !strings.Contains(string(r.body), "a b") {
+		t.Fatalf("get of an invalid id: %d %s, want 400 naming the id", r.code, r.body)
+	}
 }
 
 // TestBadInputChangesNothing sends every kind of bad PUT and checks the
