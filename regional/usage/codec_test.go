@@ -263,6 +263,23 @@ func FuzzDecode(f *testing.F) {
 	}
 	f.Add([]byte{})
 	f.Add([]byte{magicV1, 0, 0, 0, 0, 0})
+	// Counts of any size (a rogue publisher's: 1e15, 2^62 twice, whose sum
+	// passes 2^63, math.MaxInt64; the agent adds them with saturation and
+	// the ledger bounds the demand they make), keys and rules that are not
+	// valid UTF-8 (Decode is byte-level: the agent drops such deltas one by
+	// one), and a count of math.MaxUint64 (refused).
+	for _, b := range []Batch{
+		{Region: "r", Enforcer: "e", Seq: math.MaxUint64, Deltas: []Delta{{Rule: "user-global", Key: "rl:{p1}:user-global", Admitted: 1e15}}},
+		{Region: "r", Enforcer: "e", Seq: 1, Deltas: []Delta{{Rule: "g", Key: "k", Admitted: 1 << 62, Rejected: 1 << 62}, {Rule: "g", Key: "j", Admitted: math.MaxInt64, Rejected: math.MaxInt64}}},
+		{Region: "r", Enforcer: "e\xff", Seq: 2, Deltas: []Delta{{Rule: "g", Key: "ok", Admitted: 1}, {Rule: "g", Key: "rl:{bad\xff\xfe}:g", Admitted: 1}, {Rule: "g\xc3", Key: "k", Rejected: 1}}},
+	} {
+		data, err := Encode(b)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Add(append([]byte{magicV1, 1, 'r', 1, 'e', 7, 1, 1, 1, 'a', 1, 1, 'k'}, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, err := Decode(data)
 		if err != nil {
@@ -270,6 +287,11 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("error %v does not wrap ErrMalformed", err)
 			}
 			return
+		}
+		for _, d := range b.Deltas {
+			if d.Admitted < 0 || d.Rejected < 0 {
+				t.Fatalf("decoded a negative count: %+v", d)
+			}
 		}
 		// Accepted input is canonical.
 		again, err := Encode(b)

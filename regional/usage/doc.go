@@ -28,6 +28,17 @@
 // idempotent, so a receiver that may see duplicates can drop them by
 // (Enforcer, Seq); core NATS does not duplicate messages.
 //
+// The subject is not authenticated beyond NATS permissions, so a receiver
+// takes every delta as untrusted: Decode checks the form only. Counts are
+// anything from 0 to 2^63-1 (a larger one is malformed), so two of them
+// may add past int64: the sync agent adds them with saturation, and its
+// ledger bounds the demand they make (sync/ledger, DemandCap). Strings are
+// bytes: the enforcers only send rules and keys that are valid UTF-8
+// (regional refuses a request whose client key or attributes are not:
+// check.go), and the agent
+// drops a delta whose rule or key is not, alone, and applies the rest of
+// its batch.
+//
 // # Wire format (version 1)
 //
 //	magic    byte 0xA1 (format version 1; other values are rejected)

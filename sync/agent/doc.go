@@ -31,7 +31,12 @@
 //     the deltas of its own keys, see Shards); each delta of a
 //     coordinated rule goes to Ledger.Usage with the delta's Key (the Redis
 //     bucket key) as the ledger key and the rule's refill_per_second (a
-//     window's limit / window). The enforcers flush at the multiples of
+//     window's limit / window). The subject is not signed, so each delta
+//     is taken alone (onUsage): one whose rule or key is not valid UTF-8
+//     is dropped and counted in apportion_sync_usage_dropped_total, the
+//     rest of its batch applies, and counts of any size add with
+//     saturation (the ledger bounds the demand they make: DemandCap).
+//     The enforcers flush at the multiples of
 //     usage.DefaultInterval on the wall clock (usage.NextFlush) and the
 //     loop ticks halfway between two flushes (nextTick), so that every
 //     interval holds the same number of flushes: with both on free-running

@@ -3,6 +3,7 @@ package agent
 import (
 	"cmp"
 	"context"
+	"strings"
 	"time"
 
 	"github.com/apportion/apportion/sync/driver"
@@ -136,9 +137,29 @@ func newShareCollector(a *Agent, region string) *shareCollector {
 
 func (c *shareCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
+// Collect never panics, whatever the keys: a label value must be valid
+// UTF-8, and one key that was not (from a usage delta, before onUsage
+// dropped such deltas, or in a peer's report) made MustNewConstMetric
+// panic, and every scrape of /metrics answered 500 while the key was
+// held. Invalid bytes become U+FFFD; a series whose labels are then those
+// of a series already collected (two keys that differ only in invalid
+// bytes) is left out, as is one the client library refuses, since either
+// would fail the whole scrape too.
 func (c *shareCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, k := range c.a.hottest(c.a.cfg.HotKeys) {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(k.Units), k.Rule, k.Key)
+	type labels struct{ rule, key string }
+	hot := c.a.hottest(c.a.cfg.HotKeys)
+	seen := make(map[labels]bool, len(hot))
+	for _, k := range hot {
+		l := labels{strings.ToValidUTF8(k.Rule, "\uFFFD"), strings.ToValidUTF8(k.Key, "\uFFFD")}
+		if seen[l] {
+			continue
+		}
+		seen[l] = true
+		m, err := prometheus.NewConstMetric(c.desc, prometheus.GaugeValue, float64(k.Units), l.rule, l.key)
+		if err != nil {
+			continue
+		}
+		ch <- m
 	}
 }
 

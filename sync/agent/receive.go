@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/apportion/apportion/regional/usage"
 	"github.com/apportion/apportion/sync/driver"
@@ -14,11 +16,27 @@ import (
 )
 
 // onUsage runs on the NATS delivery goroutine.
+//
+// Anyone who can publish on the region's usage subject can send any
+// delta, so each delta is taken alone: one that is unusable is dropped
+// and counted (apportion_sync_usage_dropped_total) and the rest of the
+// batch applies. A rule or key that is not valid UTF-8 is dropped: the
+// enforcers only ever send valid UTF-8 (regional refuses a request whose
+// client key or attributes are not), and such a key, held by a ledger,
+// broke every scrape of /metrics (a label value must be UTF-8) for as
+// long as it was held.
+// Counts of any size add with saturation (two deltas of 2^62 wrapped to a
+// negative count); the ledger bounds the demand they make (sync/ledger,
+// DemandCap).
 func (a *Agent) onUsage(b usage.Batch) {
+	invalid := 0
 	a.usageMu.Lock()
-	defer a.usageMu.Unlock()
 	sh := a.cfg.Shard
 	for _, d := range b.Deltas {
+		if !utf8.ValidString(d.Key) || !utf8.ValidString(d.Rule) {
+			invalid++
+			continue
+		}
 		if !sh.Owns(d.Key) {
 			continue // another shard's key (see the package doc, "Shards")
 		}
@@ -41,10 +59,25 @@ func (a *Agent) onUsage(b usage.Batch) {
 			}
 			a.usage.n++
 		}
-		c.admitted += d.Admitted
-		c.rejected += d.Rejected
+		c.admitted = addCount(c.admitted, d.Admitted)
+		c.rejected = addCount(c.rejected, d.Rejected)
 		ks[d.Key] = c
 	}
+	a.usageMu.Unlock()
+	if invalid > 0 {
+		a.m.usageDropped.Add(float64(invalid))
+		a.logs.Log(slog.LevelWarn, "usage-invalid", "usage deltas dropped: rule or key not valid UTF-8 (no enforcer sends one)",
+			"deltas", invalid, "enforcer", strings.ToValidUTF8(b.Enforcer, "\uFFFD"), "seq", b.Seq)
+	}
+}
+
+// addCount adds two usage counts (each >= 0: usage.Decode), saturating at
+// math.MaxInt64 instead of wrapping negative.
+func addCount(a, b int64) int64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return math.MaxInt64
 }
 
 // queuedReport is a peer's report message, verified (its signature and

@@ -15,6 +15,76 @@ import (
 // lost to shares moving back and forth.
 const SilenceTokens = 5
 
+// DemandCap bounds every demand a ledger estimates, reports or reads from
+// a report: DemandCap whole limits (Config.maxDemand). A region can get no
+// more than the whole limit, so far above it a demand says nothing more;
+// but the allocator compares demands that exceed the limit (Proportional's
+// ratios, and whole tokens, which move only to a region that wants
+// KeepToken times more than the holder), and a small limit's demand is
+// often many times the limit (a limit of 1/s asked 1,000 times a second is
+// 1,000 limits; TestOneLostReportIsNoSilence's demand of 30 limits). 2^20
+// limits keeps every such ratio, and at the default Units (10^6) is 2^40
+// units, far from overflowing anything that adds or compares demands.
+// Without a bound, usage on a key of a few hundred million a second (a
+// usage delta of 1e15 requests, which anyone who can publish on the
+// region's usage subject can send) made an estimate above 2^63 units,
+// which int64 turned into math.MinInt64: the region published a negative
+// demand, every peer refused its whole rule report, acknowledgements
+// included, and its lease lapsed: every key of the rule fell to its floor
+// in that region for as long as the deltas came (TestHugeUsage).
+const DemandCap = 1 << 20
+
+// maxDemandUnits bounds Config.maxDemand whatever the Units: a float32
+// (key.sentDem) or float64 of it converts back to int64 without overflow.
+const maxDemandUnits = 1 << 62
+
+// maxDemand is the largest demand in units: DemandCap whole limits, at
+// most maxDemandUnits.
+func (c Config) maxDemand() int64 {
+	if c.Units > maxDemandUnits/DemandCap {
+		return maxDemandUnits
+	}
+	return max(0, c.Units) * DemandCap
+}
+
+// readDemand is a peer's reported demand as this ledger allocates with
+// it: within [0, maxDemand]. Demand is the allocator's input only (no
+// counter, position or check of invariants 1 to 3 reads it), so a key's
+// demand out of range changes nothing but that key's targets, and its
+// report is applied with the demand bounded instead of being refused
+// whole: refusing it refused the report's acknowledgements too, and its
+// sender fenced. Only a sender's estimate above 2^63 units (before
+// DemandCap) ever made a negative demand (int64 of it is math.MinInt64),
+// so a negative demand reads as the bound.
+func (c Config) readDemand(d int64) int64 {
+	if d < 0 {
+		return c.maxDemand()
+	}
+	return min(d, c.maxDemand())
+}
+
+// toUnits converts f (units) to int64 without overflow: NaN and values
+// below 0 are 0, values at or above hi (+Inf too) are hi.
+func toUnits(f float64, hi int64) int64 {
+	switch {
+	case !(f > 0):
+		return 0
+	case f >= float64(hi):
+		return hi
+	}
+	return min(int64(f), hi) // f < float64(hi) <= 2^63: int64(f) does not overflow
+}
+
+// addCost adds two non-negative costs, saturating at math.MaxInt64: a
+// usage delta's counts are anything below 2^63 (usage.Decode), and two of
+// them wrapped to a negative sum.
+func addCost(a, b int64) int64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return math.MaxInt64
+}
+
 // observe folds the usage of the interval that ends now (dt seconds) into
 // k's demand estimate, in units of the whole limit: an EWMA of the interval
 // rates (admitted and rejected cost alike: a region's demand is what its
@@ -45,9 +115,19 @@ const SilenceTokens = 5
 // at 1/s), while a region whose requests only come a few seconds apart
 // keeps its estimate. The cap does not change the EWMA: when requests
 // resume, the estimate is the EWMA's again.
+//
+// Every value is bounded (DemandCap): the interval's rate is at most
+// maxDemand (usage of any size, a rate float32 rounds to 0 or to +Inf,
+// NaN from 0/0: 0), and so is the estimate, so the EWMA stays finite and
+// every conversion to int64 is in range.
 func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 	rate := float64(k.rate)
+	hi := l.cfg.maxDemand()
 	inst := float64(k.used) / dt * float64(l.cfg.Units) / rate
+	if !(inst >= 0) {
+		inst = 0 // NaN: no usage at a rate of 0
+	}
+	inst = min(inst, float64(hi))
 	a, slow := l.cfg.demandWeight(dt, rate)
 	if slow {
 		a = dt * rate / l.cfg.DemandTokens
@@ -57,7 +137,7 @@ func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 	}
 	k.ewma = a*inst + (1-a)*k.ewma
 	k.weight = a + (1-a)*k.weight
-	k.seen = uint8(min(int64(k.seen)+k.used, SilenceTokens))
+	k.seen = uint8(min(int64(k.seen)+min(k.used, SilenceTokens), SilenceTokens))
 	k.demand = k.ewma
 	if slow && k.seen >= SilenceTokens {
 		k.demand /= k.weight
@@ -69,11 +149,19 @@ func (l *Ledger) observe(k *key, dt float64, now time.Duration) {
 		}
 		k.demand = min(k.demand, limit) // the EWMA stays: requests that resume find it
 	}
+	if !(k.demand >= 0) {
+		k.demand = 0 // NaN (0/0 with no weight yet): no estimate
+	}
+	k.demand = min(k.demand, float64(hi))
 	if k.demand < 0.5 { // the average starts anew
 		k.ewma, k.demand, k.weight, k.seen = 0, 0, 0, 0
 	}
-	if d := int64(k.demand); l.cfg.demandMoved(k.reported(), d, l.band) {
-		k.sentDem, k.dirty = float32(d), true
+	if d := toUnits(k.demand, hi); l.cfg.demandMoved(k.reported(), d, l.band) {
+		f := float32(d)
+		if int64(f) > d { // rounded up (above 2^24 units): not above maxDemand
+			f = math.Nextafter32(f, 0)
+		}
+		k.sentDem, k.dirty = f, true
 	}
 }
 

@@ -48,6 +48,21 @@
 //     than one already applied from the same incarnation in an older report,
 //     or implausible (values its sender could not hold: plausible.go) is
 //     rejected whole (an error, Stats.Rejected) and changes nothing.
+//     A key's demand is not one of the values checked: it is bounded
+//     instead, to [0, DemandCap whole limits] (a negative one, which
+//     only an estimate overflowing int64 ever made, reads as the bound:
+//     Config.readDemand), and every ledger bounds its own estimates and
+//     the usage it is fed the same way (saturating sums, no conversion
+//     out of range: demand.go), so it never publishes a demand out of
+//     range. Demand is the allocator's input only, no counter or
+//     position, so invariants 1 to 3 do not read it (as with the band
+//     below), and a key report with a demand out of range is merged
+//     with its demand bounded: before, one key's negative demand
+//     refused the whole report, its acknowledgements too, and its
+//     sender's lease lapsed (TestHugeUsage). Values that are counters or
+//     positions stay checked whole: a sender that publishes one out of
+//     range is broken or forged, and its other keys' counters are then
+//     no more trustworthy than the bad one (plausible.go).
 //   - Every Tick: fold usage (admitted and rejected) into an EWMA demand
 //     (units, per key, divided by the EWMA's total weight so far so that a
 //     new key starts at its mean; for small limits the EWMA averages over at

@@ -3,6 +3,8 @@ package ledger
 import (
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -19,6 +21,13 @@ import (
 // whole, changing nothing. Forged reports from a rule's own region (an
 // insider, which only report signatures keep out) are not part of this
 // adversary: see TestInsiderForgery.
+//
+// A copy of a real report whose only change is a key's demand (negative,
+// or far above the limit) is not hostile: demand is bounded on receipt,
+// not refused (Config.readDemand), and such a copy is delivered as a
+// genuine report. A genuine report is never refused as malformed or
+// implausible, and no ledger reports a demand outside [0, maxDemand],
+// even after usage of any size (1e15, 2^62 + 2^62, math.MaxInt64).
 
 // hostileStore is a region's store as the package doc's contract says,
 // writes applied at once (well within StoreTimeout).
@@ -157,6 +166,11 @@ func (w *hostileWorld) handle(r *hostileRegion, out Output) {
 		}
 	}
 	if out.Report != nil {
+		for _, kr := range out.Report.Keys {
+			if kr.Demand < 0 || kr.Demand > w.cfg.maxDemand() {
+				w.violated = fmt.Sprintf("at %v %s reports key %q with demand %d outside [0, %d]", w.now, r.name, kr.Key, kr.Demand, w.cfg.maxDemand())
+			}
+		}
 		w.sent = append(w.sent, *out.Report)
 		for j := range w.regions {
 			if w.regions[j] != r {
@@ -210,8 +224,17 @@ func (s *script) next() int {
 // mutate makes a hostile copy of rep, or returns false when the mutation
 // does not apply. outsider: from a region outside the rule or the receiver
 // itself; malformed: a copy the ledger's checks must refuse; insider: a
-// well-formed forgery from the region it names.
-func (w *hostileWorld) mutate(rep Report, to string, kind, arg int) (Report, bool) {
+// well-formed forgery from the region it names. genuine: the copy differs
+// only in a key's demand, which the receiver bounds (not hostile).
+func (w *hostileWorld) mutate(rep Report, to string, kind, arg int) (r Report, ok, genuine bool) {
+	r, ok = w.mutateKind(rep, to, kind, arg)
+	return r, ok, kind == 3 && arg%3 == 1
+}
+
+// hugeValues are usage counts and demands of any size.
+var hugeValues = [...]int64{0, 1e15, 1 << 62, math.MaxInt64}
+
+func (w *hostileWorld) mutateKind(rep Report, to string, kind, arg int) (Report, bool) {
 	r := rep
 	r.Acks = append([]Ack(nil), rep.Acks...)
 	r.Keys = append([]KeyReport(nil), rep.Keys...)
@@ -235,8 +258,11 @@ func (w *hostileWorld) mutate(rep Report, to string, kind, arg int) (Report, boo
 		switch {
 		case arg%3 == 0:
 			r.Base = -1 - big
-		case len(r.Keys) > 0 && arg%3 == 1:
+		case len(r.Keys) > 0 && arg%3 == 1: // genuine: a demand out of range is bounded
 			r.Keys[0].Demand = -1 - big
+			if arg%2 == 1 {
+				r.Keys[0].Demand = []int64{math.MinInt64, math.MaxInt64, 1e15, 1 << 62}[arg/2%4]
+			}
 		case len(r.Keys) > 0:
 			r.Keys[0].Position = -1 - big
 		default:
@@ -345,9 +371,9 @@ func (w *hostileWorld) step(s *script) {
 		}
 		base := w.sent[(s.next()<<8|s.next())%len(w.sent)]
 		kind := s.next() % 8
-		hostile, ok := w.mutate(base, r.name, kind, s.next())
+		hostile, ok, genuine := w.mutate(base, r.name, kind, s.next())
 		if ok {
-			w.deliver(r, hostile, kind < 7)
+			w.deliver(r, hostile, kind < 7 && !genuine)
 		}
 	case 21, 22, 23, 24, 25, 26: // the store confirms applied writes
 		if r.led != nil && len(r.pending) > 0 {
@@ -384,8 +410,14 @@ func (w *hostileWorld) step(s *script) {
 		if r.led != nil {
 			w.handle(r, r.led.StoreReset(w.now, strconv.Itoa(r.store.runID)))
 		}
-	case 31: // demand changes
-		r.demand[s.next()%len(w.keys)] = w.rates[0] * float64(s.next()%16) / 4
+	case 31: // demand changes, or usage of any size comes at once
+		i, v := s.next()%len(w.keys), s.next()
+		if v < 240 {
+			r.demand[i] = w.rates[0] * float64(v%16) / 4
+		} else if r.led != nil {
+			v -= 240
+			r.led.Usage(w.now, w.keys[i], w.rates[i], hugeValues[v%4], hugeValues[v/4])
+		}
 	}
 	w.check()
 }
@@ -409,6 +441,9 @@ func (w *hostileWorld) deliver(r *hostileRegion, rep Report, hostile bool) {
 		before = w.shares()
 	}
 	out, err := r.led.Receive(w.now, rep)
+	if !hostile && (errors.Is(err, ErrMalformed) || errors.Is(err, ErrImplausible)) && w.violated == "" {
+		w.violated = fmt.Sprintf("at %v %s refused a genuine report of %s: %v", w.now, r.name, rep.From, err)
+	}
 	if out.Fenced {
 		w.logf("%s fenced by a report from %s/%d (hostile %v, err %v)", r.name, rep.From, rep.Inc, hostile, err)
 	}
@@ -440,6 +475,22 @@ func FuzzHostileReports(f *testing.F) {
 	// and a store reset.
 	f.Add([]byte{0, 0, 4, 5, 0, 5, 1, 5, 2, 2, 0, 2, 0, 0, 1, 3, 5, 1, 5, 2, 0, 0, 2, 1, 0, 0, 0, 2, 2, 1, 0, 3, 0, 0, 7,
 		4, 1, 0, 0, 3, 9, 4, 2, 0, 1, 5, 1, 9, 0, 9, 0, 1, 7, 2, 7, 0, 0, 8, 1, 0, 0, 6, 1, 0, 4, 6, 0})
+	// Ticks, confirmations and deliveries around usage of any size on
+	// a's k0 (2^62 admitted; then math.MaxInt64 admitted and
+	// rejected at once), then a copy of a report with a key's demand at
+	// math.MinInt64 delivered to each region (not hostile).
+	round := []byte{0, 0, 3, 21, 0, 255, 21, 1, 255, 21, 2, 255, 8, 0, 3, 0, 0, 0, 0}
+	var huge []byte
+	for _, v := range []byte{242, 255} {
+		for range 4 {
+			huge = append(huge, round...)
+		}
+		f.Add(append(slices.Clone(huge), 31, 0, 0, v, 0, 0, 3, 8, 0, 3, 0, 0, 0, 0))
+	}
+	for to := range 3 {
+		huge = append(huge, 18, byte(to), 0, byte(10+to), 3, 1)
+	}
+	f.Add(huge)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if v, log := runHostile(t, data, false); v != "" {
 			t.Fatalf("%s\n%s", v, tail(log, 30))

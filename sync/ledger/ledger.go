@@ -121,8 +121,9 @@ type key struct {
 
 // reported is k's demand as last reported (DemandBand), in units: a
 // float32 (exact up to 2^24 units, 16.8 times the default Units, and
-// within 6e-8 of it above) so that the key keeps its size class.
-func (k *key) reported() int64 { return int64(k.sentDem) }
+// within 6e-8 of it above) so that the key keeps its size class. observe
+// sets it to at most maxDemand (DemandCap), so it converts back in range.
+func (k *key) reported() int64 { return toUnits(float64(k.sentDem), maxDemandUnits) }
 
 // snaps calls fn with each of k's writes not yet confirmed, oldest first.
 func (l *Ledger) snaps(k *key, fn func(s snap)) {
@@ -499,7 +500,7 @@ func (l *Ledger) Base() int64 {
 func (l *Ledger) Position(name string) Share {
 	s := Share{Floor: l.floor[l.self], Initial: l.base, Units: l.base}
 	if k := l.keys[name]; k != nil {
-		s.Units, s.Demand, s.Reported, s.Active = l.position(k), int64(k.demand), k.reported(), k.active
+		s.Units, s.Demand, s.Reported, s.Active = l.position(k), toUnits(k.demand, maxDemandUnits), k.reported(), k.active
 	}
 	if l.fenced {
 		s.Units = s.Floor
@@ -514,7 +515,7 @@ func (l *Ledger) Position(name string) Share {
 func (l *Ledger) Each(fn func(name string, s Share)) {
 	s := Share{Floor: l.floor[l.self], Initial: l.base}
 	l.held(func(k *key) bool {
-		s.Units, s.Demand, s.Reported, s.Active = l.position(k), int64(k.demand), k.reported(), k.active
+		s.Units, s.Demand, s.Reported, s.Active = l.position(k), toUnits(k.demand, maxDemandUnits), k.reported(), k.active
 		if l.fenced {
 			s.Units = s.Floor
 		}
@@ -659,7 +660,7 @@ func (l *Ledger) Usage(now time.Duration, name string, rate float64, admitted, r
 	}
 	k := l.key(name)
 	k.rate = float32(rate)
-	k.used += admitted + rejected
+	k.used = addCost(k.used, addCost(admitted, rejected)) // saturating: any counts are valid usage (demand.go)
 	k.lastUse = now
 	if !k.active && !k.retiring() { // a retiring key becomes active when its retirement ends
 		k.active, k.dirty = true, true

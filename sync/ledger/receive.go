@@ -19,6 +19,8 @@ func validCounters(cs []Counter, known func(string) bool) bool {
 // Receive merges a peer's report. A report that is malformed, names unknown
 // regions, comes from a stale or frozen incarnation, or carries a counter that
 // went backwards is rejected whole: it returns an error and changes nothing.
+// A key's demand is not checked but bounded to [0, DemandCap whole limits]
+// (Config.readDemand): it is the allocator's input, never a counter's.
 // The returned Output carries the raises the report allows (and may fence).
 func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 	if l.fenced {
@@ -101,6 +103,7 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 		// busiest input); a key forgotten since is none (a key report
 		// creates or forgets its own key only, so check's hold for the rest).
 		k := ks[j]
+		kr.Demand = l.cfg.readDemand(kr.Demand) // allocator input only: bounded, never refused (demand.go)
 		if k != nil && gone(k) {
 			k = nil
 		}
@@ -223,8 +226,10 @@ func (l *Ledger) check(r Report) ([]*key, error) {
 		if j > 0 && r.Keys[j-1].Key >= kr.Key {
 			return nil, fmt.Errorf("%w: keys not sorted", ErrMalformed)
 		}
-		if kr.Demand < 0 || kr.Position < 0 {
-			return nil, fmt.Errorf("%w: negative demand or position", ErrMalformed)
+		if kr.Position < 0 {
+			// A demand out of range is not refused: Receive bounds it
+			// (Config.readDemand).
+			return nil, fmt.Errorf("%w: negative position", ErrMalformed)
 		}
 		if !validCounters(kr.Gave, known) || !validCounters(kr.Applied, known) {
 			return nil, fmt.Errorf("%w: counters", ErrMalformed)
