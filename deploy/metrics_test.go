@@ -153,6 +153,13 @@ func exported(t *testing.T) map[string]*metricRow {
 				sort.Strings(v)
 			}
 			r.labels = keys(r.values)
+			if prev, ok := rows[name]; ok && prev.binary != binary {
+				// Exported by both daemons (the same metric): both named,
+				// in a fixed order whichever was scraped first.
+				both := []string{prev.binary, binary}
+				slices.Sort(both)
+				r.binary = strings.Join(both, ", ")
+			}
 			rows[name] = r
 		}
 	}

@@ -74,7 +74,7 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 			Help: "Duration of one sync interval's work (ledger ticks, store writes, publish).", ConstLabels: cl,
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}}),
 		usageDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_usage_dropped_total",
-			Help: "Usage deltas dropped (buffer full or undecodable).", ConstLabels: cl}),
+			Help: "Usage deltas dropped (buffer full, undecodable, or a rule or key not valid UTF-8).", ConstLabels: cl}),
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_store_errors_total",
 			Help: "Failed Redis calls (writes and run id reads).", ConstLabels: cl}),
 		witness: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_witness_renewals_total",

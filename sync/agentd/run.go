@@ -256,7 +256,9 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	leaderGauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_sync_leader",
 		Help: "1 while this process acts as its region's agent.", ConstLabels: prometheus.Labels{"region": o.region}})
-	reg.MustRegister(leaderGauge)
+	ruleRevision := prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_rule_revision",
+		Help: "etcd revision of the rule set this process enforces.", ConstLabels: prometheus.Labels{"region": o.region}})
+	reg.MustRegister(leaderGauge, ruleRevision)
 
 	// Share writes are idempotent (versioned), but a retry delayed past
 	// StoreTimeout could land a marker late: Options turns client retries off.
@@ -375,7 +377,8 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	// through a forwarding registerer that replaces the previous term's.
 	fwd := newSwapRegisterer(reg)
 	runAgent := func(ctx context.Context) error {
-		w, err := etcdstore.NewWatcher(ec, etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithRegistryPrefix(o.registryPrefix), etcdstore.WithLogger(log))
+		w, err := etcdstore.NewWatcher(ec, etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithRegistryPrefix(o.registryPrefix), etcdstore.WithLogger(log),
+			etcdstore.WithRevisionGauge(ruleRevision))
 		if err != nil {
 			return err
 		}
