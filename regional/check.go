@@ -461,6 +461,7 @@ func (e *Enforcer) match(c *compiled, req *Request) []matched {
 	rs := c.index.Match(req.Resource, req.Attributes)
 	out := make([]matched, 0, len(rs))
 	var splitParts []string
+	splitAt := 0
 	for _, r := range rs {
 		p, ok := c.params[r.ID]
 		if !ok || p.unlisted && r.Shadow {
@@ -471,18 +472,20 @@ func (e *Enforcer) match(c *compiled, req *Request) []matched {
 			continue
 		}
 		out = append(out, matched{rule: r, params: p, bucket: p.bucket(redisstore.Key(parts[0], r.ID, parts[1:]...), r)})
-		if r.Split >= 2 && len(out) == 1 {
-			splitParts = parts
+		if r.Split >= 2 && splitParts == nil {
+			splitAt, splitParts = len(out)-1, parts
 		}
 	}
-	if len(out) == 1 && splitParts != nil {
+	if splitParts != nil && (len(out) == 1 || e.domains == nil) {
 		// A hot key spread over Split sub-buckets, each its own hash tag
-		// (its own Redis Cluster slot), one picked at random per check. A
-		// request that matches other rules too stays on the client's own
-		// tag (one script, one slot): sub-bucket "0", the plain key.
-		r := out[0].rule
-		if i := rand.IntN(r.Split); i > 0 {
-			out[0].bucket.Key = redisstore.AlgorithmKey(redisstore.SubKey(splitParts[0], i, r.ID, splitParts[1:]...), out[0].params.algorithm)
+		// (its own Redis Cluster slot), one picked at random per check. On
+		// a Redis Cluster a request that matches other rules too (shadow
+		// ones included) stays on the client's own tag, one script in one
+		// slot: sub-bucket "0", the plain key. A standalone Redis has no
+		// slots: the pick is made whatever else matched.
+		m := &out[splitAt]
+		if i := rand.IntN(m.rule.Split); i > 0 {
+			m.bucket.Key = redisstore.AlgorithmKey(redisstore.SubKey(splitParts[0], i, m.rule.ID, splitParts[1:]...), m.params.algorithm)
 		}
 	}
 	return out
@@ -533,6 +536,12 @@ func (e *Enforcer) bind(resp *Response) {
 			return !a.Allowed
 		}
 		if !a.Allowed {
+			// -1 is "never": waiting cannot help, the longest wait of all
+			// (a rule that lets the request in after a while does not
+			// bind over one that never will).
+			if (a.RetryAfterMs < 0) != (b.RetryAfterMs < 0) {
+				return a.RetryAfterMs < 0
+			}
 			return a.RetryAfterMs > b.RetryAfterMs
 		}
 		return a.Remaining < b.Remaining

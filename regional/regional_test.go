@@ -128,6 +128,18 @@ func (e *env) check(t *testing.T, key, resource string, cost int64) *ratelimitv1
 	return resp
 }
 
+// checkAttrs is check with attributes.
+func (e *env) checkAttrs(t *testing.T, key, resource string, cost int64, attrs map[string]string) *ratelimitv1.CheckLimitResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := e.client.CheckLimit(ctx, &ratelimitv1.CheckLimitRequest{ClientKey: key, Resource: resource, Cost: cost, Attributes: attrs})
+	if err != nil {
+		t.Fatalf("CheckLimit(%q, %q, %v): %v", key, resource, attrs, err)
+	}
+	return resp
+}
+
 func tokenBucket(id string, capacity int64, refill float64) rules.Rule {
 	return rules.Rule{ID: id, Algorithm: rules.TokenBucket, Capacity: capacity, RefillPerSecond: refill}
 }

@@ -198,14 +198,22 @@ func Set(h http.Header, a Answer) {
 //     cost or a higher limit can; no Retry-After;
 //   - 429 Too Many Requests otherwise; when a rule reports that waiting
 //     cannot help for another reason (its share of the rate is zero in this
-//     region for good: a global rule's static share) the sentence says so
-//     and there is no Retry-After.
+//     region for good: a global rule's static share, or a global rule that
+//     does not list this region, answered with limit 0 and no window) the
+//     sentence says so and there is no Retry-After.
 func Status(a Answer) (int, string) {
 	if a.Allowed {
 		return http.StatusOK, ""
 	}
 	cost := max(a.Cost, 1)
 	if n := a.never(); n != nil {
+		if n.Limit == 0 && n.WindowMs == 0 {
+			// No share at all here: a global rule that does not list
+			// this region (the enforcer answers it so, limit 0 and no
+			// window); no cost is low enough.
+			return http.StatusTooManyRequests, fmt.Sprintf(
+				"rule %q admits nothing in this region (a global rule that does not list it): waiting cannot help", n.ID)
+		}
 		if cost > n.Limit {
 			return http.StatusRequestEntityTooLarge, fmt.Sprintf(
 				"cost %d is above the %d tokens rule %q admits here at most: waiting cannot help; lower the cost or raise the limit", cost, n.Limit, n.ID)

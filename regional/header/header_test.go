@@ -32,6 +32,8 @@ func TestFields(t *testing.T) {
 			413, `cost 5 is above the 3 tokens rule "orders" admits here at most`},
 		{"share of rate zero: no Retry-After, 429 saying so", Answer{Cost: 1, Binding: "g", Rules: []Rule{{ID: "g", Limit: 5, RetryAfterMs: -1, ResetAfterMs: -1, WindowMs: 0}}},
 			[]Field{{Limit, "5"}, {Remaining, "0"}, {Policy, `"g";q=5;w=1`}, {RateLimit, `"g";r=0`}}, 429, "waiting for its tokens cannot help"},
+		{"no share in this region (a global rule not listing it): 429, no Retry-After", Answer{Cost: 1, Binding: "g", Rules: []Rule{{ID: "g", Limit: 0, RetryAfterMs: -1, ResetAfterMs: -1, WindowMs: 0}}},
+			[]Field{{Limit, "0"}, {Remaining, "0"}, {Policy, `"g";q=0;w=1`}, {RateLimit, `"g";r=0`}}, 429, "admits nothing in this region"},
 		{"never from a rule that is not the binding one", Answer{Cost: 5, Binding: "orders", Rules: []Rule{rejected, {ID: "small", Limit: 4, RetryAfterMs: -1}}},
 			[]Field{{Limit, "3"}, {Remaining, "0"}, {Reset, "3"}, {Policy, `"orders";q=3;w=3`}, {RateLimit, `"orders";r=0;t=3`}},
 			413, `rule "small"`},
