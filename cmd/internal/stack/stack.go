@@ -136,9 +136,6 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	if err := resolveRegions(&cfg); err != nil {
 		return nil, err
 	}
-	if cfg.Rules == nil {
-		cfg.Rules = deploy.ExampleRules
-	}
 	if cfg.EnforcerTimeout <= 0 {
 		cfg.EnforcerTimeout = 50 * time.Millisecond
 	}
@@ -148,9 +145,16 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	if cfg.LogWriter == nil {
 		cfg.LogWriter = io.Discard
 	}
+	example := cfg.Rules == nil
+	if example {
+		cfg.Rules = deploy.ExampleRules
+	}
 	rs, err := rules.ParseRules(cfg.Rules)
 	if err != nil {
 		return nil, fmt.Errorf("stack: example rules: %w", err)
+	}
+	if example {
+		fitRegions(rs, cfg.RegionNames)
 	}
 	dir, err := os.MkdirTemp("", "rlstack-")
 	if err != nil {
@@ -163,6 +167,26 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// fitRegions makes each global example rule list exactly the stack's
+// regions (a region keeps its example weight, a new one weighs 1): a
+// global rule admits nothing in a region it does not list, and a listed
+// region that does not run holds a share nobody uses.
+func fitRegions(rs []rules.Rule, names []string) {
+	for i := range rs {
+		if rs[i].Scope != rules.Global {
+			continue
+		}
+		regions := make(map[string]float64, len(names))
+		for _, n := range names {
+			regions[n] = 1
+			if w, ok := rs[i].Regions[n]; ok {
+				regions[n] = w
+			}
+		}
+		rs[i].Regions = regions
+	}
 }
 
 func randomToken() string {
