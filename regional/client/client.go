@@ -15,6 +15,7 @@ import (
 
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -36,6 +37,42 @@ const (
 	DefaultAddress = "127.0.0.1:8081"
 	DefaultTimeout = 25 * time.Millisecond
 )
+
+// The reconnect schedule of DialOptions.
+const (
+	reconnectBase   = 100 * time.Millisecond
+	reconnectMax    = time.Second
+	reconnectJitter = 0.2
+	minConnect      = time.Second
+)
+
+// DialOptions returns the options a Client dials the enforcer with, besides
+// its transport credentials: after a failed connection attempt the next
+// comes 100ms later, then 1.6 times later each time, at most 1s later (each
+// ±20% jitter), and an attempt may take 1s before it is given up. Use them
+// for a connection of your own to the enforcer (the regional/middleware
+// client, WithConn), as in
+//
+//	conn, err := grpc.NewClient(addr, append(client.DialOptions(),
+//		grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+//
+// Without them gRPC's default applies (1s growing to 120s), and calls fail
+// at once while it waits: after an outage the connection was remade up to
+// two minutes after the enforcer was back, and every check in between was
+// answered by the failure policy (with FailOpen: not limited at all). With
+// them a connection is remade within about a second of the enforcer
+// serving, however long it was down.
+func DialOptions() []grpc.DialOption {
+	return dialOptions(minConnect)
+}
+
+func dialOptions(connectTimeout time.Duration) []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff: backoff.Config{BaseDelay: reconnectBase, Multiplier: backoff.DefaultConfig.Multiplier,
+			Jitter: reconnectJitter, MaxDelay: reconnectMax},
+		MinConnectTimeout: connectTimeout,
+	})}
+}
 
 // Errors.
 var (
@@ -96,7 +133,9 @@ type Request struct {
 	Attributes map[string]string
 }
 
-// RuleStatus is the outcome of one rule that matched the request.
+// RuleStatus is the outcome of one rule that matched the request. Window
+// is the rule's policy window: a window algorithm's window, or for a bucket
+// its time to refill from empty.
 type RuleStatus struct {
 	RuleID     string
 	Allowed    bool
@@ -105,17 +144,20 @@ type RuleStatus struct {
 	RetryAfter time.Duration
 	ResetAfter time.Duration
 	Shadow     bool
+	Window     time.Duration
 }
 
-// Decision is the answer to a Request. Limit, Remaining, RetryAfter and
-// ResetAfter are those of the binding rule (RuleID, empty when no rule
-// matched). RetryAfter is Never when a rejection cannot be cured by waiting.
+// Decision is the answer to a Request. Limit, Remaining, RetryAfter,
+// ResetAfter and Window are those of the binding rule (RuleID, empty when no
+// rule matched). RetryAfter is Never when a rejection cannot be cured by
+// waiting.
 type Decision struct {
 	Allowed    bool
 	Limit      int64
 	Remaining  int64
 	RetryAfter time.Duration
 	ResetAfter time.Duration
+	Window     time.Duration
 	RuleID     string
 	Statuses   []RuleStatus
 	// FailOpen is true when the enforcer answered from its own failure
@@ -223,7 +265,9 @@ func WithConn(conn grpc.ClientConnInterface) Option {
 }
 
 // WithDialOptions adds options to the Client's own grpc.NewClient call
-// (keepalive, interceptors, a stats handler for tracing). Default: none.
+// (keepalive, interceptors, a stats handler for tracing). They come after
+// the Client's own (DialOptions), so a grpc.WithConnectParams here replaces
+// its reconnect schedule. Default: none.
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(c *config) error {
 		c.dialOpts = append(c.dialOpts, opts...)
@@ -245,7 +289,10 @@ type Client struct {
 
 // New returns a Client. It does not connect yet: the connection is made on
 // first use and remade after failures, so New succeeds while the enforcer
-// is down.
+// is down. The connection it dials uses DialOptions (with a connection
+// attempt allowed at least the Client's timeout), so after an outage the
+// Client answers from the enforcer again within about a second of it
+// serving.
 func New(opts ...Option) (*Client, error) {
 	cfg := config{address: DefaultAddress, timeout: DefaultTimeout, policy: FailOpen}
 	for _, o := range opts {
@@ -260,7 +307,8 @@ func New(opts ...Option) (*Client, error) {
 		if cfg.tls != nil {
 			creds = credentials.NewTLS(cfg.tls)
 		}
-		cc, err := grpc.NewClient(cfg.address, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, cfg.dialOpts...)...)
+		dopts := append(dialOptions(max(minConnect, cfg.timeout)), grpc.WithTransportCredentials(creds))
+		cc, err := grpc.NewClient(cfg.address, append(dopts, cfg.dialOpts...)...)
 		if err != nil {
 			return nil, fmt.Errorf("client: %w", err)
 		}
@@ -309,15 +357,32 @@ func (c *Client) Check(ctx context.Context, req Request) (Decision, error) {
 }
 
 // CheckBatch asks about many requests at once (CheckLimits calls of at most
-// MaxBatch requests each, one timeout per call) and answers in order. A
-// request the enforcer refuses fails the call with a *RequestError whose
-// Index is its position in reqs (the enforcer refuses its whole batch then);
-// a call the enforcer cannot answer is answered by the failure policy.
+// MaxBatch requests each, sent one after the other, one timeout per call)
+// and answers in order.
+//
+// Every request is checked against the wire API's limits (client key,
+// sizes, a negative cost, ...) before any call is made: an invalid one fails
+// CheckBatch with a *RequestError whose Index is its position in reqs, and
+// nothing is counted. A call the enforcer cannot answer (down, too slow,
+// the network) is answered by the failure policy for its requests alone:
+// the other calls' answers are the enforcer's, and no error is returned.
+// A call that fails otherwise ends CheckBatch with an error: a request only
+// the enforcer can refuse (a cost above its --max-cost; it then counts
+// nothing of that call) as a *RequestError naming its index in reqs, or
+// ctx ending. The decisions of the calls answered before it are returned
+// with that error (nil when there are none): those len(decisions) requests,
+// reqs[:len(decisions)], were counted; the rest were not asked.
 func (c *Client) CheckBatch(ctx context.Context, reqs []Request) ([]Decision, error) {
 	if c.closed.Load() {
 		return nil, ErrClosed
 	}
-	out := make([]Decision, 0, len(reqs))
+	for i, r := range reqs {
+		if err := validate(r); err != nil {
+			err.Index = i
+			return nil, err
+		}
+	}
+	var out []Decision
 	for start := 0; start < len(reqs); start += MaxBatch {
 		chunk := reqs[start:min(start+MaxBatch, len(reqs))]
 		ds, err := c.checkLimits(ctx, chunk)
@@ -326,9 +391,15 @@ func (c *Client) CheckBatch(ctx context.Context, reqs []Request) ([]Decision, er
 			if errors.As(err, &re) {
 				re.Index += start
 			}
-			return nil, err
+			return out, err
+		}
+		if out == nil {
+			out = make([]Decision, 0, len(reqs))
 		}
 		out = append(out, ds...)
+	}
+	if out == nil {
+		out = []Decision{}
 	}
 	return out, nil
 }
@@ -444,12 +515,12 @@ func toProto(r Request) *ratelimitv1.CheckLimitRequest {
 
 func fromProto(r *ratelimitv1.CheckLimitResponse) Decision {
 	d := Decision{Allowed: r.GetAllowed(), Limit: r.GetLimit(), Remaining: r.GetRemaining(),
-		RetryAfter: ms(r.GetRetryAfterMs()), ResetAfter: ms(r.GetResetAfterMs()), RuleID: r.GetRuleId(), FailOpen: r.GetFailOpen()}
+		RetryAfter: ms(r.GetRetryAfterMs()), ResetAfter: ms(r.GetResetAfterMs()), Window: ms(r.GetWindowMs()), RuleID: r.GetRuleId(), FailOpen: r.GetFailOpen()}
 	if len(r.GetStatuses()) > 0 {
 		d.Statuses = make([]RuleStatus, len(r.GetStatuses()))
 		for i, s := range r.GetStatuses() {
 			d.Statuses[i] = RuleStatus{RuleID: s.GetRuleId(), Allowed: s.GetAllowed(), Limit: s.GetLimit(), Remaining: s.GetRemaining(),
-				RetryAfter: ms(s.GetRetryAfterMs()), ResetAfter: ms(s.GetResetAfterMs()), Shadow: s.GetShadow()}
+				RetryAfter: ms(s.GetRetryAfterMs()), ResetAfter: ms(s.GetResetAfterMs()), Shadow: s.GetShadow(), Window: ms(s.GetWindowMs())}
 		}
 	}
 	return d
@@ -461,4 +532,23 @@ func ms(v int64) time.Duration {
 		return Never
 	}
 	return time.Duration(v) * time.Millisecond
+}
+
+// wireMs is ms backwards: a duration of the wire API, -1 for Never.
+func wireMs(d time.Duration) int64 {
+	if d < 0 {
+		return -1
+	}
+	return d.Milliseconds()
+}
+
+// toWire is d as the enforcer sent it.
+func toWire(d Decision) *ratelimitv1.CheckLimitResponse {
+	r := &ratelimitv1.CheckLimitResponse{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, RetryAfterMs: wireMs(d.RetryAfter),
+		ResetAfterMs: wireMs(d.ResetAfter), RuleId: d.RuleID, FailOpen: d.FailOpen, WindowMs: wireMs(d.Window)}
+	for _, s := range d.Statuses {
+		r.Statuses = append(r.Statuses, &ratelimitv1.RuleStatus{RuleId: s.RuleID, Allowed: s.Allowed, Limit: s.Limit, Remaining: s.Remaining,
+			RetryAfterMs: wireMs(s.RetryAfter), ResetAfterMs: wireMs(s.ResetAfter), Shadow: s.Shadow, WindowMs: wireMs(s.Window)})
+	}
+	return r
 }

@@ -372,3 +372,59 @@ func TestBatchingServerRefusal(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckBatchInvalidConsumesNothing: a batch longer than MaxBatch with an
+// invalid request in a later chunk is refused before any chunk is sent, so
+// no request of it is counted. Before, the first chunk was sent (and its
+// tokens taken) before the second was refused.
+func TestCheckBatchInvalidConsumesNothing(t *testing.T) {
+	e := startEnforcer(t, []rules.Rule{tokenBucket("orders", "POST /orders", 5)})
+	c := newClient(t, client.WithAddress(e.addr))
+	ctx := context.Background()
+	reqs := make([]client.Request, client.MaxBatch+1)
+	for i := range reqs {
+		reqs[i] = client.Request{ClientKey: "user:1", Resource: "POST /orders"}
+	}
+	reqs[client.MaxBatch].Cost = -1
+	ds, err := c.CheckBatch(ctx, reqs)
+	var re *client.RequestError
+	if !errors.As(err, &re) || re.Index != client.MaxBatch || re.Field != "cost" || ds != nil {
+		t.Fatalf("CheckBatch: %d decisions, %v; want none and a RequestError for request %d's cost", len(ds), err, client.MaxBatch)
+	}
+	if n := e.count("CheckLimits"); n != 0 {
+		t.Errorf("enforcer saw %d CheckLimits calls for a batch with an invalid request, want 0", n)
+	}
+	if d, err := c.Check(ctx, reqs[0]); err != nil || !d.Allowed || d.Remaining != 4 {
+		t.Fatalf("after the refused batch: %+v, %v; want allowed with 4 of 5 left (nothing taken)", d, err)
+	}
+}
+
+// TestCheckBatchLaterChunkRefused: a request only the enforcer can refuse (a
+// cost above its --max-cost) in a later chunk fails the call after earlier
+// chunks were answered, and counted: CheckBatch returns their decisions
+// with the error, so the caller knows which requests were counted.
+func TestCheckBatchLaterChunkRefused(t *testing.T) {
+	e := startEnforcer(t, []rules.Rule{tokenBucket("orders", "POST /orders", 2)})
+	c := newClient(t, client.WithAddress(e.addr))
+	reqs := make([]client.Request, 1500)
+	for i := range reqs {
+		reqs[i] = client.Request{ClientKey: fmt.Sprintf("user:%d", i), Resource: "POST /orders"}
+	}
+	reqs[1200].Cost = 5000 // the enforcer's default maximum is 1000
+	ds, err := c.CheckBatch(context.Background(), reqs)
+	var re *client.RequestError
+	if !errors.As(err, &re) || re.Index != 1200 || re.Field != "cost" {
+		t.Fatalf("err = %v, want a RequestError for request 1200's cost", err)
+	}
+	if len(ds) != client.MaxBatch {
+		t.Fatalf("%d decisions with the error, want the first chunk's %d", len(ds), client.MaxBatch)
+	}
+	for i, d := range ds {
+		if !d.Allowed || d.RuleID != "orders" || d.Remaining != 1 || d.Unreachable != nil {
+			t.Fatalf("decision %d: %+v, want allowed by orders with 1 left", i, d)
+		}
+	}
+	if n := e.count("CheckLimits"); n != 2 {
+		t.Errorf("enforcer saw %d CheckLimits calls, want 2", n)
+	}
+}

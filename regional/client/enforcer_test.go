@@ -38,6 +38,14 @@ func (e *enforcer) count(method string) int {
 
 func startEnforcer(t *testing.T, rs []rules.Rule, opts ...grpc.ServerOption) *enforcer {
 	t.Helper()
+	e, _ := startEnforcerRedis(t, rs, opts...)
+	return e
+}
+
+// startEnforcerRedis is startEnforcer that also returns the enforcer's
+// redis-server, to stop it.
+func startEnforcerRedis(t *testing.T, rs []rules.Rule, opts ...grpc.ServerOption) (*enforcer, *testutil.Redis) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("integration test: starts redis-server")
 	}
@@ -49,13 +57,24 @@ func startEnforcer(t *testing.T, rs []rules.Rule, opts ...grpc.ServerOption) *en
 		t.Fatal(err)
 	}
 	t.Cleanup(stop)
-	return e
+	return e, r
 }
 
-// serveEnforcer serves an enforcer on rc; stop stops it.
+// serveEnforcer serves an enforcer on rc at a free loopback port; stop
+// stops it.
 func serveEnforcer(rc redis.UniversalClient, rs []rules.Rule, opts ...grpc.ServerOption) (*enforcer, func(), error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	return serveEnforcerOn(l, rc, rs, opts...)
+}
+
+// serveEnforcerOn is serveEnforcer on l, which it closes on failure.
+func serveEnforcerOn(l net.Listener, rc redis.UniversalClient, rs []rules.Rule, opts ...grpc.ServerOption) (*enforcer, func(), error) {
 	st, err := redisstore.New(rc)
 	if err != nil {
+		l.Close()
 		return nil, nil, err
 	}
 	cfg := regional.DefaultConfig()
@@ -64,17 +83,20 @@ func serveEnforcer(rc redis.UniversalClient, rs []rules.Rule, opts ...grpc.Serve
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	enf, err := regional.New(cfg, st)
 	if err != nil {
+		l.Close()
 		st.Close()
 		return nil, nil, err
 	}
 	for i := range rs {
 		rs[i].Normalize()
 		if err := rs[i].Validate(); err != nil {
+			l.Close()
 			st.Close()
 			return nil, nil, err
 		}
 	}
 	if err := enf.SetRules(rs); err != nil {
+		l.Close()
 		st.Close()
 		return nil, nil, err
 	}
@@ -87,11 +109,6 @@ func serveEnforcer(rc redis.UniversalClient, rs []rules.Rule, opts ...grpc.Serve
 	}
 	gs, svc := regional.NewGRPCServer(enf, append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(count)}, opts...)...)
 	svc.SetServing(true)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		st.Close()
-		return nil, nil, err
-	}
 	e.addr = l.Addr().String()
 	done := make(chan struct{})
 	go func() { defer close(done); gs.Serve(l) }()

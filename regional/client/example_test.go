@@ -103,6 +103,29 @@ func ExampleClient_Check_enforcerDown() {
 	// Output: false true <nil>
 }
 
+func ExampleDialOptions() {
+	// A connection of your own to the enforcer (shared by Clients and the
+	// HTTP middleware, say), remade within about a second of the enforcer
+	// being back after an outage, as a Client's own is.
+	conn, err := grpc.NewClient(enforcerAddr, append(client.DialOptions(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	c, err := client.New(client.WithConn(conn), client.WithTimeout(time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	d, err := c.Check(context.Background(), client.Request{ClientKey: "user:10", Resource: "POST /orders"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(d.Allowed, d.Remaining)
+	// Output: true 2
+}
+
 func ExampleClient_UnaryServerInterceptor() {
 	c, err := client.New(client.WithAddress(enforcerAddr), client.WithTimeout(time.Second))
 	if err != nil {

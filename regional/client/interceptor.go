@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/apportion/apportion/regional/header"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -116,17 +117,27 @@ func (c *Client) interceptorConfig(opts []InterceptorOption) *interceptorConfig 
 // UnaryServerInterceptor returns a gRPC server interceptor that asks the
 // enforcer before every unary call. A rejected call is answered
 // ResourceExhausted with a RetryInfo detail (only when waiting can help:
-// not when RetryAfter is Never) and a
-// QuotaFailure detail naming the rule, and the handler does not run. Every
-// answer bound by a rule carries x-ratelimit-limit, x-ratelimit-remaining
-// and x-ratelimit-reset (seconds) header metadata, and a rejection
-// retry-after (seconds). When the enforcer cannot be asked the Client's
-// FailurePolicy decides: FailOpen runs the handler, FailClosed answers
-// Unavailable. A call's key and resource are fitted first (an empty key is
-// the caller's IP; an over-long or invalid key, resource or attribute its
-// hashed form: FitKey), and a check the enforcer still refuses (a negative
-// cost, one above its --max-cost) is answered InvalidArgument: a caller
-// can never go unlimited by sending what the enforcer refuses.
+// not when RetryAfter is Never; the message then says why) and a
+// QuotaFailure detail naming the rule, and the handler does not run.
+//
+// The header metadata carries the rate-limit headers of the enforcer's
+// HTTP API and the HTTP middleware, from the same writer
+// (regional/header.Fields), in lower case: on an answer an enforced rule
+// bound, x-ratelimit-limit, x-ratelimit-remaining, x-ratelimit-reset
+// (seconds), ratelimit-policy, ratelimit and, on a rejection when waiting
+// can help, retry-after (seconds); none when no rule or only shadow rules
+// matched; on an answer of the enforcer's failure policy (its store down:
+// Decision.FailOpen) only x-ratelimit-limit, ratelimit-policy and a
+// rejection's retry-after, as the buckets' state is unknown.
+//
+// When the enforcer cannot be asked the Client's FailurePolicy decides:
+// FailOpen runs the handler, FailClosed answers Unavailable (no rate-limit
+// metadata either way). A call's key and resource are fitted first (an
+// empty key is the caller's IP; an over-long or invalid key, resource or
+// attribute its hashed form: FitKey), and a check the enforcer still
+// refuses (a negative cost, one above its --max-cost) is answered
+// InvalidArgument: a caller can never go unlimited by sending what the
+// enforcer refuses.
 func (c *Client) UnaryServerInterceptor(opts ...InterceptorOption) grpc.UnaryServerInterceptor {
 	cfg := c.interceptorConfig(opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -202,39 +213,56 @@ func (c *Client) admit(ctx context.Context, cfg *interceptorConfig, method strin
 		}
 		return nil, status.Error(codes.Unavailable, "rate limiter unavailable")
 	}
-	md := headers(d)
+	a := header.FromProto(toWire(d), req.Cost)
+	md := headers(a)
 	if d.Allowed {
 		return md, nil
 	}
-	return md, rejection(d)
+	return md, rejection(d, a)
 }
 
-func headers(d Decision) metadata.MD {
-	if d.RuleID == "" {
+// headers is the metadata of the rate-limit headers of a (nil when there
+// are none): the HTTP API's, with the names in lower case.
+func headers(a header.Answer) metadata.MD {
+	fs := header.Fields(a)
+	if len(fs) == 0 {
 		return nil
 	}
-	md := metadata.Pairs(
-		"x-ratelimit-limit", strconv.FormatInt(d.Limit, 10),
-		"x-ratelimit-remaining", strconv.FormatInt(d.Remaining, 10),
-		"x-ratelimit-reset", strconv.FormatInt(ceilSeconds(d.ResetAfter), 10))
-	if !d.Allowed && d.RetryAfter > 0 {
-		md.Set("retry-after", strconv.FormatInt(ceilSeconds(d.RetryAfter), 10))
+	md := make(metadata.MD, len(fs))
+	for _, f := range fs {
+		md.Append(strings.ToLower(f.Name), f.Value)
 	}
 	return md
 }
 
-// rejection is the ResourceExhausted status of a rejected call.
-func rejection(d Decision) error {
+// rejection is the ResourceExhausted status of a rejected call: with a
+// RetryInfo detail exactly when the headers carry Retry-After (waiting can
+// help), else with the reason waiting cannot help in the message.
+func rejection(d Decision, a header.Answer) error {
 	msg := fmt.Sprintf("rate limit exceeded (rule %q)", d.RuleID)
-	if d.RetryAfter == Never {
-		msg += ": waiting cannot help (the cost is above what the rule admits here)"
+	var retry time.Duration
+	for _, f := range header.Fields(a) {
+		if f.Name == header.RetryAfter {
+			secs, _ := strconv.ParseInt(f.Value, 10, 64)
+			retry = time.Duration(secs) * time.Second
+		}
+	}
+	if d.RetryAfter > 0 && retry > 0 {
+		retry = d.RetryAfter // the precise delay; the header's is whole seconds
+	}
+	if retry == 0 {
+		_, reason := header.Status(a)
+		msg += ": " + reason
 	}
 	st := status.New(codes.ResourceExhausted, msg)
-	qf := &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
-		Subject: "rule:" + d.RuleID, Description: fmt.Sprintf("limit %d, remaining %d", d.Limit, d.Remaining)}}}
+	desc := fmt.Sprintf("limit %d, remaining %d", d.Limit, d.Remaining)
+	if d.FailOpen { // the enforcer's failure policy answered: the bucket's state is unknown
+		desc = fmt.Sprintf("limit %d (answered by the rule's failure mode: the enforcer's store is unreachable)", d.Limit)
+	}
+	qf := &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: "rule:" + d.RuleID, Description: desc}}}
 	var err error
-	if d.RetryAfter > 0 {
-		st, err = st.WithDetails(qf, &errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)})
+	if retry > 0 {
+		st, err = st.WithDetails(qf, &errdetails.RetryInfo{RetryDelay: durationpb.New(retry)})
 	} else {
 		st, err = st.WithDetails(qf)
 	}
@@ -242,13 +270,4 @@ func rejection(d Decision) error {
 		return status.Errorf(codes.ResourceExhausted, "rate limit exceeded (rule %q)", d.RuleID)
 	}
 	return st.Err()
-}
-
-// ceilSeconds rounds d up to whole seconds, as Retry-After and
-// X-RateLimit-Reset are written.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
 }

@@ -199,3 +199,64 @@ func TestInterceptorWaitingCannotHelp(t *testing.T) {
 		t.Errorf("retry-after %v on a rejection waiting cannot cure", got)
 	}
 }
+
+// TestInterceptorHeaders: the interceptor's rate-limit metadata is what the
+// HTTP API and the HTTP middleware write (regional/header), in lower case.
+// Before, a call that only a shadow rule matched carried x-ratelimit-limit,
+// -remaining and -reset although every call is allowed, and an answer of
+// the enforcer's failure policy (its Redis down) a remaining of 0 and a
+// reset of 0 that a client pacing itself on them takes for the bucket's.
+func TestInterceptorHeaders(t *testing.T) {
+	rateHeaders := []string{"x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset", "ratelimit-policy", "ratelimit", "retry-after"}
+	check := func(t *testing.T, hdr metadata.MD, want map[string]string) {
+		t.Helper()
+		for _, k := range rateHeaders {
+			got := hdr.Get(k)
+			if w, ok := want[k]; ok && (len(got) != 1 || got[0] != w) {
+				t.Errorf("%s = %q, want %q", k, got, w)
+			} else if !ok && len(got) != 0 {
+				t.Errorf("%s = %q, want none", k, got)
+			}
+		}
+	}
+	t.Run("enforced", func(t *testing.T) {
+		e := startEnforcer(t, []rules.Rule{tokenBucket("echo", "/demo.Echo/Echo", 2)})
+		c := newClient(t, client.WithAddress(e.addr))
+		hdr, err := echo(startEcho(t, c), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A bucket of 2 refilling 0.01 tokens a second: 100s to refill a
+		// token, 200s from empty.
+		check(t, hdr, map[string]string{"x-ratelimit-limit": "2", "x-ratelimit-remaining": "1", "x-ratelimit-reset": "100",
+			"ratelimit-policy": `"echo";q=2;w=200`, "ratelimit": `"echo";r=1;t=100`})
+	})
+	t.Run("shadow only", func(t *testing.T) {
+		shadow := tokenBucket("echo", "/demo.Echo/Echo", 1)
+		shadow.Shadow = true
+		e := startEnforcer(t, []rules.Rule{shadow})
+		c := newClient(t, client.WithAddress(e.addr))
+		conn := startEcho(t, c)
+		for i := range 2 { // the second is over the shadow rule's capacity, and allowed
+			hdr, err := echo(conn, "")
+			if err != nil {
+				t.Fatalf("call %d: %v", i, err)
+			}
+			check(t, hdr, nil)
+		}
+	})
+	t.Run("failure policy", func(t *testing.T) {
+		e, r := startEnforcerRedis(t, []rules.Rule{tokenBucket("echo", "/demo.Echo/Echo", 2)})
+		c := newClient(t, client.WithAddress(e.addr))
+		conn := startEcho(t, c)
+		if _, err := echo(conn, ""); err != nil {
+			t.Fatal(err)
+		}
+		r.Stop() // the rule fails open: allowed, fail_open
+		hdr, err := echo(conn, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, hdr, map[string]string{"x-ratelimit-limit": "2", "ratelimit-policy": `"echo";q=2;w=200`})
+	})
+}

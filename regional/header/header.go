@@ -1,7 +1,8 @@
 // Package header writes the rate-limit response headers of one CheckLimit
 // answer and picks the HTTP status of a rejection. It is the one header
 // writer of the module: the enforcer's HTTP API (POST /v1/check), the Go
-// middleware (regional/middleware) and the Envoy service's
+// middleware (regional/middleware), the gRPC interceptors of
+// regional/client (in lower case, as gRPC metadata) and the Envoy service's
 // response_headers_to_add (regional/envoy) all write what Fields returns, so
 // a client sees the same headers whichever front end answered.
 //

@@ -102,7 +102,8 @@ func TestOptionsValidate(t *testing.T) {
 
 // ExampleNew wraps a handler with the enforcer of the local region.
 func ExampleNew() {
-	// In production: conn, _ := grpc.NewClient("127.0.0.1:8081", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// In production: conn, _ := grpc.NewClient("127.0.0.1:8081", append(client.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	//                (client.DialOptions: reconnect within a second of the enforcer's return)
 	//                client := ratelimitv1.NewRateLimiterClient(conn)
 	client := &fakeChecker{n: 1, seen: map[string]int{}}
 	mw, err := New(client,
