@@ -5,6 +5,7 @@ import (
 	"time"
 
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
+	"github.com/apportion/apportion/regional/client"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -27,7 +28,7 @@ const (
 func (s *Stack) Load(ctx context.Context) error {
 	clients := make([]ratelimitv1.RateLimiterClient, len(s.Regions))
 	for i, r := range s.Regions {
-		cc, err := grpc.NewClient(r.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(r.GRPCAddr, append(client.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...) // back within a second of a restarted enforcer
 		if err != nil {
 			return err
 		}
