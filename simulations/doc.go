@@ -69,8 +69,13 @@ func Apply(sc *scenario.Scenario, param, value string) (*scenario.Scenario, floa
 		c.Network.DelayMs = dm
 	case "interval", "lease", "half-life":
 		d, err := time.ParseDuration(value)
-		if err != nil || d < 0 || (d == 0 && param != "half-life") {
+		switch {
+		case err != nil:
 			return nil, 0, fmt.Errorf("simulations: %s value %q: want a duration such as 250ms", param, value)
+		case d < 0 && param == "half-life":
+			return nil, 0, fmt.Errorf("simulations: half-life value %q: must not be negative (0s: the newest interval only)", value)
+		case d <= 0 && param != "half-life":
+			return nil, 0, fmt.Errorf("simulations: %s value %q: must be above 0", param, value)
 		}
 		switch param {
 		case "interval":

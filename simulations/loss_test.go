@@ -95,3 +95,49 @@ func TestRegionLossServesTheLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestConvergenceAfterLossWithFloor: three regions with min_share 0.3, c
+// lost for good at 5 s. The targets leave c its floor (0.1 of the limit,
+// above ConvergeTolerance) while the ledger samples c's share at 0:
+// convergence compares only the regions that are up, so the ledger
+// reaches and settles after the loss (it once read "reach never").
+func TestConvergenceAfterLossWithFloor(t *testing.T) {
+	sc, err := scenario.Parse("lost-floor", []byte(`name: lost-floor
+duration: 60s
+regions: [{name: a}, {name: b}, {name: c}]
+network: {delay_ms: {a: {b: 50, c: 50}, b: {c: 50}}}
+rule: {rate: 90, min_share: 0.3}
+demand:
+  - {region: a, shape: constant, level: 1, arrivals: uniform}
+  - {region: b, shape: constant, level: 1, arrivals: uniform}
+  - {region: c, shape: constant, level: 1, arrivals: uniform}
+events:
+  - {kind: region_loss, regions: [c], at: 5s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := sim.Run(context.Background(), sc, strategy.All(), sim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lost *sim.Shift
+	for i := range res.Targets {
+		if res.Targets[i].Fault == "region_loss c lost" {
+			lost = &res.Targets[i]
+		}
+	}
+	if lost == nil || len(lost.Lost) != 1 || lost.Lost[0] != 2 || lost.Targets[2] <= sim.ConvergeTolerance {
+		t.Fatalf("shifts %+v: want c's loss, c lost, its floor above the tolerance", res.Targets)
+	}
+	for _, s := range res.Strategies {
+		if s.Name != "ledger" {
+			continue
+		}
+		for i, sh := range res.Targets {
+			if sh.At >= 5 && (s.Reach[i] < 0 || s.Convergence[i] < 0) {
+				t.Errorf("ledger after the shift at %gs (%s): reach %v s, settle %v s, want finite", sh.At, sh.Fault, s.Reach[i], s.Convergence[i])
+			}
+		}
+	}
+}

@@ -92,7 +92,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fs.StringVar(&c.values, "values", "", "comma-separated values, e.g. 0.5,1,2 or 100ms,250ms,1s")
 	case "live":
 		fs.Float64Var(&c.speed, "speed", 1, "play the scenario's timeline (demand changes, duration) this many times faster; rates, delays and sync settings stay (> 0)")
-		fs.Float64Var(&c.maxLoad, "max-load", live.DefaultMaxLoad, "cap on the total offered load, requests/s; above it rate, burst and demand are scaled down by the same factor")
+		fs.Float64Var(&c.maxLoad, "max-load", live.DefaultMaxLoad, "cap on the total offered load, requests/s (> 0); above it rate, burst and demand are scaled down by the same factor")
 		fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
@@ -112,6 +112,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if cmd == "live" && !(c.speed > 0 && c.speed <= math.MaxFloat64) {
 		return fmt.Errorf("--speed %v: must be a number above 0 (1: real time)", c.speed)
+	}
+	if cmd == "live" && !(c.maxLoad > 0 && c.maxLoad <= math.MaxFloat64) {
+		return fmt.Errorf("--max-load %v: must be a number of requests/s above 0 (default %d)", c.maxLoad, live.DefaultMaxLoad)
 	}
 	sc, err := scenario.Load(path)
 	if err != nil {

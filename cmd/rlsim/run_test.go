@@ -84,6 +84,12 @@ func TestErrors(t *testing.T) {
 			"rtt=1e300: scenario: network.delay_ms.eu-west.ap-south: 6e+301 ms is above the maximum of 3600000 ms (an hour)"},
 		{[]string{"sweep", scenarios + "flash-crowd.yaml", "--duration", "1s", "--param", "rtt", "--values", "inf"}, `rtt value "inf": want a finite factor`},
 		{[]string{"sweep", scenarios + "flash-crowd.yaml", "--duration", "1s", "--param", "rtt", "--values", "200h"}, "rtt=200h: scenario: network.delay_ms"},
+		{[]string{"live", scenarios + "shift.yaml", "--max-load", "-5", "--quiet"}, "--max-load -5: must be a number of requests/s above 0 (default 1500)"},
+		{[]string{"live", scenarios + "shift.yaml", "--max-load", "0", "--quiet"}, "--max-load 0: must be a number of requests/s above 0"},
+		{[]string{"sweep", scenarios + "flash-crowd.yaml", "--duration", "1s", "--param", "interval", "--values", "0s"}, `interval value "0s": must be above 0`},
+		{[]string{"sweep", scenarios + "flash-crowd.yaml", "--duration", "1s", "--param", "lease", "--values", "-1s"}, `lease value "-1s": must be above 0`},
+		{[]string{"sweep", scenarios + "flash-crowd.yaml", "--duration", "1s", "--param", "half-life", "--values", "-1s"}, `half-life value "-1s": must not be negative`},
+		{[]string{"sweep", scenarios + "flash-crowd.yaml", "--duration", "1s", "--param", "interval", "--values", "fast"}, `interval value "fast": want a duration such as 250ms`},
 	}
 	for _, c := range cases {
 		var out, errb bytes.Buffer

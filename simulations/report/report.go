@@ -73,7 +73,7 @@ func Table(res *sim.Result) string {
 		res.Scenario, res.Seed, time.Duration(res.DurationS*1e9), len(res.Regions), res.Rate, res.Burst, res.Keys, len(res.Targets))
 	b.WriteString(clockNote(res))
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "strategy\tovershoot 1s\t10s\t60s\tutilization\twrongly rejected\tconvergence\tsync B/key/s\tactive keys")
+	fmt.Fprintln(tw, "strategy\tovershoot 1s\t10s\t60s\tutilization (of ideal)\twrongly rejected\tconvergence\tsync B/key/s\tactive keys")
 	for _, s := range res.Strategies {
 		bpk, keys := "0", "-"
 		if s.SyncBytes > 0 {
@@ -115,7 +115,7 @@ func Markdown(res *sim.Result) string {
 	if n := clockNote(res); n != "" {
 		b.WriteString(n + "\n")
 	}
-	b.WriteString("| strategy | overshoot 1 s | 10 s | 60 s | utilization | wrongly rejected | convergence | sync B/key/s |\n")
+	b.WriteString("| strategy | overshoot 1 s | 10 s | 60 s | utilization (of ideal) | wrongly rejected | convergence | sync B/key/s |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range res.Strategies {
 		bpk := "0"
@@ -291,11 +291,25 @@ func RunFiles(res *sim.Result) ([]File, error) {
 	return fs, nil
 }
 
-// SweepTable is the sweep's table: one row per value and strategy.
+// SweepTable is the sweep's table: one row per value and strategy, with
+// what Table says of a run above and below it: the clock note (once when
+// every value has the same, else per value) and, for a fixed-window rule,
+// the quota line of each value.
 func SweepTable(pts []simulations.Point) string {
 	var b bytes.Buffer
+	same := true
+	for _, p := range pts {
+		same = same && clockNote(p.Result) == clockNote(pts[0].Result)
+	}
+	for i, p := range pts {
+		if n := clockNote(p.Result); n != "" && !same {
+			fmt.Fprintf(&b, "%s %s: %s", p.Param, p.Value, n)
+		} else if n != "" && i == 0 {
+			b.WriteString(n)
+		}
+	}
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "param\tvalue\tstrategy\tovershoot 1s\t10s\t60s\tutilization\twrongly rejected\tconvergence\tsync B/key/s")
+	fmt.Fprintln(tw, "param\tvalue\tstrategy\tovershoot 1s\t10s\t60s\tutilization (of ideal)\twrongly rejected\tconvergence\tsync B/key/s")
 	for _, p := range pts {
 		for _, s := range p.Result.Strategies {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.2f%%\t%.2f%%\t%s\t%.0f\n", p.Param, p.Value, s.Name, pct(s.Overshoot[0]), pct(s.Overshoot[1]), pct(s.Overshoot[2]),
@@ -303,6 +317,11 @@ func SweepTable(pts []simulations.Point) string {
 		}
 	}
 	tw.Flush()
+	for _, p := range pts {
+		if q := quotaLine(p.Result); q != "" {
+			fmt.Fprintf(&b, "%s %s: %s", p.Param, p.Value, q)
+		}
+	}
 	return b.String()
 }
 
@@ -310,14 +329,21 @@ func SweepTable(pts []simulations.Point) string {
 // mean settle time over the shifts whose shares settled (the table's
 // "settle" mean, not its "reach"), -1 when none did (summary.csv's
 // never), empty for a strategy without shares or a run without shifts.
+// window_max (the last column) is, for a fixed-window rule, the most one
+// key admitted in one window (StrategyResult.WindowMax; the quota line),
+// empty for a token bucket.
 func SweepCSV(pts []simulations.Point) []byte {
 	var b bytes.Buffer
 	w := csv.NewWriter(&b)
-	_ = w.Write([]string{"param", "value", "x", "strategy", "overshoot_1s", "overshoot_10s", "overshoot_60s", "utilization", "wrongly_rejected_pct", "convergence_mean_s", "bytes_per_key_second"})
+	_ = w.Write([]string{"param", "value", "x", "strategy", "overshoot_1s", "overshoot_10s", "overshoot_60s", "utilization", "wrongly_rejected_pct", "convergence_mean_s", "bytes_per_key_second", "window_max"})
 	for _, p := range pts {
 		for _, s := range p.Result.Strategies {
+			wmax := ""
+			if p.Result.RuleWindowS > 0 {
+				wmax = strconv.FormatInt(s.WindowMax, 10)
+			}
 			_ = w.Write([]string{p.Param, p.Value, g(p.X), s.Name, g(s.Overshoot[0]), g(s.Overshoot[1]), g(s.Overshoot[2]),
-				g(s.Utilization), g(s.WronglyRejectedPct), convMeanCSV(s), g(s.BytesPerKeySecond)})
+				g(s.Utilization), g(s.WronglyRejectedPct), convMeanCSV(s), g(s.BytesPerKeySecond), wmax})
 		}
 	}
 	w.Flush()

@@ -54,3 +54,38 @@ func TestCSVNeverAndNA(t *testing.T) {
 		}
 	}
 }
+
+// TestSweepClockAndQuota: the sweep says what a run says: the clock
+// warning above its table, the quota line of each value below it, and
+// window_max as sweep.csv's last column (empty for a token bucket).
+func TestSweepClockAndQuota(t *testing.T) {
+	run := func(window float64, wmax int64) *sim.Result {
+		return &sim.Result{Scenario: "q", Seed: 1, Burst: 50, RuleWindowS: window, OutsideClockGuarantee: []string{"region a: store clock rate error 0.1"},
+			Strategies: []sim.StrategyResult{{Name: "ideal", Overshoot: []float64{0, 0, 0}, WindowMax: 50}, {Name: "ledger", Overshoot: []float64{0, 0, 0}, WindowMax: wmax}}}
+	}
+	pts := []simulations.Point{{Param: "lease", Value: "1s", X: 1000, Result: run(10, 51)}, {Param: "lease", Value: "2s", X: 2000, Result: run(10, 50)}}
+	table := SweepTable(pts)
+	for _, want := range []string{
+		"outside the clock guarantee (the ledger's bounds do not apply): region a: store clock rate error 0.1\n",
+		"lease 1s: quota 50 per 10s: most admitted in one window: ideal 50, ledger 51\n",
+		"lease 2s: quota 50 per 10s: most admitted in one window: ideal 50, ledger 50\n",
+	} {
+		if !bytes.Contains([]byte(table), []byte(want)) {
+			t.Errorf("sweep table without %q:\n%s", want, table)
+		}
+	}
+	rows, err := csv.NewReader(bytes.NewReader(SweepCSV(pts))).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := rows[0]; h[len(h)-1] != "window_max" || rows[2][len(h)-1] != "51" || rows[4][len(h)-1] != "50" {
+		t.Errorf("sweep.csv %v: want window_max last, 51 for lease 1s's ledger, 50 for 2s's", rows)
+	}
+	pts = []simulations.Point{{Param: "lease", Value: "1s", X: 1000, Result: run(0, 0)}}
+	if rows, _ = csv.NewReader(bytes.NewReader(SweepCSV(pts))).ReadAll(); rows[1][len(rows[0])-1] != "" {
+		t.Errorf("token bucket: window_max %q, want empty", rows[1][len(rows[0])-1])
+	}
+	if bytes.Contains([]byte(SweepTable(pts)), []byte("quota")) {
+		t.Error("token bucket: a quota line in the sweep table")
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -179,8 +180,9 @@ func typeMsg(tag, value, goType string) string {
 
 // checkWritten checks what the file says before the defaults fill in
 // what it leaves out: whole numbers where a field is one (YAML would
-// truncate 2.9 to 2), no explicit 0 where 0 is not a value, and a
-// gift_wait left to its default that the interval cannot hold.
+// truncate 2.9 to 2), no explicit 0 where 0 is not a value, no demand
+// field its shape does not read (shapeFields), and a gift_wait left to its
+// default that the interval cannot hold.
 func (sc *Scenario) checkWritten(root *yaml.Node, set func(string) bool) error {
 	ints := []string{"seed"}
 	for i := range sc.Demand {
@@ -228,6 +230,22 @@ func (sc *Scenario) checkWritten(root *yaml.Node, set func(string) bool) error {
 			return bad(z.path, "0 is not allowed: it must be positive (0 does not stand for the default: leave the field out for %s)", z.dflt)
 		}
 	}
+	for i, dm := range sc.Demand {
+		shape := dm.Shape
+		if shape == "" {
+			shape = "constant"
+		}
+		uses, ok := shapeFields[shape]
+		if !ok {
+			continue // Validate names the unknown shape
+		}
+		for _, field := range allShapeFields {
+			p := fmt.Sprintf("demand[%d].%s", i, field)
+			if set(p) && !slices.Contains(uses, field) {
+				return bad(p, "does not apply to shape %s, which uses %s: remove it, or set the shape that uses it", shape, strings.Join(uses, ", "))
+			}
+		}
+	}
 	if iv := sc.Sync.Interval.D(); iv > 0 && !set("sync.gift_wait") && d.Sync.GiftWait.D() > maxGiftWaitIntervals*iv {
 		gw := d.Sync.GiftWait.D()
 		return bad("sync.interval", "%v is too short for sync.gift_wait's default of %v, which may be at most %d intervals (%v at this interval): use an interval of at least %v, or set gift_wait (at most %v; 0s: every excess at once)",
@@ -235,6 +253,18 @@ func (sc *Scenario) checkWritten(root *yaml.Node, set func(string) bool) error {
 	}
 	return nil
 }
+
+// shapeFields are the demand fields each shape reads; allShapeFields
+// every one of them, in the order Demand lists them.
+var (
+	shapeFields = map[string][]string{
+		"constant": {"level"},
+		"steps":    {"steps"},
+		"ramp":     {"from", "to", "start", "end"},
+		"sinusoid": {"level", "amplitude", "period", "phase"},
+	}
+	allShapeFields = []string{"level", "steps", "from", "to", "start", "end", "amplitude", "period", "phase"}
+)
 
 func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" }
 

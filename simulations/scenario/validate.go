@@ -491,6 +491,13 @@ func (sc *Scenario) validateDemand(i int) error {
 	if d.Cost < 1 || d.Cost > rules.MaxCapacity {
 		return bad(f+".cost", "%d: must be in [1, %d] (0 or absent: 1; the most a bucket of the rule store holds)", d.Cost, int64(rules.MaxCapacity))
 	}
+	if float64(d.Cost) > sc.Rule.Burst {
+		what := "burst"
+		if sc.Rule.Window > 0 {
+			what = "limit per window"
+		}
+		return bad(f+".cost", "%d is above rule.burst %s (the rule's %s): no request of this cost can ever be admitted", d.Cost, num(sc.Rule.Burst), what)
+	}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
@@ -260,8 +261,8 @@ func PerSecond(xs []float64, sample, dur time.Duration) []float64 {
 }
 
 // convergence fills in the convergence time after each shift: the first
-// sample from which every region's share stays within ConvergeTolerance of
-// the limit of its target until the next shift (or the end), sampled every
+// sample from which every region's share (but a lost one's: Shift.Lost)
+// stays within ConvergeTolerance of the limit of its target until the next shift (or the end), sampled every
 // 100 ms. -1: the shares were out of tolerance at the end of the period
 // (with Poisson arrivals the targets follow noisy demand estimates).
 func (m *metrics) convergence(res *Result) {
@@ -276,9 +277,16 @@ func (m *metrics) convergence(res *Result) {
 	}
 }
 
-func within(shares, targets []float64) bool {
+// within reports whether every region not lost at sh has its share within
+// ConvergeTolerance of its target. A lost region is left out: its target
+// is its floor, but it has no requests and its sampled share (the
+// ledger's 0, a stopped agent's floor live) says nothing of convergence.
+func within(shares []float64, sh Shift) bool {
 	for r, v := range shares {
-		if math.Abs(v-targets[r]) > ConvergeTolerance {
+		if slices.Contains(sh.Lost, r) {
+			continue
+		}
+		if math.Abs(v-sh.Targets[r]) > ConvergeTolerance {
 			return false
 		}
 	}

@@ -60,7 +60,7 @@ func Converge(conv [][]float64, shifts []Shift) (reach, settle []float64) {
 		to = min(to, len(conv))
 		r := -1.0
 		for k := from; k < to; k++ {
-			if within(conv[k], sh.Targets) {
+			if within(conv[k], sh) {
 				r = float64(k)*convergeSample.Seconds() - sh.At
 				break
 			}
@@ -68,7 +68,7 @@ func Converge(conv [][]float64, shifts []Shift) (reach, settle []float64) {
 		reach = append(reach, round(r, 3))
 		at := -1.0
 		for k := to - 1; k >= from; k-- {
-			if !within(conv[k], sh.Targets) {
+			if !within(conv[k], sh) {
 				break
 			}
 			at = float64(k)*convergeSample.Seconds() - sh.At

@@ -100,8 +100,9 @@ func mulDiv(a, b, c int64) int64 {
 // Windows are the overshoot windows (1 s, 10 s, 60 s).
 var Windows = []time.Duration{time.Second, 10 * time.Second, time.Minute}
 
-// ConvergeTolerance: shares are converged when every region's share is
-// within this fraction of the limit of its target.
+// ConvergeTolerance: shares are converged when every region's share (but
+// that of a region lost at the shift: Shift.Lost) is within this fraction
+// of the limit of its target.
 const ConvergeTolerance = 0.05
 
 // convergeSample is the period at which shares are sampled for convergence.

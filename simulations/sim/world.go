@@ -330,6 +330,10 @@ type Shift struct {
 	// Fault names the event whose end (a region_loss: start) this is;
 	// empty for a demand change.
 	Fault string `json:"fault,omitempty"`
+	// Lost lists the regions (indices) lost at At: their targets are
+	// their floors, but convergence compares only the other regions (a
+	// lost region's share is not enforced: it has no requests).
+	Lost []int `json:"lost,omitempty"`
 }
 
 // faultEnds returns, per event of sc, the time from which the shares must
@@ -439,11 +443,13 @@ func targets(sc *Scenario, w *world, dur time.Duration) []Shift {
 		// A lost region keeps its floor (floors never move); the rest is
 		// the live regions' (the survivors reclaim it).
 		var regs []allocation.Region
-		var live []int
+		var live, gone []int
 		tg := make([]float64, len(lv))
 		for r := range lv {
 			tg[r] = sc.Rule.MinShare * wts[r]
-			if !lost[r] {
+			if lost[r] {
+				gone = append(gone, r)
+			} else {
 				live = append(live, r)
 				regs = append(regs, allocation.Region{Weight: wts[r], Floor: sc.Rule.MinShare * wts[r], Demand: lv[r]})
 			}
@@ -451,7 +457,7 @@ func targets(sc *Scenario, w *world, dur time.Duration) []Shift {
 		for j, v := range allocation.Targets(f, 1-sc.Rule.MinShare, regs) {
 			tg[live[j]] = v
 		}
-		out = append(out, Shift{At: p.at.Seconds(), Targets: tg, Fault: p.fault})
+		out = append(out, Shift{At: p.at.Seconds(), Targets: tg, Fault: p.fault, Lost: gone})
 	}
 	return out
 }

@@ -2,8 +2,12 @@
 // cmd/internal/stack's regions (an embedded NATS server per region joined by
 // gateways through delay proxies that inject the scenario's one-way delay
 // matrix, a redis-server, the real enforcer and the real sync agent with the
-// scenario's interval and lease, one etcd), one global token-bucket rule with
-// the scenario's rate, burst, min_share and weights, and the scenario's
+// scenario's interval, lease and witness lease (its other sync settings,
+// when not the agent's defaults, are named in the report's notes), one
+// etcd), one global rule with the scenario's min_share and weights (a token
+// bucket of its rate and burst, or with rule.window a fixed window of
+// burst requests per window, the replay starting at a window's start of
+// the stores' clock for a window up to a minute), and the scenario's
 // requests replayed in real time as gRPC CheckLimit calls to each region's
 // enforcer. The very requests the simulator generates for the same scenario
 // and seed are sent, so the enforcers' own decisions are scored with the

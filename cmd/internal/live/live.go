@@ -32,9 +32,9 @@ type Options struct {
 	// Speed plays the scenario's timeline (demand changes, duration) this
 	// many times faster (default 1); rates, delays and sync settings stay.
 	Speed float64
-	// MaxLoad caps the total offered load, requests/s (default
-	// DefaultMaxLoad); above it rate, burst and demand are scaled down
-	// by the same factor.
+	// MaxLoad caps the total offered load, requests/s (0:
+	// DefaultMaxLoad; negative: no cap, which rlsim live refuses); above
+	// it rate, burst and demand are scaled down by the same factor.
 	MaxLoad float64
 	// Progress receives one line per 10 s of replay (default: none).
 	Progress io.Writer
@@ -187,6 +187,7 @@ func score(sc *scenario.Scenario, vres *sim.Result, reqs []request, keys []strin
 	}
 	sort.SliceStable(idx, func(a, b int) bool { return rp.dec[idx[a]].sent < rp.dec[idx[b]].sent })
 	wm := sim.NewWindowMax(sc.Rule.Rate, sc.Rule.Burst)
+	quota := newQuota(sc.Rule.Window.D(), rp.start)
 	sample := sc.Sample.D()
 	series := make([]float64, len(vres.Demand))
 	var lags, lats []time.Duration
@@ -214,6 +215,7 @@ func score(sc *scenario.Scenario, vres *sim.Result, reqs []request, keys []strin
 		}
 		sr.Admitted += q.cost
 		wm.Add(d.sent, keys[q.key], q.cost)
+		quota.add(d.sent, q.key, q.cost)
 		if q.key == 0 && len(series) > 0 {
 			series[min(int(d.sent/sample), len(series)-1)] += float64(q.cost)
 		}
@@ -225,6 +227,7 @@ func score(sc *scenario.Scenario, vres *sim.Result, reqs []request, keys []strin
 	info.LatMaxMs = round(float64(slices.Max(append(lats, 0)))/1e6, 2)
 	sr.Rejected = sr.Offered - sr.Admitted
 	sr.Overshoot = wm.Overshoot()
+	sr.WindowMax = quota.max
 	if ideal := vres.Strategies[0].Admitted; ideal > 0 {
 		sr.Utilization = round(float64(sr.Admitted)/float64(ideal), 6)
 	}
@@ -247,4 +250,36 @@ func score(sc *scenario.Scenario, vres *sim.Result, reqs []request, keys []strin
 		sr.BytesPerKeySecond = round(float64(rp.syncBytes)/(rp.activeMean*rp.wall.Seconds()), 3)
 	}
 	return sr
+}
+
+// quota scores a fixed-window rule live as the simulator does
+// (StrategyResult.WindowMax): the most admitted for one key in one window
+// of the rule. The windows are the stores': the store script's window
+// index is the Redis clock's milliseconds over the window, and the stores'
+// clock is this machine's, so a request sent at t (since start) counts in
+// window (start + t) / W of the Unix epoch.
+type quota struct {
+	w     time.Duration // 0: no window rule
+	start int64         // the replay's start, Unix ms
+	cur   map[int][2]int64
+	max   int64
+}
+
+func newQuota(w time.Duration, start time.Time) *quota {
+	return &quota{w: w, start: start.UnixMilli(), cur: map[int][2]int64{}}
+}
+
+// add counts cost admitted for key at sent (in non-decreasing sent order).
+func (x *quota) add(sent time.Duration, key int, cost int64) {
+	if x.w <= 0 {
+		return
+	}
+	idx := (x.start + sent.Milliseconds()) / x.w.Milliseconds()
+	c := x.cur[key]
+	if c[0] != idx {
+		c = [2]int64{idx, 0}
+	}
+	c[1] += cost
+	x.cur[key] = c
+	x.max = max(x.max, c[1])
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/apportion/apportion/cmd/internal/stack"
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
 	"github.com/apportion/apportion/regional/redisstore"
+	"github.com/apportion/apportion/rules"
 	"github.com/apportion/apportion/simulations/scenario"
 	"github.com/apportion/apportion/simulations/sim"
 	"github.com/apportion/apportion/sync/agent"
@@ -39,9 +40,12 @@ const (
 	framing = 40
 )
 
-// rulesYAML is the one global token-bucket rule of sc; it fails closed
-// when a region's Redis restarts in the run (restartsRedis), so that no
-// check is admitted by the failure policy while it is down.
+// rulesYAML is the one global rule of sc: a token bucket of capacity
+// burst refilled at rate or, with rule.window, a fixed window of burst
+// requests per window (the store script's global fixed window, the one the
+// simulator models); it fails closed when a region's Redis restarts in the
+// run (restartsRedis), so that no check is admitted by the failure policy
+// while it is down.
 func rulesYAML(sc *scenario.Scenario) []byte {
 	var w strings.Builder
 	wts := sc.Weights()
@@ -51,17 +55,19 @@ func rulesYAML(sc *scenario.Scenario) []byte {
 		}
 		fmt.Fprintf(&w, "%q: %g", r.Name, wts[i])
 	}
+	alg := fmt.Sprintf("algorithm: token_bucket\n  capacity: %d\n  refill_per_second: %g", int64(sc.Rule.Burst), sc.Rule.Rate)
+	if w := sc.Rule.Window.D(); w > 0 {
+		alg = fmt.Sprintf("algorithm: fixed_window\n  limit: %d\n  window: %s", int64(sc.Rule.Burst), rules.Duration(w))
+	}
 	return fmt.Appendf(nil, `- id: %s
   match: { resource: %q }
   key: [client_key]
-  algorithm: token_bucket
-  capacity: %d
-  refill_per_second: %g
+  %s
   scope: global
   regions: { %s }
   min_share: %g
   failure_mode: %s
-`, ruleID, resource, int64(sc.Rule.Burst), sc.Rule.Rate, w.String(), sc.Rule.MinShare, failureMode(sc))
+`, ruleID, resource, alg, w.String(), sc.Rule.MinShare, failureMode(sc))
 }
 
 // failureMode is the live rule's failure_mode for sc: closed when a
@@ -83,6 +89,7 @@ type decision struct {
 
 type replayed struct {
 	dec        []decision
+	start      time.Time // the replay's start (time 0 of sent and recv), on the machine's clock
 	wall       time.Duration
 	conv       [][]float64 // shares of the tracked key per ConvergeSample (nil: not sampled)
 	syncBytes  int64
@@ -143,8 +150,12 @@ func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []s
 	defer samplerWG.Wait()
 	runCtx, cancel := context.WithCancel(ctx) // ends the sampler; deferred after Wait, so it runs first
 	defer cancel()
+	if err := alignWindow(ctx, sc.Rule.Window.D()); err != nil {
+		return nil, err
+	}
 	bytes := newMeter(runCtx, st)
 	t0 := time.Now()
+	rp.start = t0
 	var activeSum float64
 	var activeN int
 	var partErr error
@@ -223,6 +234,29 @@ func replay(ctx context.Context, sc *scenario.Scenario, reqs []request, keys []s
 		return nil, err
 	}
 	return rp, nil
+}
+
+// maxAlignWait is the longest rule window whose start the replay waits
+// for (alignWindow).
+const maxAlignWait = time.Minute
+
+// alignWindow waits, for a fixed-window rule of window w up to
+// maxAlignWait, until the next start of a window of the stores' clock
+// (Unix milliseconds over w, as the store script counts), so the live
+// windows are the simulator's, which start with the scenario. A longer
+// window is not waited for (unsupported says so).
+func alignWindow(ctx context.Context, w time.Duration) error {
+	if w <= 0 || w > maxAlignWait {
+		return nil
+	}
+	ms := w.Milliseconds()
+	wait := time.Duration(ms-time.Now().UnixMilli()%ms) * time.Millisecond
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(wait):
+		return nil
+	}
 }
 
 // action is what playEvents does to a region at a time.

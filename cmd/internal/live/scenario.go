@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/apportion/apportion/simulations/scenario"
+	"github.com/apportion/apportion/sync/agent"
 )
 
 // Scaled returns a copy of sc as the live run plays it: the timeline
@@ -51,6 +52,9 @@ func Scaled(sc *scenario.Scenario, duration time.Duration, speed, maxLoad float6
 		c.Rule.Burst = math.Max(1, math.Floor(c.Rule.Burst)) // the enforcer's capacity is whole tokens
 	}
 	if err := c.Validate(); err != nil {
+		if factor < 1 { // e.g. a demand cost above the scaled burst
+			return nil, 0, fmt.Errorf("live: rate and burst scaled x %.4g to keep the peak offered load at --max-load %g: %w", factor, maxLoad, err)
+		}
 		return nil, 0, err
 	}
 	return &c, factor, nil
@@ -118,11 +122,60 @@ func unsupported(sc *scenario.Scenario) (notes []string, err error) {
 		notes = append(notes, fmt.Sprintf("network jitter (%g ms) and loss (%g) are not injected live: the gateways are TCP, the proxy adds the fixed one-way delay only",
 			sc.Network.JitterMs, sc.Network.Loss))
 	}
+	if w := sc.Rule.Window.D(); w > maxAlignWait {
+		notes = append(notes, fmt.Sprintf("rule.window %v: live, the rule is a global fixed_window whose windows are the stores' clock's (Unix time over the window), not aligned with the run's start as in the simulator (the replay waits for a window's start only up to a window of %v): the run may span one window more than the simulator's, and admit up to one limit more",
+			w, maxAlignWait))
+	}
 	if sc.Rule.Allocation != "max_min_fair" {
 		notes = append(notes, fmt.Sprintf("allocation %s: the live agents use their default, max_min_fair", sc.Rule.Allocation))
 	}
+	notes = append(notes, syncNotes(sc)...)
 	notes = append(notes, "registry (etcd), store and clock settings are the real ones on loopback, not the scenario's registry_ms, store_ms, clock errors")
 	return notes, nil
+}
+
+// syncNotes names every sync setting of sc that the live agents do not
+// apply (the stack passes them interval, lease and witness_lease only)
+// and that differs from the agent's default, which they run instead: the
+// simulated ledger column uses the scenario's value, so the comparison
+// is not like for like.
+func syncNotes(sc *scenario.Scenario) []string {
+	def := agent.DefaultConfig()
+	s := &sc.Sync
+	var notes []string
+	dur := func(field string, got scenario.Duration, want time.Duration) {
+		if got.D() != want {
+			notes = append(notes, fmt.Sprintf("live ignores sync.%s (%v): the agents run their default %v", field, got.D(), want))
+		}
+	}
+	num := func(field string, got, want float64) {
+		if got != want {
+			notes = append(notes, fmt.Sprintf("live ignores sync.%s (%g): the agents run their default %g", field, got, want))
+		}
+	}
+	if s.HalfLife != nil {
+		dur("half_life", *s.HalfLife, def.HalfLife)
+	}
+	if s.Heartbeat != nil {
+		dur("heartbeat", *s.Heartbeat, def.Heartbeat)
+	}
+	if s.DemandBand != nil {
+		num("demand_band", *s.DemandBand, def.DemandBand)
+	}
+	if s.GiftBand != nil {
+		num("gift_band", *s.GiftBand, def.GiftBand)
+	}
+	if s.GiftWait != nil {
+		dur("gift_wait", *s.GiftWait, def.GiftWait)
+	}
+	dur("margin", s.Margin, def.Margin)
+	if s.ClockError != nil {
+		num("clock_error", *s.ClockError, def.Rho)
+	}
+	dur("registry_poll", s.RegistryPoll, def.RegistryPoll)
+	dur("etcd_timeout", s.EtcdTimeout, def.EtcdTimeout)
+	dur("store_timeout", s.StoreTimeout, def.StoreTimeout)
+	return notes
 }
 
 // restartsRedis reports whether playing sc restarts a region's Redis: a
