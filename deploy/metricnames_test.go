@@ -110,12 +110,17 @@ func enforcerMetrics(t testing.TB) map[string][]string {
 	}
 	out := describe(t, reg)
 	// Registered by regional/enforcerd when rules come from etcd.
-	const invalid = "apportion_rule_invalid_documents_total"
 	src, err := os.ReadFile(filepath.Join("..", "regional", "enforcerd", "source.go"))
-	if err != nil || !bytes.Contains(src, []byte(`"`+invalid+`"`)) {
-		t.Fatalf("regional/enforcerd/source.go no longer registers %s (%v): update this test", invalid, err)
+	if err != nil {
+		t.Fatal(err)
 	}
-	out[invalid] = []string{"region"}
+	for _, name := range []string{"apportion_rule_invalid_documents_total", "apportion_rule_invalid_documents",
+		"apportion_rule_etcd_reachable", "apportion_rule_revision"} {
+		if !bytes.Contains(src, []byte(`"`+name+`"`)) {
+			t.Fatalf("regional/enforcerd/source.go no longer registers %s: update this test", name)
+		}
+		out[name] = []string{"region"}
+	}
 	if _, ok := out[regional.MetricChecks]; !ok || len(out) < 10 {
 		t.Fatalf("enforcer metrics incomplete: %v", out)
 	}

@@ -52,9 +52,12 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 	revision := prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_rule_revision",
 		ConstLabels: prometheus.Labels{"region": o.region},
 		Help:        "etcd revision of the rule set this process enforces."})
-	reg.MustRegister(invalid, reachable, revision)
+	invalidNow := prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_rule_invalid_documents",
+		ConstLabels: prometheus.Labels{"region": o.region},
+		Help:        "Rule documents stored in etcd now whose current version is invalid (skipped; the last good version stays); 0 once each is fixed or deleted."})
+	reg.MustRegister(invalid, invalidNow, reachable, revision)
 	wopts := []etcdstore.Option{etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithRegistryPrefix(o.registry), etcdstore.WithLogger(log),
-		etcdstore.WithInvalidCounter(invalid), etcdstore.WithReachableGauge(reachable), etcdstore.WithRevisionGauge(revision)}
+		etcdstore.WithInvalidCounter(invalid), etcdstore.WithInvalidGauge(invalidNow), etcdstore.WithReachableGauge(reachable), etcdstore.WithRevisionGauge(revision)}
 	if o.etcdCache != "" {
 		wopts = append(wopts, etcdstore.WithCacheFile(o.etcdCache))
 	}

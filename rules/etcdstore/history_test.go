@@ -474,3 +474,42 @@ func TestWatcherReloadsOnAnotherClusterID(t *testing.T) {
 		t.Fatalf("history lines %v, want one WARN naming the cluster ids", lines)
 	}
 }
+
+// WithInvalidGauge counts the documents stored now whose current version
+// is invalid: 1 after a bad write (also for a watcher started after it), 0
+// once it is fixed, 1 again for another, 0 after its delete. The counter
+// of WithInvalidCounter only grows, so an alert on it resolved while the
+// bad document was still stored (an explorer's report).
+func TestInvalidGauge(t *testing.T) {
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	if _, err := s.Put(ctx, testRule("a", 1), Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "rule_invalid_now"})
+	runWatcher(t, fastWatcher(t, c, WithInvalidGauge(g)))
+	is := func(want float64, what string) {
+		t.Helper()
+		testutil.WaitFor(t, 20*time.Second, fmt.Sprintf("gauge %v %s", want, what), func() bool { return gaugeValue(t, g) == want })
+	}
+	is(0, "at first")
+	if _, err := c.Put(ctx, DefaultPrefix+"a", `{"id":"a","algorithm":"token_bucket","capacity":-5,"refill_per_second":1}`); err != nil {
+		t.Fatal(err)
+	}
+	is(1, "after a bad write")
+	g2 := prometheus.NewGauge(prometheus.GaugeOpts{Name: "rule_invalid_now"})
+	runWatcher(t, fastWatcher(t, c, WithInvalidGauge(g2)))
+	testutil.WaitFor(t, 20*time.Second, "a watcher started after the bad write to count it", func() bool { return gaugeValue(t, g2) == 1 })
+	if _, err := s.Put(ctx, testRule("a", 2), Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	is(0, "after the fix")
+	if _, err := c.Put(ctx, DefaultPrefix+"b", `not json`); err != nil {
+		t.Fatal(err)
+	}
+	is(1, "after another bad document")
+	if _, err := c.Delete(ctx, DefaultPrefix+"b"); err != nil {
+		t.Fatal(err)
+	}
+	is(0, "after its delete")
+}

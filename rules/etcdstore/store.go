@@ -63,6 +63,7 @@ type config struct {
 	invalidCounter prometheus.Counter
 	reachable      prometheus.Gauge
 	revisionGauge  prometheus.Gauge
+	invalidGauge   prometheus.Gauge
 	probeEvery     time.Duration
 	minBackoff     time.Duration
 	maxBackoff     time.Duration
@@ -146,6 +147,18 @@ func WithRequestTimeout(d time.Duration) Option {
 func WithCacheFile(path string) Option {
 	return func(c *config) error {
 		c.cacheFile = path
+		return nil
+	}
+}
+
+// WithInvalidGauge sets a Prometheus gauge, owned (and registered) by the
+// caller, to the number of documents stored now whose current version is
+// invalid (skipped; the last good version of each stays in force): it goes
+// back to 0 once each is fixed or deleted, where the counter of
+// WithInvalidCounter only grows. Default: none. Watcher only.
+func WithInvalidGauge(g prometheus.Gauge) Option {
+	return func(c *config) error {
+		c.invalidGauge = g
 		return nil
 	}
 }

@@ -108,8 +108,11 @@ type state struct {
 	lives map[string]life
 	// badSeen remembers the ModRevision of the last invalid document seen per
 	// key, so a reload does not count the same bad version twice.
-	badSeen   map[string]int64
-	delivered bool
+	badSeen map[string]int64
+	// invalidNow holds the keys whose current version is invalid
+	// (WithInvalidGauge).
+	invalidNow map[string]bool
+	delivered  bool
 	// rev is the revision of the set delivered last, fromCache whether it
 	// came from the cache file.
 	rev       int64
@@ -152,7 +155,7 @@ type life struct {
 // Every snapshot delivered is logged (INFO, "etcdstore: rule set loaded
 // from etcd", with its revision).
 func (w *Watcher) Run(ctx context.Context, update func([]rules.Rule)) error {
-	st := &state{rules: map[string]rules.Rule{}, lives: map[string]life{}, badSeen: map[string]int64{}}
+	st := &state{rules: map[string]rules.Rule{}, lives: map[string]life{}, badSeen: map[string]int64{}, invalidNow: map[string]bool{}}
 	mctx, stopMonitor := context.WithCancel(ctx)
 	var monitor sync.WaitGroup
 	monitor.Go(func() { w.monitor(mctx) })
@@ -406,6 +409,7 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 	}
 	next := make(map[string]rules.Rule, len(resp.Kvs))
 	lives := make(map[string]life, len(resp.Kvs))
+	invalidNow := map[string]bool{}
 	for _, kv := range resp.Kvs {
 		id := kv2id(w.cfg.prefix, kv)
 		l, same := sameLife(id, kv)
@@ -434,6 +438,7 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 		}
 		lives[id] = l
 		if v.err != nil {
+			invalidNow[string(kv.Key)] = true
 			w.badDocument(st, string(kv.Key), kv.ModRevision, invalidDoc(id, v.err))
 			if old, ok := st.rules[id]; ok && same {
 				next[id] = old
@@ -448,7 +453,8 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 		}
 		next[id] = v.cur
 	}
-	st.rules, st.lives = next, lives
+	st.rules, st.lives, st.invalidNow = next, lives, invalidNow
+	w.setInvalid(st)
 	rev := resp.Header.Revision
 	w.clusterID.Store(resp.Header.ClusterId)
 	w.cfg.log.Info("etcdstore: rule set loaded from etcd", logKeyRevision, rev, logKeyRules, len(next), logKeyEnds, w.endpoints())
@@ -528,6 +534,8 @@ func (w *Watcher) apply(ctx context.Context, st *state, ev *clientv3.Event) (boo
 	switch ev.Type {
 	case mvccpb.DELETE:
 		delete(st.badSeen, string(ev.Kv.Key))
+		delete(st.invalidNow, string(ev.Kv.Key))
+		w.setInvalid(st)
 		delete(st.lives, id) // the life ends, and its baseline with it
 		if _, ok := st.rules[id]; !ok {
 			return false, nil
@@ -576,11 +584,22 @@ func (w *Watcher) apply(ctx context.Context, st *state, ev *clientv3.Event) (boo
 		}
 		st.lives[id] = l
 		if err != nil {
+			st.invalidNow[string(ev.Kv.Key)] = true
+			w.setInvalid(st)
 			w.badDocument(st, string(ev.Kv.Key), ev.Kv.ModRevision, invalidDoc(id, err))
 			return changed, nil
 		}
+		delete(st.invalidNow, string(ev.Kv.Key))
+		w.setInvalid(st)
 		st.rules[id] = r
 		return true, nil
+	}
+}
+
+// setInvalid sets WithInvalidGauge's gauge to the invalid documents now.
+func (w *Watcher) setInvalid(st *state) {
+	if w.cfg.invalidGauge != nil {
+		w.cfg.invalidGauge.Set(float64(len(st.invalidNow)))
 	}
 }
 
