@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"github.com/apportion/apportion/allocation"
+	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/rules"
 	"github.com/spf13/cobra"
 )
@@ -224,18 +225,10 @@ func windowShares(r rules.Rule) (static map[string]int64, floor map[string]*int6
 	}
 	names, floorUnits, initial := allocation.Floors(allocation.DefaultUnits, r.MinShare, r.Regions)
 	for i, name := range names {
-		f := unitsShare(r.Limit, floorUnits[i], allocation.DefaultUnits)
-		static[name], floor[name] = unitsShare(r.Limit, floorUnits[i]+initial[i], allocation.DefaultUnits), &f
+		f := redisstore.ShareOf(r.Limit, floorUnits[i], allocation.DefaultUnits)
+		static[name], floor[name] = redisstore.ShareOf(r.Limit, floorUnits[i]+initial[i], allocation.DefaultUnits), &f
 	}
 	return static, floor
-}
-
-// unitsShare is floor(limit x u / units) without overflow: what a region
-// holding u of units units of a global window's limit admits per window,
-// as the store computes it (regional/redisstore's shareOf).
-func unitsShare(limit, u, units int64) int64 {
-	q := limit / units
-	return q*u + (limit-q*units)*u/units
 }
 
 // showLimits prints r's limits; with lq and a global token-bucket rule, also

@@ -456,6 +456,12 @@ func refill(t, el, capU, rate int64) int64 {
 	return t
 }
 
+// ShareOf is what the store enforces of a global limit x for a region
+// holding u of total units: floor(x*u/total), computed as the scripts do
+// (without overflow). rlctl's limits show uses it, so that the figures it
+// prints are the enforced ones.
+func ShareOf(x, u, total int64) int64 { return shareOf(x, u, total) }
+
 // shareOf is floor(x*u/total), computed as the script does.
 func shareOf(x, u, total int64) int64 {
 	q := floorDiv(x, total)
