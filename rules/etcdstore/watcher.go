@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -106,13 +107,11 @@ type state struct {
 	// lives holds, per id, the life (CreateRevision) of its key that the
 	// state follows and that life's baseline.
 	lives map[string]life
-	// badSeen remembers the ModRevision of the last invalid document seen per
-	// key, so a reload does not count the same bad version twice.
-	badSeen map[string]int64
-	// invalidNow holds the keys whose current version is invalid
-	// (WithInvalidGauge).
-	invalidNow map[string]bool
-	delivered  bool
+	// badSeen holds the keys whose current version is invalid, each with
+	// the ModRevision of that version (WithInvalidGauge counts them), so
+	// that a reload does not count the same bad version twice.
+	badSeen   map[string]int64
+	delivered bool
 	// rev is the revision of the set delivered last, fromCache whether it
 	// came from the cache file.
 	rev       int64
@@ -155,7 +154,7 @@ type life struct {
 // Every snapshot delivered is logged (INFO, "etcdstore: rule set loaded
 // from etcd", with its revision).
 func (w *Watcher) Run(ctx context.Context, update func([]rules.Rule)) error {
-	st := &state{rules: map[string]rules.Rule{}, lives: map[string]life{}, badSeen: map[string]int64{}, invalidNow: map[string]bool{}}
+	st := &state{rules: map[string]rules.Rule{}, lives: map[string]life{}, badSeen: map[string]int64{}}
 	mctx, stopMonitor := context.WithCancel(ctx)
 	var monitor sync.WaitGroup
 	monitor.Go(func() { w.monitor(mctx) })
@@ -409,7 +408,7 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 	}
 	next := make(map[string]rules.Rule, len(resp.Kvs))
 	lives := make(map[string]life, len(resp.Kvs))
-	invalidNow := map[string]bool{}
+	invalid := map[string]bool{} // the keys whose current version is invalid
 	for _, kv := range resp.Kvs {
 		id := kv2id(w.cfg.prefix, kv)
 		l, same := sameLife(id, kv)
@@ -438,7 +437,7 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 		}
 		lives[id] = l
 		if v.err != nil {
-			invalidNow[string(kv.Key)] = true
+			invalid[string(kv.Key)] = true
 			w.badDocument(st, string(kv.Key), kv.ModRevision, invalidDoc(id, v.err))
 			if old, ok := st.rules[id]; ok && same {
 				next[id] = old
@@ -453,7 +452,8 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 		}
 		next[id] = v.cur
 	}
-	st.rules, st.lives, st.invalidNow = next, lives, invalidNow
+	st.rules, st.lives = next, lives
+	maps.DeleteFunc(st.badSeen, func(k string, _ int64) bool { return !invalid[k] })
 	w.setInvalid(st)
 	rev := resp.Header.Revision
 	w.clusterID.Store(resp.Header.ClusterId)
@@ -534,7 +534,6 @@ func (w *Watcher) apply(ctx context.Context, st *state, ev *clientv3.Event) (boo
 	switch ev.Type {
 	case mvccpb.DELETE:
 		delete(st.badSeen, string(ev.Kv.Key))
-		delete(st.invalidNow, string(ev.Kv.Key))
 		w.setInvalid(st)
 		delete(st.lives, id) // the life ends, and its baseline with it
 		if _, ok := st.rules[id]; !ok {
@@ -584,12 +583,11 @@ func (w *Watcher) apply(ctx context.Context, st *state, ev *clientv3.Event) (boo
 		}
 		st.lives[id] = l
 		if err != nil {
-			st.invalidNow[string(ev.Kv.Key)] = true
-			w.setInvalid(st)
 			w.badDocument(st, string(ev.Kv.Key), ev.Kv.ModRevision, invalidDoc(id, err))
+			w.setInvalid(st)
 			return changed, nil
 		}
-		delete(st.invalidNow, string(ev.Kv.Key))
+		delete(st.badSeen, string(ev.Kv.Key))
 		w.setInvalid(st)
 		st.rules[id] = r
 		return true, nil
@@ -599,7 +597,7 @@ func (w *Watcher) apply(ctx context.Context, st *state, ev *clientv3.Event) (boo
 // setInvalid sets WithInvalidGauge's gauge to the invalid documents now.
 func (w *Watcher) setInvalid(st *state) {
 	if w.cfg.invalidGauge != nil {
-		w.cfg.invalidGauge.Set(float64(len(st.invalidNow)))
+		w.cfg.invalidGauge.Set(float64(len(st.badSeen)))
 	}
 }
 
