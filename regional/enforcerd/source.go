@@ -46,15 +46,14 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 	invalid := prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_rule_invalid_documents_total",
 		ConstLabels: prometheus.Labels{"region": o.region},
 		Help:        "Rule documents found in etcd that failed validation and were skipped (the previous version stays)."})
-	reachable := prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_rule_etcd_reachable",
-		ConstLabels: prometheus.Labels{"region": o.region},
-		Help:        "1 while the enforcer reaches etcd (its rule snapshot, watch or a probe of a watch silent for 5 s answered), 0 before the first snapshot and while etcd does not answer (the last rule set stays)."})
-	revision := prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_rule_revision",
-		ConstLabels: prometheus.Labels{"region": o.region},
-		Help:        "etcd revision of the rule set this process enforces."})
-	invalidNow := prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_rule_invalid_documents",
-		ConstLabels: prometheus.Labels{"region": o.region},
-		Help:        "Rule documents stored in etcd now whose current version is invalid (skipped; the last good version stays); 0 once each is fixed or deleted."})
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, ConstLabels: prometheus.Labels{"region": o.region}, Help: help})
+	}
+	reachable := gauge("apportion_rule_etcd_reachable",
+		"1 while the enforcer reaches etcd (its rule snapshot, watch or a probe of a watch silent for 5 s answered), 0 before the first snapshot and while etcd does not answer (the last rule set stays).")
+	revision := gauge("apportion_rule_revision", "etcd revision of the rule set this process enforces.")
+	invalidNow := gauge("apportion_rule_invalid_documents",
+		"Rule documents stored in etcd now whose current version is invalid (skipped; the last good version stays); 0 once each is fixed or deleted.")
 	reg.MustRegister(invalid, invalidNow, reachable, revision)
 	wopts := []etcdstore.Option{etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithRegistryPrefix(o.registry), etcdstore.WithLogger(log),
 		etcdstore.WithInvalidCounter(invalid), etcdstore.WithInvalidGauge(invalidNow), etcdstore.WithReachableGauge(reachable), etcdstore.WithRevisionGauge(revision)}
