@@ -27,9 +27,16 @@ import (
 // process's main thread (Redis's event loop) has run and the time it has
 // waited on a run queue (added when it gets a CPU), and /proc/PID/stat its
 // state (R: running or runnable). A watch samples schedstat every
-// starveInterval (one read system call); a silence is starvation when Redis spent at least half of
-// it waiting on a run queue, or is runnable now and ran for less than half
-// of it (waiting for a CPU still).
+// starveInterval (one read system call); a silence is starvation when Redis
+// is runnable now (state R) and spent at least half of it waiting on a run
+// queue or ran for less than half of it (waiting for a CPU still). A Redis
+// that is not runnable now is not waiting for a CPU, whatever it waited
+// before: asleep (S, D: DEBUG SLEEP, a blocking disk write) or stopped (T:
+// SIGSTOP, a debugger) with a call of ours written to its socket, it has
+// not read it and will not until something other than a CPU lets it, since
+// a readable socket wakes a Redis waiting in its event loop (R at once),
+// and a Redis that ran since read and answered the call (heard, or a reply
+// waiting unread: replyWaiting).
 
 const (
 	starveInterval = 5 * time.Millisecond
@@ -85,9 +92,12 @@ func (w *procWatch) run(done <-chan struct{}) {
 	}
 }
 
-// starved reports whether Redis has been waiting for a CPU for most of the
-// time since since (unix ns), measured from the oldest sample taken at or
-// after since, else from the newest before it (none: false).
+// starved reports whether Redis is runnable and has been waiting for a
+// CPU for most of the time since since (unix ns), measured from the oldest
+// sample taken at or after since, else from the newest before it (none:
+// false). Not runnable now is never starved: the wait a sample from before
+// the silence adds (a host loaded until Redis was stopped, and a sampler
+// starved too) is not this silence's.
 func (w *procWatch) starved(since int64) bool {
 	r, err := w.read(true)
 	if err != nil {
@@ -113,7 +123,7 @@ func (w *procWatch) starved(since int64) bool {
 	if at == 0 || el < int64(starveInterval) {
 		return false
 	}
-	return 2*(r.wait-wait) >= el || (r.runnable && 2*(r.run-run) < el)
+	return r.runnable && (2*(r.wait-wait) >= el || 2*(r.run-run) < el)
 }
 
 // procSched reads /proc/PID/schedstat (run time, wait time, timeslices)

@@ -14,10 +14,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// A silence is starvation when Redis spent at least half of it waiting on
-// a run queue, or is runnable and ran for less than half of it, measured
-// from the first sample inside it (else the last before it); asleep or
-// running, it is not.
+// A silence is starvation when Redis is runnable and spent at least half
+// of it waiting on a run queue or ran for less than half of it, measured
+// from the first sample inside it (else the last before it); asleep,
+// stopped or running, it is not.
 func TestStarvedNeedsHalfTheSilenceWaiting(t *testing.T) {
 	var now atomic.Pointer[sched]
 	now.Store(&sched{})
@@ -35,7 +35,10 @@ func TestStarvedNeedsHalfTheSilenceWaiting(t *testing.T) {
 		now  sched
 		want bool
 	}{
-		{"waited 8 ms of 10", sched{wait: 8 * ms, run: 2 * ms}, true},
+		{"runnable, waited 8 ms of 10", sched{wait: 8 * ms, run: 2 * ms, runnable: true}, true},
+		// Not runnable now: not waiting for a CPU, whatever it waited
+		// (a loaded host's Redis stopped or put to sleep in the silence).
+		{"asleep or stopped, waited 8 ms of 10", sched{wait: 8 * ms, run: 2 * ms}, false},
 		{"runnable, ran 1 ms of 10", sched{run: 1 * ms, runnable: true}, true},
 		{"asleep, ran 1 ms of 10", sched{run: 1 * ms}, false},
 		{"runnable, ran 9 ms of 10 (busy)", sched{run: 9 * ms, runnable: true}, false},
@@ -54,6 +57,10 @@ func TestStarvedNeedsHalfTheSilenceWaiting(t *testing.T) {
 	now.Store(&sched{wait: 1 * ms, run: 9 * ms})
 	if w.starved(at.Add(time.Millisecond).UnixNano()) {
 		t.Fatal("ran 9 ms since the sample before the silence: want not starved")
+	}
+	now.Store(&sched{wait: 9 * ms})
+	if w.starved(at.Add(time.Millisecond).UnixNano()) {
+		t.Fatal("waited 9 ms since the sample before the silence, stopped now: want not starved")
 	}
 	// The source failing (the process gone): not starved.
 	w.read = func(bool) (sched, error) { return sched{}, errors.New("gone") }
