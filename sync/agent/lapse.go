@@ -33,10 +33,16 @@ import (
 // held lease: the marker had lapsed, unless Redis applied the renewal in
 // time and only its answer was slow (sent after that end, it is certain;
 // sent before it, the store took longer than the lease left, which in a
-// region is its queue, not the way back). The cause is late if the flush of
-// the first renewal after the held write began after that end (the loop),
-// else store (the store calls of the flush: the rule's share writes go
-// before its marker). A call that failed (a timeout) is taken as not
+// region is its queue, not the way back). The cause is deadline if the held
+// lease was shorter than an interval and a store call (Interval +
+// StoreTimeout): the ledger granted a lease it knew would end before its
+// next renewal could land, which only its lease deadline makes it do (its
+// peers' acknowledgements stopped: a partition, heavy loss; with them on
+// time a lease is near half of Lease or more, see sync/ledger's doc,
+// Heartbeats), and no renewal could have kept the marker; else late if the
+// flush of the first renewal after the held write began after that end
+// (the loop), else store (the store calls of the flush: the rule's share
+// writes go before its marker). A call that failed (a timeout) is taken as not
 // applied: Redis may still run a command it had read (the error shows in
 // apportion_sync_store_errors_total). The margin is the earliest end of the
 // held lease minus the renewal's answer: a lower bound of the lease left
@@ -53,9 +59,14 @@ const (
 	// error), was too slow (the rule's share writes, which go first, or the
 	// marker's), or a Redis Cluster fan-out was still running.
 	LapseStore = "store"
+	// LapseDeadline: the held lease was shorter than an interval and a
+	// store call, as only the ledger's lease deadline makes it (its peers'
+	// acknowledgements stopped: a partition, heavy loss). A region holding
+	// more than its floor fences next; one at its floor carries on at it.
+	LapseDeadline = "deadline"
 )
 
-var lapseCauses = []string{LapseLate, LapseStore}
+var lapseCauses = []string{LapseLate, LapseStore, LapseDeadline}
 
 // marginWindow is the span of each of the two windows the margin gauge
 // keeps: it reports the smallest margin of the last 15 to 30 s, so that a
@@ -83,6 +94,9 @@ type markerTrack struct {
 	// was anchored within the call (redisstore, writeMarkerCluster).
 	pending [4]markerWrite
 	next    int
+	// short: a held lease below it lapses by the ledger's deadline
+	// (Interval + StoreTimeout; 0: never)
+	short time.Duration
 }
 
 // markerLapse is a lapse found at a renewal's answer.
@@ -113,9 +127,9 @@ func (t *markerTrack) wrote(w markerWrite, create bool, got redisstore.Version, 
 		// a zero lease granted nothing.
 		switch {
 		case applied:
-			*t = markerTrack{held: w}
+			*t = markerTrack{held: w, short: t.short}
 		case create:
-			*t = markerTrack{}
+			*t = markerTrack{short: t.short}
 		}
 		return markerOutcome{}
 	}
@@ -152,7 +166,10 @@ func (t *markerTrack) wrote(w markerWrite, create bool, got redisstore.Version, 
 	}
 	if !t.lapsed && conf > end {
 		cause := LapseStore
-		if first > end {
+		switch {
+		case t.held.lease < t.short:
+			cause = LapseDeadline
+		case first > end:
 			cause = LapseLate
 		}
 		out.lapse = &markerLapse{cause: cause, late: conf - end, call: w.done - w.sent, lease: t.held.lease, gap: w.sent - t.held.sent}
@@ -174,6 +191,7 @@ func (t *markerTrack) wrote(w markerWrite, create bool, got redisstore.Version, 
 // markerWritten records a marker write of st's rule (on the rule's write
 // goroutine of a flush): the margin gauge, and a lapse's count and log.
 func (a *Agent) markerWritten(st *ruleState, m redisstore.Marker, began, sent, done time.Duration, got redisstore.Version, err error) {
+	st.marker.short = a.cfg.Interval + a.cfg.StoreTimeout
 	o := st.marker.wrote(markerWrite{v: m.Version(), began: began, sent: sent, done: done, lease: m.Lease}, m.Create, got, err)
 	if o.hasMargin {
 		a.m.margin.observe(time.Now(), o.margin.Seconds())
@@ -184,12 +202,17 @@ func (a *Agent) markerWritten(st *ruleState, m redisstore.Marker, began, sent, d
 	}
 	a.m.markerLapses.WithLabelValues(lp.cause).Inc()
 	hint := "the agent's loop came to the renewal after the lease had run out: it was too slow (apportion_sync_tick_duration_seconds; an overloaded host or a CPU limit)"
-	if lp.cause == LapseStore {
+	switch lp.cause {
+	case LapseStore:
 		hint = "the renewal's writes began in time but none was confirmed before the lease ran out: Redis failed or was too slow (apportion_sync_store_errors_total; on a Redis Cluster the fan-out)"
+	case LapseDeadline:
+		hint = "the ledger let the lease run out: its peers' acknowledgements stopped coming (a partition or heavy loss: apportion_sync_peer_lag_seconds); a region holding more than its floor fences, one at its floor carries on at it"
 	}
-	if lp.lease < a.cfg.Lease/2 {
+	switch {
+	case lp.cause == LapseDeadline:
+	case lp.lease < a.cfg.Lease/2:
 		hint += fmt.Sprintf("; the lease was short (%v of --lease %v): the ledger shortens it when its peers' acknowledgements are late (apportion_sync_peer_lag_seconds)", lp.lease, a.cfg.Lease)
-	} else {
+	default:
 		hint += "; a longer --lease tolerates more"
 	}
 	ms := time.Millisecond

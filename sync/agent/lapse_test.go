@@ -38,8 +38,9 @@ func applied(t *markerTrack, m redisstore.Marker, sent, done time.Duration) mark
 func TestMarkerTrack(t *testing.T) {
 	errTimeout := errors.New("i/o timeout")
 	lease := time.Second
+	short := 200 * ms // Interval + StoreTimeout: a shorter held lease is the ledger's deadline
 	start := func() *markerTrack {
-		tr := &markerTrack{}
+		tr := &markerTrack{short: short}
 		if o := applied(tr, marker(1, lease, true), 0, 2*ms); o.lapse != nil || o.hasMargin {
 			t.Fatalf("Create: %+v, want nothing", o)
 		}
@@ -165,6 +166,39 @@ func TestMarkerTrack(t *testing.T) {
 		}
 		if o := applied(tr, marker(3, lease, false), 2*time.Second, 2*time.Second+ms); o.lapse == nil {
 			t.Fatal("a renewal 1.5 s after a 1 s lease: no lapse")
+		}
+	})
+	t.Run("deadline", func(t *testing.T) {
+		// The peers' acknowledgements stopped (a NATS partition): each
+		// renewal's lease ends near the ledger's deadline, shorter each
+		// time. The one whose lease cannot reach the next renewal lapses,
+		// by the ledger's doing, whether the next renewal is answered
+		// after the lease's end (the store's timing, seen before as
+		// "store") or sent after it (as "late").
+		for _, next := range []struct {
+			name       string
+			sent, done time.Duration
+		}{{"answered after the end", 600 * ms, 700 * ms}, {"sent after the end", 700 * ms, 701 * ms}} {
+			tr := start()
+			leases := []time.Duration{900 * ms, 700 * ms, 500 * ms, 300 * ms, 150 * ms}
+			for i, l := range leases {
+				at := time.Duration(i+1) * 100 * ms
+				if o := applied(tr, marker(uint64(i+2), l, false), at, at+ms); o.lapse != nil {
+					t.Fatalf("%s: renewal %d (lease %v) in time: lapse %+v", next.name, i+2, l, *o.lapse)
+				}
+			}
+			// held: sent at 500 ms, lease 150 ms: ends by 651 ms
+			o := applied(tr, marker(7, 0, false), next.sent, next.done)
+			if o.lapse == nil || o.lapse.cause != LapseDeadline || o.lapse.lease != 150*ms {
+				t.Fatalf("%s: %+v, want a deadline lapse of the 150ms lease", next.name, o.lapse)
+			}
+		}
+		// A store that fails while the lease is long is still the store's,
+		// and a held lease of exactly short is not the deadline's.
+		tr := start()
+		applied(tr, marker(2, short, false), 100*ms, 101*ms)
+		if o := write(tr, marker(3, lease, false), 250*ms, 400*ms, redisstore.Version{}, errTimeout); o.lapse == nil || o.lapse.cause != LapseStore {
+			t.Fatalf("a lease of %v, its renewal failed: %+v, want a store lapse", short, o.lapse)
 		}
 	})
 	t.Run("cluster fan-out", func(t *testing.T) {

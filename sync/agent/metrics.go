@@ -84,7 +84,7 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 		otherAgent: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_other_agent_reports_total",
 			Help: "Reports on this region's own subject, signed with its key, of a newer incarnation than this agent runs: another agent appears to serve the region (run one per region and shard, the others with --standby).", ConstLabels: cl}),
 		markerLapses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_marker_lapses_total",
-			Help: "Marker leases that ran out before a renewal was confirmed, without a fence: every key of the rule in this region enforced its floor meanwhile. By cause: late (the agent's loop came to the renewal after the lease had run out: too slow), store (the renewal's writes began in time but Redis failed or answered after it).", ConstLabels: cl}, []string{"cause"}),
+			Help: "Marker leases that ran out before a renewal was confirmed, without a fence: every key of the rule in this region enforced its floor meanwhile. By cause: late (the agent's loop came to the renewal after the lease had run out: too slow), store (the renewal's writes began in time but Redis failed or answered after it), deadline (the ledger let the lease run out: its peers' acknowledgements stopped, a partition or heavy loss).", ConstLabels: cl}, []string{"cause"}),
 		margin: newMinWindow(marginWindow),
 	}
 	for _, c := range lapseCauses {
