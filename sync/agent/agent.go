@@ -98,6 +98,7 @@ type Agent struct {
 	rules     map[string]*ruleState
 	runID     string
 	peers     map[string]time.Time // peer region -> last accepted report
+	acks      ackTrack             // the peers' acknowledgements of our reports (acks.go)
 	polling   bool
 	lastPoll  time.Time
 	pollFails int

@@ -83,6 +83,9 @@
 //     only after the lease it renews ran out (the rule's keys held their
 //     floor meanwhile, with no fence) is counted in
 //     apportion_sync_marker_lapses_total{cause} and logged (lapse.go).
+//     A peer heard whose reports acknowledge none of this agent's for two
+//     leases (it refuses or cannot read them) is flagged in
+//     apportion_sync_peer_unacknowledged{peer} and logged (acks.go).
 //   - Registry: Registry (EtcdRegistry: one JSON document per rule under
 //     /ratelimit/registry/<rule>, holding the rule's Spec and its
 //     ledger.RegistryState, changed only by a Txn comparing ModRevision, so

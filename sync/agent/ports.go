@@ -68,6 +68,7 @@ func (p ports) Publish(m wire.Message) {
 			a.logs.Log(slog.LevelWarn, "publish", "report publish failed (the ledger tolerates loss)", logKeyErr, err)
 			continue
 		}
+		a.acks.published(time.Now(), a.cfg.Lease)
 		a.m.reports.WithLabelValues("sent").Inc()
 		a.m.bytes.WithLabelValues("sent").Add(float64(len(part)))
 	}

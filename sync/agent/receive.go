@@ -138,13 +138,15 @@ func (a *Agent) receive(q queuedReport) {
 		}
 	}
 	accepted := false
+	now := time.Now()
 	for m := range windows {
 		if a.drv.Receive(m) {
 			accepted = true
+			a.acks.heard(now, head.From, a.cfg.Region, m)
 		}
 	}
 	if accepted {
-		a.peers[head.From] = time.Now()
+		a.peers[head.From] = now
 	}
 }
 

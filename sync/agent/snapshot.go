@@ -206,6 +206,7 @@ func (a *Agent) publishSnapshot() {
 	} else {
 		a.m.fenced.Set(0)
 	}
+	a.checkAcks(time.Now())
 	seen := 0
 	for p, t := range a.peers {
 		lag := time.Since(t)

@@ -1,0 +1,102 @@
+package agent
+
+import (
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/apportion/apportion/sync/wire"
+)
+
+// Acknowledgements heard. A peer whose reports this agent accepts, but
+// whose reports acknowledge none of this agent's, does not receive them or
+// cannot read them: its --report-peer-keys lacks this region's key or has
+// another one (it refuses them as unknown_key or bad_signature, counted on
+// its side only), it runs a release that reads an older report format
+// (then this agent needs --wire-version 2), or the link is cut one way.
+// Nothing else in this agent's view looks wrong (the peer is heard), while
+// no share can move between the two and this region's lease deadline runs
+// out. So apportion_sync_peer_unacknowledged{peer} is 1 for a peer heard
+// within the lease that has acknowledged no newer report of this agent for
+// two leases while the agent has been publishing for that long, and a WARN
+// names the peer and the likely causes (at most once per 10 s per peer).
+
+// ackKey is one peer's acknowledgements of this region in one rule's
+// reports.
+type ackKey struct{ peer, rule string }
+
+// ackTrack is what the loop knows of the acknowledgements (loop state).
+type ackTrack struct {
+	last map[ackKey][2]uint64 // the incarnation and sequence last acknowledged
+	at   map[string]time.Time // peer -> when it last acknowledged a newer report of ours
+	// sentSince is when the agent began publishing without a pause of a
+	// lease (zero: it has not published), lastSent when it last did.
+	sentSince, lastSent time.Time
+}
+
+// published records a report part handed to NATS at now.
+func (t *ackTrack) published(now time.Time, lease time.Duration) {
+	if t.lastSent.IsZero() || now.Sub(t.lastSent) > lease {
+		t.sentSince = now
+	}
+	t.lastSent = now
+}
+
+// heard records the acknowledgements of region in an accepted report
+// window m of peer.
+func (t *ackTrack) heard(now time.Time, peer, region string, m wire.Message) {
+	for _, rr := range m.Rules {
+		for _, ack := range rr.Report.Acks {
+			if ack.Region != region {
+				continue
+			}
+			if t.last == nil {
+				t.last, t.at = map[ackKey][2]uint64{}, map[string]time.Time{}
+			}
+			k, pos := ackKey{peer, rr.Rule}, [2]uint64{ack.Inc, ack.Seq}
+			old, ok := t.last[k]
+			if ok && old == pos {
+				continue
+			}
+			if !ok { // the window's strings point into the message
+				k.rule = strings.Clone(k.rule)
+			}
+			t.last[k], t.at[peer] = pos, now
+		}
+	}
+}
+
+// deaf reports whether peer, heard at heard, has acknowledged none of the
+// agent's reports for two leases while the agent has been publishing.
+func (t *ackTrack) deaf(now time.Time, peer string, heard time.Time, lease time.Duration) bool {
+	horizon := 2 * lease
+	if t.lastSent.IsZero() || now.Sub(t.lastSent) > lease || now.Sub(t.sentSince) < horizon || now.Sub(heard) > lease {
+		return false
+	}
+	return now.Sub(t.since(peer)) > horizon
+}
+
+// since is when peer last acknowledged a newer report of ours, or when the
+// agent began publishing if later.
+func (t *ackTrack) since(peer string) time.Time {
+	s := t.at[peer]
+	if s.Before(t.sentSince) {
+		s = t.sentSince
+	}
+	return s
+}
+
+// checkAcks sets apportion_sync_peer_unacknowledged for every peer heard
+// and logs the deaf ones.
+func (a *Agent) checkAcks(now time.Time) {
+	for p, heard := range a.peers {
+		v := 0.0
+		if a.acks.deaf(now, p, heard, a.cfg.Lease) {
+			v = 1
+			a.logs.Log(slog.LevelWarn, "unacknowledged/"+p, "peer heard, but it acknowledges none of this agent's reports: it does not receive or cannot read them, and no share moves between the two",
+				logKeyPeer, p, "for", now.Sub(a.acks.since(p)).Round(time.Second),
+				"hint", "check that the peer's --report-peer-keys has this region's current key (the peer counts apportion_sync_reports_rejected_total{reason=\"unknown_key\"} or \"bad_signature\"); a peer of a release before report format 3 needs this agent run with --wire-version 2; else the link from here to the peer is cut one way")
+		}
+		a.m.unacked.WithLabelValues(p).Set(v)
+	}
+}
