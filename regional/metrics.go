@@ -75,7 +75,7 @@ func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25}},
 			[]string{"outcome"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricStoreErrors, ConstLabels: cl,
-			Help: "Store calls answered by the failure policy, by kind: timeout, error (connection refused or reset, Redis loading/busy/down) and breaker_open count as store failures; invalid (a bucket the store refuses, answered alone) does not."}, []string{"kind"}),
+			Help: "Store calls answered by the failure policy, by kind: timeout, error (connection refused or reset, Redis loading/busy/down, or out of memory under maxmemory-policy noeviction: OOM) and breaker_open count as store failures; invalid (a bucket the store refuses, answered alone) does not."}, []string{"kind"}),
 		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: MetricBreakerState, ConstLabels: cl,
 			Help: "Store circuit breaker: 1 for the current state, 0 for the others. On a Redis Cluster, with a breaker per primary, the worst of them (open if any is open)."}, []string{"state"}),
 		breakersOpen: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricBreakersOpen, ConstLabels: cl,

@@ -739,16 +739,37 @@ func TestAgentsWithRedis(t *testing.T) {
 	if want <= floors["a"] {
 		t.Fatalf("a holds only its floor (%d) before the restart", want)
 	}
-	sm := startSampler(t, s, 1_000_000)
-	servers["a"].Restart(t)
-	t0 := time.Now()
-	testutil.WaitFor(t, 20*time.Second, "a's share re-asserted after the Redis restart", func() bool {
-		return s.enforced("a", testKey) == s.regions["a"].agent.Shares(testRule)[testKey] && s.enforced("a", testKey) > floors["a"]
+	// reasserted runs fault on a's Redis and waits until a enforces its
+	// share again, the regions' sum never above the limit meanwhile.
+	reasserted := func(what string, fault func()) {
+		t.Helper()
+		sm := startSampler(t, s, 1_000_000)
+		fault()
+		t0 := time.Now()
+		testutil.WaitFor(t, 20*time.Second, "a's share re-asserted after "+what, func() bool {
+			return s.enforced("a", testKey) == s.regions["a"].agent.Shares(testRule)[testKey] && s.enforced("a", testKey) > floors["a"]
+		})
+		t.Logf("%s: a's share %d re-asserted after %v", what, s.enforced("a", testKey), time.Since(t0).Round(time.Millisecond))
+		sm.finish()
+		if v := sm.violations.Load(); v > 0 {
+			t.Fatalf("after %s the sum exceeded the limit in %d of %d samples (worst %d)", what, v, sm.samples.Load(), sm.worst.Load())
+		}
+	}
+	reasserted("a Redis restart", func() { servers["a"].Restart(t) })
+
+	// a's Redis loses its data without a restart (FLUSHALL: the run id
+	// stays the same): the agent's next marker renewal finds no marker,
+	// and the ledger re-asserts every share and re-creates the marker as
+	// after a restart. Before, the region stayed at its floor for good.
+	admin := redis.NewClient(&redis.Options{Addr: servers["a"].Addr})
+	t.Cleanup(func() { admin.Close() })
+	reasserted("FLUSHALL", func() {
+		if err := admin.FlushAll(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
 	})
-	t.Logf("a's Redis restarted: share %d re-asserted after %v", s.enforced("a", testKey), time.Since(t0).Round(time.Millisecond))
-	sm.finish()
-	if v := sm.violations.Load(); v > 0 {
-		t.Fatalf("after the restart the sum exceeded the limit in %d of %d samples (worst %d)", v, sm.samples.Load(), sm.worst.Load())
+	if n := metricValue(s.regions["a"].agent.m.storeResets.WithLabelValues(ResetMarkerLost)); n < 1 {
+		t.Errorf("apportion_sync_store_resets_total{cause=marker_lost} %v after FLUSHALL, want >= 1", n)
 	}
 }
 

@@ -68,6 +68,16 @@ const (
 
 var lapseCauses = []string{LapseLate, LapseStore, LapseDeadline}
 
+// Causes of apportion_sync_store_resets_total.
+const (
+	// ResetRunID: the store's run id changed (Redis restarted, or a
+	// failover put another server behind the address).
+	ResetRunID = "run_id"
+	// ResetMarkerLost: a rule's confirmed marker was gone under the same
+	// run id (sync/ledger, Stats.MarkerLost).
+	ResetMarkerLost = "marker_lost"
+)
+
 // marginWindow is the span of each of the two windows the margin gauge
 // keeps: it reports the smallest margin of the last 15 to 30 s, so that a
 // scrape every 15 s sees every renewal's.

@@ -33,6 +33,7 @@ type metrics struct {
 	peersSeen    prometheus.Gauge
 	peerLag      *prometheus.GaugeVec
 	unacked      *prometheus.GaugeVec
+	storeResets  *prometheus.CounterVec
 	coordinated  prometheus.Gauge
 	closures     *prometheus.GaugeVec
 	gifts        prometheus.Counter
@@ -63,6 +64,8 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 			Help: "Seconds since the last accepted report of each peer region.", ConstLabels: cl}, []string{"peer"}),
 		unacked: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "apportion_sync_peer_unacknowledged",
 			Help: "1 for a peer region heard within the lease whose reports have acknowledged none of this agent's for two leases while it published: the peer does not receive or cannot read them (its --report-peer-keys lacks this region's key or has another, it reads only an older report format: --wire-version 2, or the link is cut one way); no share moves between the two meanwhile.", ConstLabels: cl}, []string{"peer"}),
+		storeResets: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_store_resets_total",
+			Help: "Times the agent found the region's store had lost its data and re-asserted every share, then created the markers anew (floors meanwhile), by cause: run_id (the run id changed: Redis restarted or failed over), marker_lost (a rule's marker gone under the same run id: FLUSHALL or FLUSHDB, the key deleted or evicted; counted per rule).", ConstLabels: cl}, []string{"cause"}),
 		coordinated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_sync_keys_coordinated",
 			Help: "Keys of global rules under coordination (not on static shares).", ConstLabels: cl}),
 		closures: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "apportion_sync_closures",
@@ -93,6 +96,9 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 	for _, c := range lapseCauses {
 		m.markerLapses.WithLabelValues(c)
 	}
+	for _, c := range []string{ResetRunID, ResetMarkerLost} {
+		m.storeResets.WithLabelValues(c)
+	}
 	for _, r := range []string{"renewed", "taken", "error"} {
 		m.witness.WithLabelValues(r)
 	}
@@ -107,7 +113,7 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 		m.bytes.WithLabelValues(d)
 	}
 	if reg != nil {
-		reg.MustRegister(m.reports, m.bytes, m.rejected, m.peersSeen, m.peerLag, m.unacked, m.coordinated, m.closures, m.gifts, m.fenced,
+		reg.MustRegister(m.reports, m.bytes, m.rejected, m.peersSeen, m.peerLag, m.unacked, m.storeResets, m.coordinated, m.closures, m.gifts, m.fenced,
 			m.reclaims, m.tickDuration, m.usageDropped, m.storeErrors, m.witness, m.witnessTakes, m.otherAgent, m.markerLapses, newShareCollector(a, region),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apportion_sync_marker_margin_seconds",
 				Help: "Smallest lease left at a marker renewal over the last 15-30 s, any rule: the held lease's end minus the renewal's answer, on the agent's clock (a lower bound: it understates by at most the two writes' round trips). Negative: the marker lapsed. NaN: no renewal.", ConstLabels: cl},

@@ -34,9 +34,20 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 		// Gifts: the ledger counts its writes that lowered a key (no
 		// per-key state here, which would grow with the keys ever seen).
 		if st.Led != nil {
-			if n := st.Led.Stats().Lowered; n > st.lowered {
+			stats := st.Led.Stats()
+			if n := stats.Lowered; n > st.lowered {
 				a.m.gifts.Add(float64(n - st.lowered))
 				st.lowered = n
+			}
+			// A renewal answered with no marker under the store's run id:
+			// its data was flushed, or the marker deleted or evicted. The
+			// ledger re-asserts every share and creates the marker anew;
+			// these writes are that.
+			if n := stats.MarkerLost; n > st.lost {
+				a.m.storeResets.WithLabelValues(ResetMarkerLost).Add(float64(n - st.lost))
+				st.lost = n
+				a.log.Warn("the store lost this rule's marker with its run id unchanged (FLUSHALL or FLUSHDB, the key deleted, or evicted: see maxmemory-policy); re-asserting every share and creating the marker anew",
+					logKeyRule, st.ID, "run_id", a.runID)
 			}
 		}
 		jobs = append(jobs, job{st: st, ws: ws, sr: storeRule(st)})

@@ -90,6 +90,7 @@ func (a *Agent) checkRunID(ctx context.Context) {
 	}
 	if a.runID != "" {
 		a.log.Warn("store run id changed (Redis restarted); re-asserting every share", "old", a.runID, "new", id)
+		a.m.storeResets.WithLabelValues(ResetRunID).Inc()
 		a.drv.StoreReset(id)
 	}
 	a.runID = id

@@ -8,6 +8,9 @@ import (
 // the key (or the marker, MarkerKey). Gifts lowered by writes up to v become
 // durable: their counters are published in the returned report.
 func (l *Ledger) ShareApplied(now time.Duration, name string, v Version) Output {
+	if l.markerLost(name, v) {
+		return l.lostMarker(now)
+	}
 	if l.fenced || v.Inc != l.inc {
 		return Output{Fenced: l.fenced}
 	}
@@ -33,6 +36,15 @@ func (l *Ledger) SharesApplied(now time.Duration, cs []Confirmation) Output {
 	}
 	changed := false
 	for _, c := range cs {
+		if l.markerLost(c.Key, c.Version) {
+			// The confirmations after it need not be applied: every
+			// key is written again.
+			out := l.lostMarker(now)
+			if changed {
+				out.Report = l.reportNow(now)
+			}
+			return out
+		}
 		if c.Version.Inc != l.inc {
 			continue
 		}
@@ -112,6 +124,29 @@ func (l *Ledger) confirm(name string, v Version) bool {
 		k.dirty = true
 	}
 	return changed
+}
+
+// markerLost reports a renewal of this incarnation's confirmed marker
+// answered with no marker at all (version zero: none of the store's
+// current run): the store lost its data while keeping its run id (FLUSHALL,
+// FLUSHDB, the marker deleted or evicted). A renewal is written only once
+// a marker of the incarnation is confirmed (markerOK), and it applies over
+// any marker of the incarnation, so no answer of a healthy store is zero;
+// an answer of a store that restarted is zero too, and the agent's run id
+// check resets the ledger for it as well.
+func (l *Ledger) markerLost(name string, v Version) bool {
+	return name == MarkerKey && v == (Version{}) && l.markerOK && !l.fenced
+}
+
+// lostMarker is StoreReset for a store that lost its marker under the
+// same run id: every key is written again and the marker created anew
+// (Stats.MarkerLost counts it). Until then the store, with no marker,
+// enforces floors, as after a restart. Any later answer of the lost
+// renewals is zero too, and changes nothing (markerOK is false until the
+// new marker is confirmed).
+func (l *Ledger) lostMarker(now time.Duration) Output {
+	l.stats.MarkerLost++
+	return l.StoreReset(now, l.runID)
 }
 
 // StoreReset tells the ledger that the local store lost its data and now runs

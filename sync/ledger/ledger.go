@@ -57,6 +57,10 @@ type Stats struct {
 	// those last written (below the base for a key without a record):
 	// gifts, for the agent's metric.
 	Lowered uint64
+	// MarkerLost counts the renewals of a confirmed marker the store
+	// answered with no marker under its same run id (its data flushed,
+	// the marker deleted or evicted), each followed by a store reset.
+	MarkerLost uint64
 }
 
 type pair struct {

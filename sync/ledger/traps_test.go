@@ -739,3 +739,77 @@ func TestFrozenAckOfSupersededIncarnation(t *testing.T) {
 		}
 	}
 }
+
+// TestMarkerLostUnderSameRun: a renewal of r0's confirmed marker answered
+// with no marker (the store's data flushed, or the marker deleted or
+// evicted, its run id unchanged) resets the ledger as a restart does:
+// every key is written again, and once those are confirmed the marker is
+// created anew for the same run (not as a boot). Before, the ledger kept
+// sending renewals that could never apply, and the region enforced its
+// floors for good. A zero answer while no marker is confirmed (a Create
+// in flight) changes nothing.
+func TestMarkerLostUnderSameRun(t *testing.T) {
+	c := newCluster(t, 2)
+	c.use[1] = 50
+	for range 4 {
+		c.exchange()
+	}
+	l := c.l[0]
+	if p := l.Position("k"); p.Units >= p.Initial {
+		t.Fatalf("setup: r0 should have given, position %d base %d", p.Units, p.Initial)
+	}
+	c.now += c.cfg.Interval
+	var renewal *Write
+	for _, w := range l.Tick(c.now).Writes {
+		if w.Key == MarkerKey {
+			renewal = &w
+		}
+	}
+	if renewal == nil || renewal.Create() {
+		t.Fatalf("setup: want a marker renewal, got %+v", renewal)
+	}
+	out := l.SharesApplied(c.now, []Confirmation{{Key: MarkerKey, Version: Version{}}})
+	var re *Write
+	for i, w := range out.Writes {
+		if w.Key == "k" {
+			re = &out.Writes[i]
+		}
+	}
+	if re == nil || re.Units != l.Position("k").Units {
+		t.Fatalf("a lost marker must re-assert k's share, got %+v", out.Writes)
+	}
+	if n := l.Stats().MarkerLost; n != 1 {
+		t.Fatalf("Stats.MarkerLost %d, want 1", n)
+	}
+	// A second zero answer (the renewals in flight) resets nothing more.
+	if out := l.ShareApplied(c.now, MarkerKey, Version{}); len(out.Writes) != 0 || l.Stats().MarkerLost != 1 {
+		t.Fatalf("a later zero answer: %+v, MarkerLost %d", out.Writes, l.Stats().MarkerLost)
+	}
+	c.now += c.cfg.Interval
+	for _, w := range l.Tick(c.now).Writes {
+		if w.Create() {
+			t.Fatal("marker re-created before the re-asserted share is confirmed")
+		}
+	}
+	l.ShareApplied(c.now, "k", re.Version)
+	c.now += c.cfg.Interval
+	var create *Write
+	for _, w := range l.Tick(c.now).Writes {
+		if w.Create() {
+			create = &w
+		}
+	}
+	if create == nil || create.Marker.RunID != "run1" || create.Marker.Boot {
+		t.Fatalf("want a marker Create for the same run, not a boot, got %+v", create)
+	}
+	if out := l.ShareApplied(c.now, MarkerKey, Version{}); len(out.Writes) != 0 || l.Stats().MarkerLost != 1 {
+		t.Fatalf("a zero answer while the Create is in flight reset the ledger: %+v", out.Writes)
+	}
+	l.ShareApplied(c.now, MarkerKey, create.Version)
+	c.now += c.cfg.Interval
+	for _, w := range l.Tick(c.now).Writes {
+		if w.Key == MarkerKey && w.Create() {
+			t.Fatalf("the marker is confirmed: want renewals, got a Create %+v", w)
+		}
+	}
+}
