@@ -23,11 +23,13 @@ import (
 const restartBound = 15 * time.Second
 
 // TestStackRestartLiveness restarts region a's Redis (empty, a new run id: the
-// stack's RestartRedis) and then its sync agent (stopped, so that its
+// stack's RestartRedis), then its sync agent (stopped, so that its
 // store's marker lapses and a falls to its floor, then started again with
-// no state) while a's clients send twice a global limit, on the real stack
-// at 2 and 10 regions and at 1/s and 10,000/s. After each, a serves the
-// whole limit again within restartBound.
+// no state), then flushes a's Redis (FLUSHALL: the same run id), then
+// stops every region's agent and starts them all again, while a's clients
+// send twice a global limit, on the real stack at 2 and 10 regions and at
+// 1/s and 10,000/s. After each, a serves the whole limit again within
+// restartBound.
 func TestStackRestartLiveness(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test: starts the whole stack")
@@ -74,6 +76,42 @@ func restartLiveness(t *testing.T, n int, rate int64) {
 	if err := s.StartAgent(ctx, "a"); err == nil {
 		t.Error("StartAgent of a running agent: no error")
 	}
+
+	// a's Redis loses its data without a restart (FLUSHALL: the run id
+	// stays): the agent's next marker renewal finds no marker and
+	// re-asserts every share as after a restart.
+	rc := redis.NewClient(&redis.Options{Addr: s.Regions[0].RedisAddr})
+	defer rc.Close()
+	before = runID()
+	if err := rc.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	flushed := time.Now()
+	if limit() != 0 {
+		t.Fatal("a serves more than its floor right after FLUSHALL: the flush did not reach its bucket")
+	}
+	testutil.WaitFor(t, restartBound, "a to serve the limit again after FLUSHALL", func() bool { return limit() >= serving })
+	t.Logf("Redis flushed: a enforces %d of %d again after %v (bound %v)", limit(), rate, time.Since(flushed).Round(time.Millisecond), restartBound)
+	if after := runID(); after != before {
+		t.Fatalf("Redis run id %s before FLUSHALL and %s after: it restarted", before, after)
+	}
+
+	// Every region's agent stops; once a is at its floor, they all start
+	// again with no state.
+	for _, r := range s.Regions {
+		if err := s.StopAgent(r.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitFor(t, 10*time.Second, "a to fall to its floor with every agent down", func() bool { return limit() == 0 })
+	for _, r := range s.Regions {
+		if err := s.StartAgent(ctx, r.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	back = time.Now()
+	testutil.WaitFor(t, restartBound, "a to serve the limit again after every agent restarted", func() bool { return limit() >= serving })
+	t.Logf("every agent started again: a enforces %d of %d after %v (bound %v)", limit(), rate, time.Since(back).Round(time.Millisecond), restartBound)
 }
 
 // redisRunID returns a function that answers the run id of the Redis
