@@ -48,7 +48,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fs.PrintDefaults()
 		fmt.Fprint(stderr, version.FlagHelp)
 	}
-	regions := fs.Int("regions", 3, "number of regions")
+	regions := fs.Int("regions", 3, fmt.Sprintf("number of regions, 1 to %d", len(stack.DefaultRegions)))
 	verbose := fs.Bool("verbose", false, "show the components' logs (on stderr; the view prints plain lines then)")
 	load := fs.Bool("load", false, "drive demo traffic on the global rule that moves between regions every 20s")
 	view := fs.Bool("view", true, "show live per-region figures every second (redrawn in place on a terminal)")

@@ -132,19 +132,15 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
-// isCut reports whether every gateway link of region is cut (Partition),
-// as the proxies say: whoever cut it, over HTTP or from Go.
+// isCut reports whether region is cut off (Partition), whoever cut it,
+// over HTTP or from Go. Not what its links' proxies say: a link is cut
+// while either of its regions is, so a region whose peers are all cut has
+// every link cut without being cut itself, and a cut region's link to
+// another is cut until both are healed.
 func (s *Stack) isCut(region string) bool {
-	n := 0
-	for _, p := range s.proxies {
-		if p.from == region || p.to == region {
-			if !p.IsCut() {
-				return false
-			}
-			n++
-		}
-	}
-	return n > 0
+	s.cutMu.Lock()
+	defer s.cutMu.Unlock()
+	return s.cut[region]
 }
 
 // serveFaults listens on addr and serves the fault control until Close.

@@ -1,10 +1,14 @@
 package stack
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -256,11 +260,21 @@ func (x *crossings) note(t *testing.T, c crossing) {
 // it fails t after within.
 func (x *crossings) await(t *testing.T, tag string, within time.Duration) time.Duration {
 	t.Helper()
+	var names []string
+	for _, r := range x.s.Regions {
+		names = append(names, r.Name)
+	}
+	return x.awaitAmong(t, tag, within, names...)
+}
+
+// awaitAmong is await for the ordered pairs of the regions named only.
+func (x *crossings) awaitAmong(t *testing.T, tag string, within time.Duration, regions ...string) time.Duration {
+	t.Helper()
 	want := map[[2]string]bool{}
-	for _, a := range x.s.Regions {
-		for _, b := range x.s.Regions {
-			if a.Name != b.Name {
-				want[[2]string{a.Name, b.Name}] = true
+	for _, a := range regions {
+		for _, b := range regions {
+			if a != b {
+				want[[2]string{a, b}] = true
 			}
 		}
 	}
@@ -418,6 +432,125 @@ func TestPartitionCutsBothWays(t *testing.T) {
 			t.FailNow()
 		}
 	}
+}
+
+// TestPartitionSeveralRegionsAtOnce cuts three regions of four at once
+// over the fault control (as rlstack's users do) and heals them one after
+// the other. A link is cut while either of its regions is: once the first
+// is healed, it and the region never cut reach each other again, while the
+// two still cut stay cut off from every region, each other included. Once
+// all are healed, every pair of regions is linked again and a message
+// published in each region reaches every other within healBound, and the
+// fault control says no region is cut. (The first heal used to restore
+// every link of the region, those to the regions still cut included; the
+// fault control then took those regions for healed, refused to heal them,
+// and their other links stayed cut for good.)
+func TestPartitionSeveralRegionsAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: starts the whole stack")
+	}
+	names := []string{"a", "b", "c", "d"}
+	s, err := Start(context.Background(), Config{RegionNames: names, Partitionable: true, EmbeddedRedis: true,
+		FaultsAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	base := "http://" + s.FaultsAddr + FaultsPath
+	fault := func(action, region string) {
+		t.Helper()
+		resp, err := http.Post(base+"/"+action+"?region="+region, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("POST %s?region=%s: %d %s", action, region, resp.StatusCode, bytes.TrimSpace(b))
+		}
+	}
+	// wantCut checks that the fault control says exactly the regions cut
+	// are, and that each link's proxy is cut if and only if one of its
+	// regions is.
+	wantCut := func(when string, cut ...string) {
+		t.Helper()
+		resp, err := http.Get(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st FaultState
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range st.Regions {
+			if want := slices.Contains(cut, r.Region); r.Cut != want {
+				t.Errorf("%s: GET %s says %s cut: %v, want %v", when, FaultsPath, r.Region, r.Cut, want)
+			}
+		}
+		for _, p := range s.proxies {
+			if want := slices.Contains(cut, p.from) || slices.Contains(cut, p.to); p.IsCut() != want {
+				t.Errorf("%s: link %s -> %s cut: %v, want %v", when, p.from, p.to, p.IsCut(), want)
+			}
+		}
+	}
+	x := newCrossings(t, s)
+	x.await(t, "before the cuts", 15*time.Second)
+
+	cut := []string{"a", "b", "c"}
+	for _, r := range cut {
+		fault("cut", r)
+	}
+	wantCut("after the cuts", cut...)
+	testutil.WaitFor(t, 10*time.Second, "the cut regions' gateways down", func() bool {
+		for _, r := range cut {
+			if len(joined(t, s, r)) > 0 {
+				return false
+			}
+		}
+		return true
+	})
+
+	fault("heal", "a")
+	wantCut("a healed", "b", "c")
+	took := x.awaitAmong(t, "a healed", healBound, "a", "d")
+	t.Logf("a healed: a and d reached each other within %v", took.Round(time.Millisecond))
+	crossed := x.duringCut(t, "b", cutWindow) // b's cut tags: note reports any that crosses to or from b
+	for pair, n := range crossed {
+		if n > 0 && (slices.Contains(pair[:], "b") || slices.Contains(pair[:], "c")) {
+			t.Errorf("a healed, b and c still cut: %d messages crossed %s -> %s", n, pair[0], pair[1])
+		}
+	}
+	if crossed[[2]string{"a", "d"}] == 0 || crossed[[2]string{"d", "a"}] == 0 {
+		t.Errorf("a healed: a and d, neither cut, did not reach each other both ways: %v", crossed)
+	}
+	for _, r := range []string{"b", "c"} {
+		if links := joined(t, s, r); len(links) > 0 {
+			t.Errorf("a healed, %s still cut: gateway connections join it to others: %s", r, strings.Join(links, ", "))
+		}
+	}
+
+	fault("heal", "b")
+	fault("heal", "c")
+	wantCut("all healed")
+	took = x.await(t, "all healed", healBound)
+	t.Logf("all healed: messages crossed between every pair both ways within %v (bound %v)", took.Round(time.Millisecond), healBound)
+	testutil.WaitFor(t, healBound, "every pair of regions linked", func() bool {
+		for i, srv := range s.nats {
+			for _, peer := range names {
+				if peer != names[i] && !linked(t, srv, peer) {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	checkGatewayRoutes(t, s)
 }
 
 // Without Partitionable, a link without delay has no proxy to cut.

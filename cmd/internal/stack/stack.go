@@ -41,8 +41,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// DefaultRegions names the regions of a stack, in order.
-var DefaultRegions = []string{"us-east", "eu-west", "ap-south", "sa-east", "af-south", "me-central"}
+// DefaultRegions names the regions of a stack, in order (Config.Regions
+// runs the first ones: at most ten).
+var DefaultRegions = []string{"us-east", "eu-west", "ap-south", "sa-east", "af-south", "me-central",
+	"us-west", "ca-central", "ap-east", "au-east"}
 
 // Config configures a Stack.
 type Config struct {
@@ -128,6 +130,10 @@ type Stack struct {
 	closed      sync.Once
 	// stopAgent stops a region's sync agent and waits for it (StopAgent).
 	stopAgent map[string]func()
+	// cutMu guards cut, the regions cut off (Partition), and orders the
+	// proxies' cuts: a link is cut while either of its regions is.
+	cutMu sync.Mutex
+	cut   map[string]bool
 }
 
 // Start brings the stack up and returns once every enforcer serves. On error
@@ -575,8 +581,13 @@ var ErrNoProxy = errors.New("stack: gateway link has no proxy to cut")
 // proxies of the NATS gateway connections between region and each other
 // region, both directions, close their connections and refuse new ones
 // until healed; the gateways then reconnect by themselves. Only the
-// gateways are cut: etcd, Redis and the enforcers stay reachable. Safe to
-// call concurrently with Close and after it (a no-op on a closed stack).
+// gateways are cut: etcd, Redis and the enforcers stay reachable.
+//
+// Several regions can be cut at once, and a link is cut while either of
+// its regions is: healing a region restores its links to the regions that
+// are not cut, and those to a region still cut once that one is healed
+// too. Safe to call concurrently with itself, with Close and after it (a
+// no-op on a closed stack).
 func (s *Stack) Partition(region string, cut bool) error {
 	known := false
 	for _, n := range s.cfg.RegionNames {
@@ -598,8 +609,14 @@ func (s *Stack) Partition(region string, cut bool) error {
 			links = append(links, found)
 		}
 	}
+	s.cutMu.Lock()
+	defer s.cutMu.Unlock()
+	if s.cut == nil {
+		s.cut = map[string]bool{}
+	}
+	s.cut[region] = cut
 	for _, p := range links {
-		p.SetCut(cut)
+		p.SetCut(s.cut[p.from] || s.cut[p.to])
 	}
 	return nil
 }
