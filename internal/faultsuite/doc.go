@@ -62,7 +62,11 @@
 // answers until the replica is promoted, both rules are answered from it
 // within a stated bound, and the tokens re-granted because writes the old
 // primary acknowledged were lost (a lagging replica never got them) are
-// measured and bounded by one bucket.
+// measured and bounded by one bucket. The same primary is also failed over
+// on purpose (SENTINEL FAILOVER): it stays up and takes writes from the
+// replica's promotion until Sentinel switches, writes that are lost too;
+// they are measured and bounded the same way, and with
+// min-replicas-to-write on the primary they are refused instead.
 //
 // Each case logs its figures (load held, checks
 // failed, latency during the fault, time to recover); docs/operations.md
