@@ -120,16 +120,31 @@ var contractCases = []struct {
 			{at: 5_999, allowed: false},
 			{at: 6_000, allowed: true}, // 1s after the step back: 1s of real refill
 		})
+		// A window key whose window is after the clock's goes on in the
+		// current window with its count (it does not wait, full, for the
+		// clock to catch up: up to the step), and a log's entries move back
+		// with the clock, the newest to now.
 		w := []Bucket{window(key("fw"), rules.FixedWindow, 2, time.Second)}
 		runSteps(t, im, w, []step{
 			{at: 10_500, cost: 2, allowed: true},
-			{at: 9_500, allowed: false, results: []Result{{false, 2, 0, 1000, 1000}}},
+			{at: 9_500, allowed: false, results: []Result{{false, 2, 0, 500, 500}}},
+			{at: 9_999, allowed: false},
+			{at: 10_000, cost: 2, allowed: true},
+			{at: 10_000, allowed: false},
+		})
+		sw := []Bucket{window(key("sw"), rules.SlidingWindow, 2, time.Second)}
+		runSteps(t, im, sw, []step{
+			{at: 70_500, cost: 2, allowed: true},
+			{at: 10_500, allowed: false},
+			{at: 11_000, allowed: false}, // the 2 weigh 2 in the next window's start
+			{at: 11_500, allowed: true},  // and 1 half way through it
 		})
 		l := []Bucket{window(key("log"), rules.SlidingLog, 2, time.Second)}
 		runSteps(t, im, l, []step{
 			{at: 10_500, cost: 2, allowed: true},
 			{at: 5_000, allowed: false, results: []Result{{false, 2, 0, 1000, 1000}}},
-			{at: 11_500, allowed: true},
+			{at: 5_999, allowed: false},
+			{at: 6_000, allowed: true},
 		})
 	}},
 	{"fixed window", func(t *testing.T, im impl, key func(string) string) {

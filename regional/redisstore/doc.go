@@ -25,10 +25,25 @@
 //     zero: a clock step back never mints tokens. A token or leaky bucket
 //     then takes the clock's time as its own (written even when the request
 //     is rejected; nothing is consumed), so refill resumes at once instead of
-//     freezing until the clock catches up. For the window algorithms, a time
-//     before a bucket's stored window (or newest log entry) is read as that
-//     stored time, for at most the key's TTL. A step forward mints at most
-//     one bucket's capacity.
+//     freezing until the clock catches up. A fixed or sliding window whose
+//     stored window is after the clock's takes the clock's window as its
+//     own, its counts carried (written too, allowed or not): the window
+//     then ends by the clock, which can be sooner than the stored one would
+//     have in real time, so a step back can admit up to one window's limit
+//     more, as a step forward can. A sliding log whose newest entry is
+//     after the clock moves every entry back by as much, the newest to now
+//     (written too), so each leaves the window when it would have without
+//     the step: nothing more. Before 6 December 2026 such keys were read at
+//     their stored time, and a key at its limit refused every request
+//     until the clock caught up with it: as long as the step (an hour's
+//     step back, an hour; TestContract, "clock step back"). A step forward
+//     mints at most one bucket's capacity; so does a step back of a token
+//     bucket by more than 5.8 days (its time is kept modulo 10^9 ms, below).
+//     A step mints that much each time: a clock stepped back and forth n
+//     times mints up to n capacities. A Redis clock that runs fast by a
+//     fraction e refills e more of every bucket (the rate is its clock's);
+//     no setting of the sync agents (--clock-rate-bound, for their leases)
+//     changes that.
 //   - Every key written has a TTL: the time to become full (token bucket,
 //     from empty), to drain (leaky bucket), or for the data to stop counting
 //     (windows), plus a slack (WithTTLSlack), at least 1s. An expired key

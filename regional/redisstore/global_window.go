@@ -232,17 +232,19 @@ if units < u then u = units end
 local A = shareOf(L, u, UN)
 local wi = idiv(now, W)
 local w, c, pc, used, off = wi, 0, nil, 0, 0
+-- a window after the current one (a clock stepped back): its counts go
+-- on in the current window, as the check script reads them
 if n == 2 then
-  if hw and hw >= wi then w = hw; c = hc end
-  if wi == w then off = now - w * W end
+  if hw and hw >= wi then c = hc end
+  off = now - w * W
   used = c * W
 else
   pc = 0
   if hw then
-    w, c, pc = hw, hc, hp
-    if wi == w + 1 then pc = c; c = 0; w = wi elseif wi > w + 1 then pc = 0; c = 0; w = wi end
+    c, pc = hc, hp
+    if wi == hw + 1 then pc = c; c = 0 elseif wi > hw + 1 then pc = 0; c = 0 end
   end
-  if wi == w then off = now - w * W end
+  off = now - w * W
   used = c * W + pc * (W - off)
 end
 if used > A * W then
@@ -337,29 +339,27 @@ func (m *Model) WriteWindowShares(nowMs int64, rule string, recs []ShareRecord) 
 		var vals []int64
 		var used, off int64
 		_, exists := m.field(k, "w")
+		// a window after the current one (a clock stepped back): its
+		// counts go on in the current window, as Check reads them
+		off = nowMs - wi*W
 		if alg == algFixedWindow {
-			w, c := wi, int64(0)
+			c := int64(0)
 			if exists && k.h["w"] >= wi {
-				w, c = k.h["w"], k.h["n"]
+				c = k.h["n"]
 			}
-			if wi == w {
-				off = nowMs - w*W
-			}
-			vals, used = []int64{w, c}, c*W
+			vals, used = []int64{wi, c}, c*W
 		} else {
-			w, c, pc := wi, int64(0), int64(0)
+			c, pc := int64(0), int64(0)
 			if exists {
-				w, c, pc = k.h["w"], k.h["c"], k.h["p"]
+				w := k.h["w"]
+				c, pc = k.h["c"], k.h["p"]
 				if wi == w+1 {
-					pc, c, w = c, 0, wi
+					pc, c = c, 0
 				} else if wi > w+1 {
-					pc, c, w = 0, 0, wi
+					pc, c = 0, 0
 				}
 			}
-			if wi == w {
-				off = nowMs - w*W
-			}
-			vals, used = []int64{w, c, pc}, c*W+pc*(W-off)
+			vals, used = []int64{wi, c, pc}, c*W+pc*(W-off)
 		}
 		if used > allow*W {
 			out[i] = WindowApplied{Version: held, Need: needUnits(r.Limit, r.Total, ceilDiv(used, W)), Until: time.Duration(W-off) * time.Millisecond}

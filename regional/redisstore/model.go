@@ -134,7 +134,8 @@ type plan struct {
 	rec     []int64 // global bucket or window: the stored record (inc, seq, units*2+release)
 	changed bool    // global token bucket: the enforced share differs from the stored one
 	units   int64   // global token bucket: the units enforced
-	back    bool    // token/leaky: the clock is behind the stored time
+	back    bool    // the clock is behind the stored time (or window)
+	shift   int64   // sliding log: the clock is this far behind its newest entry
 	ttl     int64
 	t0, t1  int64 // token/leaky: millionths
 	capU    int64
@@ -254,13 +255,14 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 			if !okw || !okn {
 				w, n = wi, 0
 			}
+			// a clock stepped back past the window: the count goes on in
+			// the current one, written answered or not
+			p.back = wi < w
 			if wi > w {
-				w, n = wi, 0
+				n = 0
 			}
-			var off int64
-			if wi == w {
-				off = nowMs - w*W
-			}
+			w = wi
+			off := nowMs - w*W
 			p.ok = n+cost <= L
 			p.limit = L
 			p.w, p.n0, p.n1 = w, n, n
@@ -289,15 +291,14 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 			if !okw || !okc || !okp {
 				w, c, pc = wi, 0, 0
 			}
+			p.back = wi < w
 			if wi == w+1 {
-				pc, c, w = c, 0, wi
+				pc, c = c, 0
 			} else if wi > w+1 {
-				pc, c, w = 0, 0, wi
+				pc, c = 0, 0
 			}
-			var off int64
-			if wi == w {
-				off = nowMs - w*W
-			}
+			w = wi
+			off := nowMs - w*W
 			p.ok = cost <= L && c*W+pc*(W-off)+cost*W <= L*W
 			p.limit = L
 			p.w, p.n0, p.n1, p.pc = w, c, c, pc
@@ -326,7 +327,17 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 			var last int64
 			if len(log) > 0 {
 				last = log[len(log)-1]
-				eff = max(eff, last)
+				if last > nowMs {
+					// a clock stepped back past the newest entry: every
+					// entry is read d earlier, the newest at now, and
+					// written so whether the call is allowed or not
+					p.shift = last - nowMs
+					log = append([]int64(nil), log...)
+					for j := range log {
+						log[j] -= p.shift
+					}
+					last = nowMs
+				}
 			}
 			first := sort.Search(len(log), func(j int) bool { return log[j] > eff-W })
 			cnt := int64(len(log) - first)
@@ -397,7 +408,7 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 			if take {
 				n = p.n1
 			}
-			if all {
+			if all || p.back {
 				m.setWin(nowMs, key, p.alg, []int64{p.w, n}, p.rec, p.ttl)
 			}
 			rem, reset = p.L-n, p.reset
@@ -406,7 +417,7 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 			if take {
 				c = p.n1
 			}
-			if all {
+			if all || p.back {
 				m.setWin(nowMs, key, p.alg, []int64{p.w, c, p.pc}, p.rec, p.ttl)
 			}
 			rem = floorDiv(p.L*p.W-c*p.W-p.pc*(p.W-p.off), p.W)
@@ -419,6 +430,14 @@ func (m *Model) Check(nowMs, cost int64, buckets []Bucket) (bool, []Result, erro
 		case algSlidingLog:
 			cnt, reset0 := p.n0, p.reset
 			reset = reset0
+			if p.shift > 0 {
+				k := m.get(nowMs, key)
+				log := append([]int64(nil), k.log...)
+				for j := range log {
+					log[j] -= p.shift
+				}
+				k.log, k.expireAt = log, nowMs+p.ttl
+			}
 			if take {
 				cnt, reset = p.n1, p.W
 				k := m.get(nowMs, key)

@@ -279,19 +279,23 @@ end
 
 local markers, gunits -- built at the first global bucket
 
--- the plans: 16 values per bucket (one table, sized for one bucket):
+-- the plans: 17 values per bucket (one table, sized for one bucket):
 -- key, alg, ok, limit, retry, ttl, then by algorithm (x: unused)
 --   token, leaky bucket: t0, t1, capU, rate, back, changed, u, rinc, rseq, ru
---   fixed window: n0, n1, w, reset, L, x, x, rinc, rseq, ru
---   sliding window: c0, c1, w, pc, L, W, off, rinc, rseq, ru
---   sliding log: cnt0, cnt1, eff, W, reset0, L
+--   fixed window: n0, n1, w, reset, L, x, x, rinc, rseq, ru, back
+--   sliding window: c0, c1, w, pc, L, W, off, rinc, rseq, ru, back
+--   sliding log: cnt0, cnt1, eff, W, reset0, L, d
 -- (t0, n0, c0, cnt0: the state if the request is not taken; t1, n1, c1,
--- cnt1: if it is; rinc, rseq, ru: the share record kept, if any)
-local P = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+-- cnt1: if it is; rinc, rseq, ru: the share record kept, if any; back: the
+-- clock is before the stored window, which the state moves to; d: the
+-- clock is d ms before the log's newest entry, and the log moves back by
+-- d: both written whether the call is allowed or not, and only in the
+-- second pass, so that a call that fails in the first writes nothing)
+local P = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 local all = true
 local base, i = 3, 0
 while base < #ARGV do
-  local k = 16 * i
+  local k = 17 * i
   i = i + 1
   local key = KEYS[i]
   local alg = tonumber(ARGV[base + 1])
@@ -390,9 +394,10 @@ while base < #ARGV do
     end
     local wi = idiv(now, W)
     if w == nil then w = wi; n = 0 end
-    if wi > w then w = wi; n = 0 end
-    local off = 0
-    if wi == w then off = now - w * W end
+    local back = wi < w
+    if wi > w then n = 0 end
+    w = wi
+    local off = now - w * W
     local n1, retry = n, 0
     ok = n + cost <= L
     if ok then n1 = n + cost
@@ -402,7 +407,7 @@ while base < #ARGV do
     if rinc and ru % 2 == 0 then ttl = 0 end
     P[k + 1], P[k + 2], P[k + 3], P[k + 4], P[k + 5], P[k + 6] = key, alg, ok, L, retry, ttl
     P[k + 7], P[k + 8], P[k + 9], P[k + 10], P[k + 11] = n, n1, w, W - off, L
-    P[k + 14], P[k + 15], P[k + 16] = rinc, rseq, ru
+    P[k + 14], P[k + 15], P[k + 16], P[k + 17] = rinc, rseq, ru, back
   elseif alg == 2 or alg == 8 then
     -- sliding window counter: w = current window index, c = its count, pc = previous window's count
     local L, W = a, b
@@ -415,9 +420,10 @@ while base < #ARGV do
     end
     local wi = idiv(now, W)
     if w == nil then w = wi; c = 0; pc = 0 end
-    if wi == w + 1 then pc = c; c = 0; w = wi elseif wi > w + 1 then pc = 0; c = 0; w = wi end
-    local off = 0
-    if wi == w then off = now - w * W end
+    local back = wi < w
+    if wi == w + 1 then pc = c; c = 0 elseif wi > w + 1 then pc = 0; c = 0 end
+    w = wi
+    local off = now - w * W
     ok = false
     if cost <= L then ok = c * W + pc * (W - off) + cost * W <= L * W end
     local c1, retry = c, 0
@@ -429,17 +435,21 @@ while base < #ARGV do
     if rinc and ru % 2 == 0 then ttl = 0 end
     P[k + 1], P[k + 2], P[k + 3], P[k + 4], P[k + 5], P[k + 6] = key, alg, ok, L, retry, ttl
     P[k + 7], P[k + 8], P[k + 9], P[k + 10], P[k + 11], P[k + 12], P[k + 13] = c, c1, w, pc, L, W, off
-    P[k + 14], P[k + 15], P[k + 16] = rinc, rseq, ru
+    P[k + 14], P[k + 15], P[k + 16], P[k + 17] = rinc, rseq, ru, back
   elseif alg == 4 then
     -- sliding log: one sorted-set member per token, scored by its time
     local L, W = a, b
     local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    local eff, last = now, nil
+    local eff, last, d = now, nil, 0
     if top[2] then
       last = tonumber(top[2])
-      if last > eff then eff = last end
+      -- a clock stepped back past the newest entry (see doc.go, Clocks):
+      -- every entry is read, and written back when the call is answered,
+      -- d earlier, the newest at now, so that each leaves the window as
+      -- long after the step as it would have without it
+      if last > now then d = last - now; last = now end
     end
-    local lo = '(' .. string.format('%.0f', eff - W)
+    local lo = '(' .. string.format('%.0f', eff - W + d)
     local cnt = redis.call('ZCOUNT', key, lo, '+inf')
     local cnt1, retry = cnt, 0
     ok = cnt + cost <= L
@@ -447,12 +457,12 @@ while base < #ARGV do
     elseif cost > L then retry = -1
     else
       local r = redis.call('ZRANGEBYSCORE', key, lo, '+inf', 'WITHSCORES', 'LIMIT', cnt + cost - L - 1, 1)
-      retry = tonumber(r[2]) + W - eff
+      retry = tonumber(r[2]) - d + W - eff
     end
     local reset0 = 0
     if cnt > 0 then reset0 = last + W - eff end
     P[k + 1], P[k + 2], P[k + 3], P[k + 4], P[k + 5], P[k + 6] = key, alg, ok, L, retry, math.max(W + slack, 1000)
-    P[k + 7], P[k + 8], P[k + 9], P[k + 10], P[k + 11], P[k + 12] = cnt, cnt1, eff, W, reset0, L
+    P[k + 7], P[k + 8], P[k + 9], P[k + 10], P[k + 11], P[k + 12], P[k + 13] = cnt, cnt1, eff, W, reset0, L, d
   else
     return redis.error_reply('ERR redisstore: unknown algorithm code ' .. tostring(alg))
   end
@@ -463,7 +473,7 @@ end
 local out
 if i == 0 then out = {1} end
 for j = 0, i - 1 do
-  local key, alg, ok, limit, retry, ttl, x0, x1, v9, v10, v11, v12, v13, rinc, rseq, ru = unpack(P, 16 * j + 1, 16 * j + 16)
+  local key, alg, ok, limit, retry, ttl, x0, x1, v9, v10, v11, v12, v13, rinc, rseq, ru, back = unpack(P, 17 * j + 1, 17 * j + 17)
   local take = all and ok
   local rem, reset
   if alg == 1 or alg == 6 or alg == 5 then
@@ -488,18 +498,37 @@ for j = 0, i - 1 do
   elseif alg == 3 or alg == 7 then
     local n = x0
     if take then n = x1 end
-    if all then savewin(key, ttl, v9, n, nil, rinc, rseq, ru) end
+    -- back: the count goes on in the current window (a clock step back),
+    -- written whether the call was allowed or not
+    if all or back then savewin(key, ttl, v9, n, nil, rinc, rseq, ru) end
     rem = v11 - n
     reset = v10
   elseif alg == 2 or alg == 8 then
     local c, pc, L, W, off = x0, v10, v11, v12, v13
     if take then c = x1 end
-    if all then savewin(key, ttl, v9, c, pc, rinc, rseq, ru) end
+    if all or back then savewin(key, ttl, v9, c, pc, rinc, rseq, ru) end
     rem = idiv(L * W - c * W - pc * (W - off), W)
     if c > 0 then reset = (W - off) + W elseif pc > 0 then reset = W - off else reset = 0 end
   else
     local cnt, eff, W = x0, v9, v10
     reset = v11
+    if v13 > 0 then
+      -- the log moved back by v13 (a clock step back)
+      local es = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+      redis.call('DEL', key)
+      local args, same = {}, {}
+      for e = 2, #es, 2 do
+        local sc = string.format('%.0f', tonumber(es[e]) - v13)
+        same[sc] = (same[sc] or 0) + 1
+        args[#args + 1] = sc
+        args[#args + 1] = sc .. '.' .. same[sc]
+        if #args >= 200 or e == #es then
+          redis.call('ZADD', key, unpack(args))
+          args = {}
+        end
+      end
+      redis.call('PEXPIRE', key, ttl)
+    end
     if take then
       cnt = x1
       reset = W
