@@ -278,6 +278,7 @@ const checkBody = `
 end
 
 local markers, gunits -- built at the first global bucket
+local logadd -- built at the first sliding log
 
 -- the plans: 17 values per bucket (one table, sized for one bucket):
 -- key, alg, ok, limit, retry, ttl, then by algorithm (x: unused)
@@ -309,6 +310,22 @@ while base < #ARGV do
     end
   elseif alg ~= 4 and not savewin then
 ` + winHelpers + `
+  elseif alg == 4 and not logadd then
+    -- logadd adds the n members pair(1..n) gives (score, member) to the
+    -- sorted set key, 100 to a ZADD, then sets its TTL
+    logadd = function(key, n, pair, ttl)
+      local args = {}
+      for j = 1, n do
+        local sc, mb = pair(j)
+        args[#args + 1] = sc
+        args[#args + 1] = mb
+        if #args >= 200 or j == n then
+          redis.call('ZADD', key, unpack(args))
+          args = {}
+        end
+      end
+      redis.call('PEXPIRE', key, ttl)
+    end
   end
   if alg >= 6 and not markers then
     markers = {}
@@ -516,18 +533,12 @@ for j = 0, i - 1 do
       -- the log moved back by v13 (a clock step back)
       local es = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
       redis.call('DEL', key)
-      local args, same = {}, {}
-      for e = 2, #es, 2 do
-        local sc = string.format('%.0f', tonumber(es[e]) - v13)
+      local same = {}
+      logadd(key, #es / 2, function(e)
+        local sc = string.format('%.0f', tonumber(es[2 * e]) - v13)
         same[sc] = (same[sc] or 0) + 1
-        args[#args + 1] = sc
-        args[#args + 1] = sc .. '.' .. same[sc]
-        if #args >= 200 or e == #es then
-          redis.call('ZADD', key, unpack(args))
-          args = {}
-        end
-      end
-      redis.call('PEXPIRE', key, ttl)
+        return sc, sc .. '.' .. same[sc]
+      end, ttl)
     end
     if take then
       cnt = x1
@@ -535,16 +546,7 @@ for j = 0, i - 1 do
       redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%.0f', eff - W))
       local score = string.format('%.0f', eff)
       local same = redis.call('ZCOUNT', key, score, score)
-      local args = {}
-      for n = 1, cost do
-        args[#args + 1] = score
-        args[#args + 1] = score .. '.' .. string.format('%.0f', same + n)
-        if #args >= 200 or n == cost then
-          redis.call('ZADD', key, unpack(args))
-          args = {}
-        end
-      end
-      redis.call('PEXPIRE', key, ttl)
+      logadd(key, cost, function(n) return score, score .. '.' .. string.format('%.0f', same + n) end, ttl)
     end
     rem = v12 - cnt
   end
