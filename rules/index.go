@@ -16,14 +16,30 @@ import (
 // exact or "*". For each shape the index hashes the rules' exact values; a
 // lookup reads the request's value of every match key once, then does one
 // hash lookup per shape. Its cost grows with the number of distinct shapes
-// and keys, not with the number of rules.
+// and keys, not with the number of rules. With more than manyKeys distinct
+// keys (rules keyed on a tenant's own attribute names, say), a lookup reads
+// only the shapes anchored at a key the request has instead: each shape is
+// listed under its key that the fewest shapes have, so its cost grows with
+// the request's attributes and the shapes they can match, not with every
+// shape and key (5,000 rules each with its own attribute name cost 236 µs
+// and 257 KB per lookup scanning them all, 0.21 µs and 8 B anchored:
+// BenchmarkMatchManyKeys).
 type Index struct {
 	rules  []Rule // sorted by id; Match returns pointers into it
 	byID   map[string]int32
 	keys   []string // the distinct match keys of all rules
 	shapes []shape
 	seed   maphash.Seed
+	// With more than manyKeys keys: the index of every key, the shapes
+	// under each anchor key, and those with no key at all.
+	keyIdx  map[string]int
+	anchors map[int][]int
+	bare    []int
 }
+
+// manyKeys is the number of distinct match keys above which Match reads the
+// shapes anchored at the request's keys rather than every shape.
+const manyKeys = 32
 
 // shape is a group of rules with the same match keys and wildcards.
 type shape struct {
@@ -94,7 +110,38 @@ func NewIndex(rs []Rule) (*Index, error) {
 		h := ix.hash(e.vals)
 		s.buckets[h] = append(s.buckets[h], e)
 	}
+	if len(ix.keys) > manyKeys {
+		ix.anchor(keyIdx)
+	}
 	return ix, nil
+}
+
+// anchor lists every shape under the key of its that the fewest shapes
+// have (the lowest index on a tie), or in bare if it has none.
+func (ix *Index) anchor(keyIdx map[string]int) {
+	ix.keyIdx, ix.anchors = keyIdx, map[int][]int{}
+	count := make([]int, len(ix.keys))
+	for _, s := range ix.shapes {
+		for _, ki := range s.exact {
+			count[ki]++
+		}
+		for _, ki := range s.any {
+			count[ki]++
+		}
+	}
+	for si, s := range ix.shapes {
+		best := -1
+		for _, ki := range append(slices.Clip(s.exact), s.any...) {
+			if best < 0 || count[ki] < count[best] || count[ki] == count[best] && ki < best {
+				best = ki
+			}
+		}
+		if best < 0 {
+			ix.bare = append(ix.bare, si)
+		} else {
+			ix.anchors[best] = append(ix.anchors[best], si)
+		}
+	}
 }
 
 func (ix *Index) hash(vals []string) uint64 {
@@ -114,6 +161,9 @@ func (ix *Index) hash(vals []string) uint64 {
 func (ix *Index) Match(resource string, attrs map[string]string) []*Rule {
 	if ix == nil || len(ix.shapes) == 0 {
 		return nil
+	}
+	if ix.keyIdx != nil {
+		return ix.matchAnchored(resource, attrs)
 	}
 	var valBuf [16]string
 	var presBuf [16]bool
@@ -158,6 +208,11 @@ shapes:
 			hits = append(hits, e.rule)
 		}
 	}
+	return ix.hitRules(hits)
+}
+
+// hitRules returns the rules of hits (indexes into rules), in id order.
+func (ix *Index) hitRules(hits []int32) []*Rule {
 	if len(hits) == 0 {
 		return nil
 	}
@@ -167,6 +222,70 @@ shapes:
 		out[i] = &ix.rules[ri]
 	}
 	return out
+}
+
+// matchAnchored is Match for an index of many keys: it reads the shapes
+// with no key and those anchored at the request's resource and attribute
+// names (each shape is under one anchor: read once), and each shape's keys
+// from the request directly.
+func (ix *Index) matchAnchored(resource string, attrs map[string]string) []*Rule {
+	var hitBuf [8]int32
+	hits := hitBuf[:0]
+	hits = ix.matchShapes(hits, ix.bare, resource, attrs)
+	if resource != "" {
+		if ki, ok := ix.keyIdx[PartResource]; ok {
+			hits = ix.matchShapes(hits, ix.anchors[ki], resource, attrs)
+		}
+	}
+	for k := range attrs {
+		if k == PartResource {
+			continue // the resource is read from resource, above
+		}
+		if ki, ok := ix.keyIdx[k]; ok {
+			hits = ix.matchShapes(hits, ix.anchors[ki], resource, attrs)
+		}
+	}
+	return ix.hitRules(hits)
+}
+
+// matchShapes appends to hits the rules of the shapes sis that the request
+// matches.
+func (ix *Index) matchShapes(hits []int32, sis []int, resource string, attrs map[string]string) []int32 {
+	value := func(ki int) (string, bool) {
+		if k := ix.keys[ki]; k != PartResource {
+			v, ok := attrs[k]
+			return v, ok
+		}
+		return resource, resource != ""
+	}
+	var reqBuf [16]string
+shapes:
+	for _, si := range sis {
+		s := &ix.shapes[si]
+		for _, ki := range s.any {
+			if _, ok := value(ki); !ok {
+				continue shapes
+			}
+		}
+		req := reqBuf[:0]
+		for _, ki := range s.exact {
+			v, ok := value(ki)
+			if !ok {
+				continue shapes
+			}
+			req = append(req, v)
+		}
+	entries:
+		for _, e := range s.buckets[ix.hash(req)] {
+			for j, v := range e.vals {
+				if req[j] != v {
+					continue entries
+				}
+			}
+			hits = append(hits, e.rule)
+		}
+	}
+	return hits
 }
 
 // Get returns the rule with the given id. The rule belongs to the index:

@@ -195,3 +195,99 @@ func BenchmarkMatch(b *testing.B) {
 		})
 	}
 }
+
+// manyKeyRules makes n rules, most keyed on an attribute name of their
+// own (a tenant's), with some over shared keys, wildcards, the resource
+// and one with an empty match: more than manyKeys keys in all.
+func manyKeyRules(n int) []Rule {
+	rs := make([]Rule, 0, n)
+	for i := range n {
+		var m map[string]string
+		switch i % 6 {
+		case 0:
+			m = map[string]string{fmt.Sprintf("attr_%d", i): "v"}
+		case 1:
+			m = map[string]string{"resource": fmt.Sprintf("GET /r%d", i%7), fmt.Sprintf("attr_%d", i-1): "*"}
+		case 2:
+			m = map[string]string{"tier": "free", fmt.Sprintf("attr_%d", i%12): "v"}
+		case 3:
+			m = map[string]string{"resource": "*", "tier": "*"}
+		case 4:
+			m = map[string]string{"tier": fmt.Sprintf("t%d", i%5)}
+		case 5:
+			m = map[string]string{"resource": fmt.Sprintf("GET /r%d", i%7)}
+		}
+		rs = append(rs, tb(fmt.Sprintf("rule-%06d", i), m))
+	}
+	rs = append(rs, tb("rule-all", map[string]string{}))
+	return rs
+}
+
+// With more than manyKeys keys, Match reads only the shapes anchored at the
+// request's keys; it finds exactly what matching every rule finds.
+func TestIndexManyKeysMatchesBruteForce(t *testing.T) {
+	rs := manyKeyRules(600)
+	ix, err := NewIndex(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ix.keyIdx == nil {
+		t.Fatalf("%d keys, not anchored", len(ix.keys))
+	}
+	all := ix.Rules()
+	for i := range 400 {
+		res := fmt.Sprintf("GET /r%d", i%7)
+		if i%9 == 0 {
+			res = ""
+		}
+		attrs := map[string]string{fmt.Sprintf("attr_%d", (i*7)%600): "v", "tier": []string{"free", "t1", "t3"}[i%3]}
+		if i%4 == 0 {
+			attrs[fmt.Sprintf("attr_%d", (i*5)%600)] = "w"
+		}
+		if i%5 == 0 {
+			attrs["resource"] = "GET /r1" // an attribute named resource: not the resource
+		}
+		if i%11 == 0 {
+			delete(attrs, "tier")
+		}
+		var want []string
+		for _, r := range all {
+			if matches(r, res, attrs) {
+				want = append(want, r.ID)
+			}
+		}
+		var got []string
+		for _, r := range ix.Match(res, attrs) {
+			got = append(got, r.ID)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("request %d (%q %v): Match = %q, want %q", i, res, attrs, got, want)
+		}
+	}
+}
+
+// BenchmarkMatchManyKeys: n rules each keyed on an attribute name of its
+// own, and a request that matches none of them.
+func BenchmarkMatchManyKeys(b *testing.B) {
+	for _, n := range []int{1000, 5000} {
+		b.Run(fmt.Sprintf("rules=%d", n), func(b *testing.B) {
+			rs := make([]Rule, 0, n+1)
+			for i := range n {
+				rs = append(rs, tb(fmt.Sprintf("shape-%05d", i), map[string]string{"resource": "GET /s", fmt.Sprintf("attr_%d", i): "v"}))
+			}
+			rs = append(rs, tb("orders", map[string]string{"resource": "POST /orders", "tier": "free"}))
+			ix, err := NewIndex(rs)
+			if err != nil {
+				b.Fatal(err)
+			}
+			attrs := map[string]string{"tier": "free", "api_key": "k"}
+			if got := len(ix.Match("POST /orders", attrs)); got != 1 {
+				b.Fatalf("Match found %d rules, want 1", got)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				ix.Match("POST /orders", attrs)
+			}
+		})
+	}
+}
