@@ -198,15 +198,7 @@ shapes:
 			}
 			req = append(req, vals[ki])
 		}
-	entries:
-		for _, e := range s.buckets[ix.hash(req)] {
-			for j, v := range e.vals {
-				if req[j] != v {
-					continue entries
-				}
-			}
-			hits = append(hits, e.rule)
-		}
+		hits = ix.bucketHits(hits, s, req)
 	}
 	return ix.hitRules(hits)
 }
@@ -222,6 +214,21 @@ func (ix *Index) hitRules(hits []int32) []*Rule {
 		out[i] = &ix.rules[ri]
 	}
 	return out
+}
+
+// bucketHits appends to hits the rules of shape s whose exact values are
+// req.
+func (ix *Index) bucketHits(hits []int32, s *shape, req []string) []int32 {
+entries:
+	for _, e := range s.buckets[ix.hash(req)] {
+		for j, v := range e.vals {
+			if req[j] != v {
+				continue entries
+			}
+		}
+		hits = append(hits, e.rule)
+	}
+	return hits
 }
 
 // matchAnchored is Match for an index of many keys: it reads the shapes
@@ -275,15 +282,7 @@ shapes:
 			}
 			req = append(req, v)
 		}
-	entries:
-		for _, e := range s.buckets[ix.hash(req)] {
-			for j, v := range e.vals {
-				if req[j] != v {
-					continue entries
-				}
-			}
-			hits = append(hits, e.rule)
-		}
+		hits = ix.bucketHits(hits, s, req)
 	}
 	return hits
 }

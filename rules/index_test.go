@@ -124,19 +124,26 @@ func TestIndexMatchesBruteForce(t *testing.T) {
 		if i%7 == 0 {
 			delete(attrs, "tier")
 		}
-		var want []string
-		for _, r := range all {
-			if matches(r, res, attrs) {
-				want = append(want, r.ID)
-			}
+		sameAsBruteForce(t, ix, all, i, res, attrs)
+	}
+}
+
+// sameAsBruteForce fails t unless ix.Match finds, in id order, exactly the
+// rules of all that match request i.
+func sameAsBruteForce(t *testing.T, ix *Index, all []Rule, i int, res string, attrs map[string]string) {
+	t.Helper()
+	var want []string
+	for _, r := range all {
+		if matches(r, res, attrs) {
+			want = append(want, r.ID)
 		}
-		var got []string
-		for _, r := range ix.Match(res, attrs) {
-			got = append(got, r.ID)
-		}
-		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("request %d (%q %v): Match = %q, want %q", i, res, attrs, got, want)
-		}
+	}
+	var got []string
+	for _, r := range ix.Match(res, attrs) {
+		got = append(got, r.ID)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("request %d (%q %v): Match = %q, want %q", i, res, attrs, got, want)
 	}
 }
 
@@ -250,19 +257,7 @@ func TestIndexManyKeysMatchesBruteForce(t *testing.T) {
 		if i%11 == 0 {
 			delete(attrs, "tier")
 		}
-		var want []string
-		for _, r := range all {
-			if matches(r, res, attrs) {
-				want = append(want, r.ID)
-			}
-		}
-		var got []string
-		for _, r := range ix.Match(res, attrs) {
-			got = append(got, r.ID)
-		}
-		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("request %d (%q %v): Match = %q, want %q", i, res, attrs, got, want)
-		}
+		sameAsBruteForce(t, ix, all, i, res, attrs)
 	}
 }
 
