@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 
 	"github.com/apportion/apportion/rules"
@@ -105,8 +107,19 @@ func (c *cli) rulesPut(cmd *cobra.Command, file string, ifMatch int64, create bo
 	}
 	out := []stored{}
 	var putErr error
+	ranOut := false // --timeout ran out after etcd had answered
+	start := time.Now()
 	for _, r := range rs {
 		rev, err := st.Put(cmd.Context(), r, ifMatch)
+		if err != nil && len(out) > 0 && errors.Is(cmd.Context().Err(), context.DeadlineExceeded) {
+			// --timeout bounds the whole command: etcd answered the
+			// rules before this one, so the file, not etcd, took too long
+			per := time.Since(start) / time.Duration(len(out))
+			putErr = fmt.Errorf("%w: %d of %d rules stored when %s (%s) ran out, at %q: etcd answered every one before it (%v a rule), the file needs longer: raise --timeout to at least %v",
+				context.DeadlineExceeded, len(out), len(rs), c.flagSource("timeout"), c.g.timeout, r.ID, per.Round(time.Millisecond), (per * time.Duration(len(rs)) * 2).Round(time.Second))
+			ranOut = true
+			break
+		}
 		if err != nil {
 			putErr = nameRule(r.ID, err)
 			break
@@ -125,7 +138,7 @@ func (c *cli) rulesPut(cmd *cobra.Command, file string, ifMatch int64, create bo
 		}
 		tw.Flush()
 	}
-	if putErr != nil && len(rs) > 1 {
+	if putErr != nil && len(rs) > 1 && !ranOut {
 		return fmt.Errorf("%w (stored %d of %d rules before this one)", putErr, len(out), len(rs))
 	}
 	return putErr

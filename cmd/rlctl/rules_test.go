@@ -270,3 +270,32 @@ func TestSmallMessages(t *testing.T) {
 		}
 	})
 }
+
+// A file too large for --timeout is refused saying the time ran out for the
+// file, not that etcd did not answer: etcd answered every rule before it.
+func TestRulesPutLargeFileTimeout(t *testing.T) {
+	f := newFixture(t)
+	var b strings.Builder
+	b.WriteString("[")
+	const n = 3000
+	for i := range n {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, `{"id":"r%05d","match":{"resource":"GET /r%d"},"algorithm":"token_bucket","capacity":10,"refill_per_second":1}`, i, i)
+	}
+	b.WriteString("]")
+	file := f.file(t, "large.json", b.String())
+	p := rlctl(t, "--etcd-endpoints", f.endpoints, "--timeout", "500ms", "rules", "put", "-f", file)
+	rs, _, err := f.store.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) == 0 || len(rs) == n {
+		t.Fatalf("%d of %d rules stored in 500ms: want some, not all (%v)", len(rs), n, p.err)
+	}
+	p.must(t, exitFailure, fmt.Sprintf("%d of %d rules stored when --timeout (500ms) ran out", len(rs), n), "etcd answered every one before it", "raise --timeout to at least")
+	if strings.Contains(p.err.Error(), "did not answer") {
+		t.Fatalf("the error blames etcd: %v", p.err)
+	}
+}

@@ -69,6 +69,7 @@ type config struct {
 	maxBackoff     time.Duration
 	requestTimeout time.Duration
 	logEvery       time.Duration
+	deliverGap     time.Duration
 }
 
 func newConfig(opts []Option) (config, error) {
@@ -81,6 +82,7 @@ func newConfig(opts []Option) (config, error) {
 		requestTimeout: 5 * time.Second,
 		logEvery:       30 * time.Second,
 		probeEvery:     5 * time.Second,
+		deliverGap:     DeliverGap,
 	}
 	for _, o := range opts {
 		if err := o(&c); err != nil {
@@ -211,6 +213,30 @@ func WithProbeInterval(d time.Duration) Option {
 			return errors.New("etcdstore: probe interval must be positive")
 		}
 		c.probeEvery = d
+		return nil
+	}
+}
+
+// DeliverGap is the least time between two rule sets the Watcher delivers
+// from its watch: a change that comes sooner after the last delivery waits
+// for the gap, together with every change that comes meanwhile. Each
+// delivery rebuilds the consumer's whole rule set (an enforcer's index:
+// 41 ms and 22 MB at 20,000 rules) and writes the cache file, so a hundred
+// rule writes a second delivered one by one took every CPU of an enforcer
+// (explorer, 20,000 rules: checks fell from about 1,100/s to 20/s and the
+// sync agents fenced on rules that had not changed); with the gap a
+// watcher rebuilds at most 1/DeliverGap times a second, and one change
+// alone is delivered at once.
+const DeliverGap = 100 * time.Millisecond
+
+// WithDeliverGap sets the least time between two deliveries of the watch
+// (DeliverGap by default; 0: every watch response at once). Watcher only.
+func WithDeliverGap(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return errors.New("etcdstore: deliver gap must not be negative")
+		}
+		c.deliverGap = d
 		return nil
 	}
 }

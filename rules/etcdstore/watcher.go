@@ -475,13 +475,39 @@ func (w *Watcher) watch(ctx context.Context, st *state, rev int64, update func([
 	w.watching.Store(true)
 	defer w.watching.Store(false)
 	ch := w.c.Watch(wctx, w.cfg.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	// Deliveries at least deliverGap apart (DeliverGap): a change that
+	// comes sooner is held (pending), with those that follow it, until the
+	// gap has passed. Held changes are delivered before any return.
+	var (
+		last    time.Time
+		pending bool
+		gap     *time.Timer
+		gapC    <-chan time.Time
+	)
+	defer func() {
+		if gap != nil {
+			gap.Stop()
+		}
+	}()
+	flush := func() {
+		if pending {
+			w.deliver(st, rev, update)
+			pending, last = false, time.Now()
+		}
+	}
 	for {
 		var resp clientv3.WatchResponse
 		select {
 		case <-w.reload:
+			flush()
 			return rev, errHistoryChanged
+		case <-gapC:
+			gapC = nil
+			flush()
+			continue
 		case r, ok := <-ch:
 			if !ok {
+				flush()
 				if err := ctx.Err(); err != nil {
 					return rev, err
 				}
@@ -498,9 +524,11 @@ func (w *Watcher) watch(ctx context.Context, st *state, rev int64, update func([
 			return rev, errHistoryChanged
 		}
 		if resp.CompactRevision != 0 {
+			flush()
 			return rev, fmt.Errorf("%w: need %d, compacted up to %d", errCompacted, rev+1, resp.CompactRevision)
 		}
 		if err := resp.Err(); err != nil {
+			flush()
 			return rev, err
 		}
 		w.heardFrom()
@@ -508,9 +536,8 @@ func (w *Watcher) watch(ctx context.Context, st *state, rev int64, update func([
 		for _, ev := range resp.Events {
 			ok, err := w.apply(ctx, st, ev)
 			if err != nil {
-				if changed {
-					w.deliver(st, rev, update)
-				}
+				pending = pending || changed
+				flush()
 				return rev, err // reloaded from a snapshot
 			}
 			if ok {
@@ -518,9 +545,20 @@ func (w *Watcher) watch(ctx context.Context, st *state, rev int64, update func([
 			}
 			rev = max(rev, ev.Kv.ModRevision)
 		}
-		if changed {
-			w.deliver(st, rev, update)
-		} else if len(resp.Events) > 0 {
+		switch {
+		case changed:
+			pending = true
+			if wait := w.cfg.deliverGap - time.Since(last); wait <= 0 {
+				flush()
+			} else if gapC == nil {
+				if gap == nil {
+					gap = time.NewTimer(wait)
+				} else {
+					gap.Reset(wait)
+				}
+				gapC = gap.C
+			}
+		case len(resp.Events) > 0 && !pending:
 			w.revision.Store(rev)
 		}
 	}

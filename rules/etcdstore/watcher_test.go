@@ -341,3 +341,41 @@ func BenchmarkWatcherSnapshot1000(b *testing.B) {
 		<-done
 	}
 }
+
+// Changes that come faster than the deliver gap are delivered together:
+// 60 rule writes, one after another, reach the consumer as far fewer rule
+// sets (at most one per gap after the first, plus the snapshot), the last
+// of them the stored set; a change alone afterwards is delivered at once.
+func TestWatcherCoalescesRapidChanges(t *testing.T) {
+	testutil.CheckGoroutines(t)
+	s, c, _ := newStore(t)
+	ctx := context.Background()
+	gap := 200 * time.Millisecond
+	col := runWatcher(t, fastWatcher(t, c, WithDeliverGap(gap)))
+	testutil.WaitFor(t, 20*time.Second, "the first (empty) snapshot", func() bool { return col.count() == 1 })
+	start := time.Now()
+	for i := range 60 {
+		if _, err := s.Put(ctx, testRule(fmt.Sprintf("r%02d", i), int64(i+1)), Unconditional); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitLikeStore(t, s, col, "60 rules written")
+	took := time.Since(start)
+	sets := col.count() - 1
+	if most := int(took/gap) + 2; sets > most {
+		t.Fatalf("%d rule sets delivered for 60 writes in %v, want at most %d (one per %v gap)", sets, took.Round(time.Millisecond), most, gap)
+	}
+	t.Logf("60 writes in %v: %d rule sets delivered", took.Round(time.Millisecond), sets)
+
+	time.Sleep(gap) // the gap since the last delivery: the length of the test's interval, not a wait for an event
+	n := col.count()
+	t0 := time.Now()
+	if _, err := s.Put(ctx, testRule("alone", 1), Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	waitLikeStore(t, s, col, "a change alone")
+	if col.count() != n+1 {
+		t.Fatalf("%d rule sets for one change, want 1", col.count()-n)
+	}
+	t.Logf("a change alone delivered %v after its write", time.Since(t0).Round(time.Millisecond))
+}
