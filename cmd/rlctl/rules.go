@@ -115,8 +115,8 @@ func (c *cli) rulesPut(cmd *cobra.Command, file string, ifMatch int64, create bo
 			// --timeout bounds the whole command: etcd answered the
 			// rules before this one, so the file, not etcd, took too long
 			per := time.Since(start) / time.Duration(len(out))
-			putErr = fmt.Errorf("%w: %d of %d rules stored when %s (%s) ran out, at %q: etcd answered every one before it (%v a rule), the file needs longer: raise --timeout to at least %v",
-				context.DeadlineExceeded, len(out), len(rs), c.flagSource("timeout"), c.g.timeout, r.ID, per.Round(time.Millisecond), (per * time.Duration(len(rs)) * 2).Round(time.Second))
+			putErr = fmt.Errorf("%w: %d of %d rules stored when %s (%s) ran out, at %q (stored or not: its answer was cut off): etcd answered every one before it (%v a rule), the file needs longer: raise --timeout to at least %v",
+				context.DeadlineExceeded, len(out), len(rs), c.flagSource("timeout"), c.g.timeout, r.ID, per.Round(time.Microsecond), (per * time.Duration(len(rs)) * 2).Round(time.Second))
 			ranOut = true
 			break
 		}
