@@ -15,14 +15,20 @@ import (
 // windowScenario is a per-window quota: 50 requests per 10 s.
 func windowScenario(t *testing.T) *scenario.Scenario {
 	t.Helper()
-	sc, err := scenario.Parse("quota", []byte(`name: quota
+	return parseScenario(t, `name: quota
 duration: 30s
 regions: [{name: a}, {name: b}]
 network: {delay_ms: {a: {b: 50}}}
 rule: {burst: 50, window: 10s}
 demand:
   - {region: a, shape: constant, level: 1}
-`))
+`)
+}
+
+// parseScenario parses a scenario written in the test.
+func parseScenario(t *testing.T, yaml string) *scenario.Scenario {
+	t.Helper()
+	sc, err := scenario.Parse("quota", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +95,7 @@ func TestLiveWindow(t *testing.T) {
 		t.Skip("integration test: starts two regions and plays 20 s of load")
 	}
 	testutil.RedisServerPath(t)
-	sc, err := scenario.Parse("quota", []byte(`name: quota
+	sc := parseScenario(t, `name: quota
 duration: 20s
 regions: [{name: a}, {name: b}]
 network: {delay_ms: {a: {b: 30}}}
@@ -97,10 +103,7 @@ rule: {burst: 50, window: 5s}
 demand:
   - {region: a, shape: constant, level: 2, arrivals: uniform}
   - {region: b, shape: constant, level: 1, arrivals: uniform}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	res := runTwoRegions(t, sc, Options{})
 	live, ledger := res.Strategies[2], res.Strategies[1]
 	if live.WindowMax < 45 || live.WindowMax > 52 {

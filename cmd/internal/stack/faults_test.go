@@ -21,15 +21,7 @@ func TestFaultControl(t *testing.T) {
 		t.Skip("integration test: starts the whole stack")
 	}
 	testutil.RedisServerPath(t)
-	s, err := Start(context.Background(), Config{Regions: 2, Partitionable: true, FaultsAddr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
+	s := startStack(t, Config{Regions: 2, Partitionable: true, FaultsAddr: "127.0.0.1:0"})
 	base := "http://" + s.FaultsAddr + FaultsPath
 	if !strings.Contains(s.Summary(), base+"/cut?region=eu-west") {
 		t.Errorf("the summary has no fault line:\n%s", s.Summary())
@@ -117,4 +109,20 @@ func TestFaultControl(t *testing.T) {
 	call("GET", "/cut?region=eu-west", 405, "use POST")
 	call("POST", "", 405, "use GET")
 	call("POST", "/explode?region=eu-west", 404, `no fault \"explode\"`)
+}
+
+// startStack starts a stack of cfg, closed (and its error reported) when
+// the test ends.
+func startStack(t *testing.T, cfg Config) *Stack {
+	t.Helper()
+	s, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return s
 }

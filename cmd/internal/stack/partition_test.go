@@ -378,15 +378,7 @@ func TestPartitionCutsBothWays(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test: starts the whole stack")
 	}
-	s, err := Start(context.Background(), Config{RegionNames: []string{"a", "b", "c"}, Partitionable: true, EmbeddedRedis: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
+	s := startStack(t, Config{RegionNames: []string{"a", "b", "c"}, Partitionable: true, EmbeddedRedis: true})
 	x := newCrossings(t, s)
 	x.await(t, "before the cuts", 15*time.Second)
 	checkGatewayRoutes(t, s)
@@ -450,16 +442,7 @@ func TestPartitionSeveralRegionsAtOnce(t *testing.T) {
 		t.Skip("integration test: starts the whole stack")
 	}
 	names := []string{"a", "b", "c", "d"}
-	s, err := Start(context.Background(), Config{RegionNames: names, Partitionable: true, EmbeddedRedis: true,
-		FaultsAddr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
+	s := startStack(t, Config{RegionNames: names, Partitionable: true, EmbeddedRedis: true, FaultsAddr: "127.0.0.1:0"})
 	base := "http://" + s.FaultsAddr + FaultsPath
 	fault := func(action, region string) {
 		t.Helper()
