@@ -220,13 +220,12 @@ func WithProbeInterval(d time.Duration) Option {
 // DeliverGap is the least time between two rule sets the Watcher delivers
 // from its watch: a change that comes sooner after the last delivery waits
 // for the gap, together with every change that comes meanwhile. Each
-// delivery rebuilds the consumer's whole rule set (an enforcer's index:
-// 41 ms and 22 MB at 20,000 rules) and writes the cache file, so a hundred
-// rule writes a second delivered one by one took every CPU of an enforcer
-// (explorer, 20,000 rules: checks fell from about 1,100/s to 20/s and the
-// sync agents fenced on rules that had not changed); with the gap a
-// watcher rebuilds at most 1/DeliverGap times a second, and one change
-// alone is delivered at once.
+// delivery rebuilds the consumer's whole rule set (an enforcer's index of
+// every rule) and writes the cache file, so with thousands of rules a
+// hundred rule writes a second delivered one by one can take every CPU of
+// the process; with the gap a watcher rebuilds at most 1/DeliverGap times
+// a second, and one change alone is delivered at once
+// (TestWatcherCoalescesRapidChanges).
 const DeliverGap = 100 * time.Millisecond
 
 // WithDeliverGap sets the least time between two deliveries of the watch
