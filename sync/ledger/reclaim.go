@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
@@ -201,5 +202,47 @@ func (l *Ledger) ReclaimRecorded(now time.Duration, rec Record) Output {
 		out.Contributions = l.freeze(i, rec.Of.Inc, now)
 	}
 	delete(p.pending, rec.Of.Inc)
+	l.paidUnheard(now, rec)
 	return out
+}
+
+// paidUnheard makes the recipients of a completed reclaim that succeed one
+// of its members, if we have not heard them, freezable once silent for
+// ReclaimAfter from now. A
+// payment is applied only while a peer acknowledges the recipient
+// (joined), so one paid to a region cut off from all its peers waits
+// there, held by nobody, for the whole cut: a region cut off alone fences,
+// starts a new incarnation, and the reclaim of its old one pays the new one
+// its weight's part of what the old one held (for a 1/s limit with a burst
+// of 1, the whole token when the tie falls on it), while its traffic has
+// moved to the other regions. Reclaiming the recipient gives it back to the
+// others (its record counts what it was paid, applied or not), and since it
+// fences only once that reclaim is complete, its successor is allocated
+// after it and is paid nothing by it. The silence may count from now: the
+// recipient was allocated before the record was written, so its start,
+// from which its lease counts when no peer acknowledges it, is before now,
+// and we never acknowledged it. One heard within ReclaimAfter is never
+// frozen; one that others hear is not reclaimed without their
+// contributions (the registry's cohort rule). Only a member's successor:
+// a region alone that is paid by the reclaim of another region's
+// incarnation would, once reclaimed, pay that other region's successor if
+// it is alone too, and the two would pass the units back and forth, a new
+// incarnation each time, for as long as both are alone; their part waits
+// for them instead (the package doc, Partitions). It is frozen by silence as
+// any peer is, by a ledger that a peer acknowledges (Tick). The record is
+// applied after the freeze of the reclaimed incarnation (ReclaimRecorded),
+// so we pair with the recipient by then.
+func (l *Ledger) paidUnheard(now time.Duration, rec Record) {
+	for _, r := range rec.Recipients {
+		j := l.index(r.Region)
+		if j < 0 || j == l.self || !slices.ContainsFunc(rec.Cohort, func(m Incarnation) bool { return m.Region == r.Region }) {
+			continue
+		}
+		q := &l.peers[j]
+		if r.Inc != q.inc || q.seen || q.mayFreeze {
+			continue // not the one we pair with, heard, or freezable already
+		}
+		q.known = max(q.known, r.Inc)
+		q.mayFreeze, q.heard = true, now
+	}
 }

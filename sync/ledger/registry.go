@@ -150,6 +150,7 @@ func (r *Registry) Start(region string) (Start, error) {
 		}
 	}
 	r.lives = append(r.lives, life{id: Incarnation{region, inc}, start: r.clock})
+	r.settle() // a cohort that had nobody to pay pays the new incarnation
 	st := Start{Inc: inc}
 	for _, n := range r.names {
 		if n == region {
@@ -317,6 +318,19 @@ func (r *Registry) cohort(x Incarnation) []Incarnation {
 				return nil
 			}
 		}
+	}
+	// Someone must be paid: with every region's newest incarnation in the
+	// cohort or reclaimed, what it frees would be held by nobody. It
+	// completes once a region has started a new one (Start settles).
+	paid := false
+	for _, n := range r.names {
+		if c := r.current(n); c != nil && !in[c.id] && !r.complete(c.id) {
+			paid = true
+			break
+		}
+	}
+	if !paid {
+		return nil
 	}
 	sort.Slice(s, func(a, b int) bool { return incLess(s[a], s[b]) })
 	return s

@@ -46,12 +46,22 @@ func (l *Ledger) Tick(now time.Duration) Output {
 	if l.everOK && l.inc > 1 && !l.closeAck && (!l.closeSent || (l.ticks+1)%(4*l.cfg.FullEvery) == 0) {
 		out.Close, l.closeSent = Incarnation{l.names[l.self], l.inc}, true
 	}
-	// Freeze silent incarnations, if a peer acknowledges us: a region with
-	// no live peer could not take a reclaim payment anyway (see joined), and
+	// Freeze silent incarnations, if a peer acknowledges us, or if the
+	// registry needs our contribution to their reclaim (another region
+	// froze them first). A region with no live peer does not start a
+	// reclaim: it could not take the payment anyway (see joined), and
 	// reclaiming the other side of a partition would only make it start a
-	// new life. A newer incarnation seen in a report freezes at once (Receive).
-	// Between two regions with a witness, a silent peer is frozen only
-	// through its witness key (witness.go): ask for the take.
+	// new life. But it must finish one: a reclaim needs a contribution from
+	// every incarnation whose life overlapped the silent one (the registry's
+	// cohort rule), so two regions alone at once would each wait for the
+	// other's, and every reclaim overlapping theirs with them, until one is
+	// healed. Its silence towards the peer is what the contribution
+	// attests, whether or not anyone hears it. Not between two regions:
+	// there the silent peer is our only one, and without a witness its
+	// lease has no deadline (leaseDeadline), so silence proves nothing. A
+	// newer incarnation seen in a report freezes at once (Receive). Between
+	// two regions with a witness, a silent peer is frozen only through its
+	// witness key (witness.go): ask for the take.
 	joined := l.joined(now)
 	for i := range l.peers {
 		p := &l.peers[i]
@@ -61,7 +71,7 @@ func (l *Ledger) Tick(now time.Duration) Output {
 			if l.takeable(i, now) {
 				out.Take, p.asked = Take{Region: p.name, Rev: p.wRev}, p.wRev
 			}
-		case joined && p.mayFreeze && now-p.heard >= l.cfg.ReclaimAfter():
+		case (joined || len(p.wanted) > 0 && len(l.names) > 2) && p.mayFreeze && now-p.heard >= l.cfg.ReclaimAfter():
 			out.Contributions = append(out.Contributions, l.freeze(i, p.inc, now)...)
 		}
 	}

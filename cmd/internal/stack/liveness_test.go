@@ -92,6 +92,100 @@ func partitionLiveness(t *testing.T, n int, rate int64) {
 	t.Logf("healed: a enforces %d of %d again after %v (bound %v)", limit(), rate, time.Since(healed).Round(time.Millisecond), partitionHealBound)
 }
 
+// TestSeveralCutLiveness cuts several regions at once, the one that sends
+// all the demand of a global limit among them, for two leases, and heals
+// them one after the other, on the real stack at 2 and 10 regions and at
+// 1/s and 10,000/s. With two regions both are cut (the link stays cut
+// while either is): healing b first leaves a cut off, still serving the
+// limit (a cut-off side of two keeps its position), and healing a then
+// rejoins them. With ten, a, b and c are cut and fall to their floors;
+// healed first while b and c are still cut, a serves the whole limit
+// within partitionHealBound (the seven regions that reclaimed the three
+// give it back; no cut region's share is needed); once b and c are healed
+// too and heard again, a still serves it within the same bound.
+func TestSeveralCutLiveness(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: starts the whole stack")
+	}
+	testutil.RedisServerPath(t)
+	eachSize(t, severalCutLiveness)
+}
+
+func severalCutLiveness(t *testing.T, n int, rate int64) {
+	const lease = 3 * time.Second
+	g := startGlobal(t, n, rate, lease)
+	s, limit, serving := g.s, g.limit, g.serving
+	agentA := s.Regions[0].AgentHTTPAddr
+	others := []string{"b"} // cut with a
+	if n > 2 {
+		others = []string{"b", "c"}
+	}
+	for _, r := range append([]string{"a"}, others...) {
+		if err := s.Partition(r, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cut := time.Now()
+	if n > 2 {
+		testutil.WaitFor(t, 2*lease, "a to fall to its floor in the cut", func() bool { return limit() == 0 })
+	}
+	for time.Since(cut) < 2*lease { // the cut's length, sampled
+		if l := limit(); n == 2 && l < serving {
+			t.Fatalf("two regions, both cut: a enforces %d %v into the cut, want >= %d", l, time.Since(cut).Round(time.Millisecond), serving)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if lag := peerLag(t, agentA, "b"); lag < lease.Seconds() {
+		t.Fatalf("a's agent heard b %.1f s before the cut's end: the cut did not hold", lag)
+	}
+
+	// Healed first: b with two regions (a stays cut), a with ten (b and
+	// c stay cut).
+	first := "a"
+	if n == 2 {
+		first = "b"
+	}
+	if err := s.Partition(first, false); err != nil {
+		t.Fatal(err)
+	}
+	healed := time.Now()
+	if n == 2 {
+		for time.Since(healed) < lease { // a stays cut off from b, and keeps serving
+			if l := limit(); l < serving {
+				t.Fatalf("two regions, b healed, a still cut: a enforces %d, want >= %d", l, serving)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if lag := peerLag(t, agentA, "b"); lag < lease.Seconds() {
+			t.Fatalf("b healed, a still cut: a's agent heard b %.1f s ago", lag)
+		}
+		if err := s.Partition("a", false); err != nil {
+			t.Fatal(err)
+		}
+		healed = time.Now()
+		testutil.WaitFor(t, partitionHealBound, "a to hear b again", func() bool { return peerLag(t, agentA, "b") < 1 })
+		testutil.WaitFor(t, partitionHealBound, "a to serve the limit with both healed", func() bool { return limit() >= serving })
+		t.Logf("a healed last: a and b hear each other and a enforces %d of %d after %v (bound %v)", limit(), rate, time.Since(healed).Round(time.Millisecond), partitionHealBound)
+		return
+	}
+	testutil.WaitFor(t, partitionHealBound, "a to serve the limit, healed while b and c are cut", func() bool { return limit() >= serving })
+	t.Logf("a healed first: a enforces %d of %d after %v, b and c still cut (bound %v)", limit(), rate, time.Since(healed).Round(time.Millisecond), partitionHealBound)
+	for _, r := range others {
+		if lag := peerLag(t, agentA, r); lag < lease.Seconds() {
+			t.Fatalf("a healed, %s still cut: a's agent heard %s %.1f s ago", r, r, lag)
+		}
+		if err := s.Partition(r, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	healed = time.Now()
+	testutil.WaitFor(t, partitionHealBound, "a to hear b and c again", func() bool {
+		return peerLag(t, agentA, "b") < 1 && peerLag(t, agentA, "c") < 1
+	})
+	testutil.WaitFor(t, partitionHealBound, "a to serve the limit with every region healed", func() bool { return limit() >= serving })
+	t.Logf("b and c healed: heard again and a enforces %d of %d after %v (bound %v)", limit(), rate, time.Since(healed).Round(time.Millisecond), partitionHealBound)
+}
+
 // global is a stack of n regions (a, b, ...) with one global token bucket
 // g of rate per second and a burst of rate, whose region a sends twice the
 // limit for one key (the others nothing) and holds the limit.
