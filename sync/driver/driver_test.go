@@ -24,9 +24,10 @@ type fakePorts struct {
 	rejected []string
 	// refuse: a write of the key below units is refused as a window store
 	// does (Need units, Until holdFor); its confirmation still comes.
-	refuse  map[string]int64
-	holdFor time.Duration
-	takes   []string // region@rev of every Take
+	refuse       map[string]int64
+	holdFor      time.Duration
+	takes        []string // region@rev of every Take
+	contribRules []string // rule of every Contribute
 }
 
 func (f *fakePorts) Now() time.Duration { return f.now }
@@ -66,10 +67,13 @@ func (f *fakePorts) Publish(m wire.Message) {
 	f.msgs = append(f.msgs, m)
 }
 
-func (f *fakePorts) Contribute(r *Rule, cs []ledger.Contribution) { f.contribs++ }
-func (f *fakePorts) Close(r *Rule, by ledger.Incarnation)         {}
-func (f *fakePorts) Start(r *Rule)                                { f.starts = append(f.starts, r.ID) }
-func (f *fakePorts) Fenced(r *Rule, inc ledger.Incarnation)       { f.fenced = append(f.fenced, inc) }
+func (f *fakePorts) Contribute(r *Rule, cs []ledger.Contribution) {
+	f.contribs++
+	f.contribRules = append(f.contribRules, r.ID)
+}
+func (f *fakePorts) Close(r *Rule, by ledger.Incarnation)   {}
+func (f *fakePorts) Start(r *Rule)                          { f.starts = append(f.starts, r.ID) }
+func (f *fakePorts) Fenced(r *Rule, inc ledger.Incarnation) { f.fenced = append(f.fenced, inc) }
 func (f *fakePorts) Rejected(reason, peer, rule string, err error) {
 	f.rejected = append(f.rejected, reason)
 }

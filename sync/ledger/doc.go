@@ -301,7 +301,15 @@
 // ledgers (WitnessLost) before it writes the key again for its later
 // incarnations: a renewal of the new key never extends an incarnation that
 // was alive when the key was taken. A take serves every rule of the
-// region pair: each ledger freezes only if its own condition holds.
+// region pair: each ledger freezes only if its own condition holds, at
+// once or, if its own silence of p is still short (each rule hears p at
+// its own report's phase: its last report of p can be a heartbeat younger
+// than the asking rule's), once it holds (the take is remembered for the
+// incarnation it ended: WitnessTaken, tookFreezable). Before 6 December
+// 2026 nothing remembered it: such a rule asked again only once the take's
+// own revision of the key had been seen for a whole wait, and its share
+// stayed stranded 62 s longer (TestWitnessTakeStaggeredRules in
+// sync/driver).
 //
 // So, with a witness: a cut between two regions that both still reach etcd
 // changes nothing (both renew; nobody fences or takes a key); a region cut

@@ -233,6 +233,10 @@ type peer struct {
 	wRev  int64
 	wAt   time.Duration
 	asked int64 // the revision of the last take asked for (Output.Take)
+	// took is the revision of a take that succeeded (WitnessTaken) while
+	// we paired with tookInc: that incarnation's witness lease is over.
+	took    int64
+	tookInc uint64
 }
 
 // heard is a report (incarnation, sequence) a peer acknowledged.

@@ -72,6 +72,7 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 		l.resync = true
 	}
 	p.seen, p.mayFreeze, p.heard = true, true, now
+	p.took = 0 // a take counts only for the silence it ended (WitnessTaken)
 	if newer {
 		p.lastSeq, p.base = r.Seq, r.Base
 	}

@@ -68,7 +68,9 @@ func (l *Ledger) Tick(now time.Duration) Output {
 		switch {
 		case i == l.self:
 		case l.witnessed():
-			if l.takeable(i, now) {
+			if l.tookFreezable(i, now) {
+				out.Contributions = append(out.Contributions, l.freeze(i, p.inc, now)...)
+			} else if l.takeable(i, now) {
 				out.Take, p.asked = Take{Region: p.name, Rev: p.wRev}, p.wRev
 			}
 		case (joined || len(p.wanted) > 0 && len(l.names) > 2) && p.mayFreeze && now-p.heard >= l.cfg.ReclaimAfter():

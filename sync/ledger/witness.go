@@ -77,10 +77,30 @@ func (l *Ledger) WitnessTaken(now time.Duration, region string, rev int64) Outpu
 	// or seen that long here (another rule's take). Our own take shows
 	// here as a new revision of the key, which does not undo it.
 	seen := rev == p.asked || rev == p.wRev && now-p.wAt >= wait
-	if !l.witnessed() || !seen || rev <= 0 || !p.mayFreeze || now-p.heard < wait || now >= l.leaseDeadline() {
+	if !l.witnessed() || !seen || rev <= 0 || !p.mayFreeze {
+		return Output{}
+	}
+	// The take proves that p's witness lease is over for good (p renews
+	// no more: every renewal after it fails). What this ledger may still
+	// lack is its own silence of p (its last report of p may be a
+	// heartbeat younger than the asking rule's) or its own lease: remember
+	// the take for the incarnation we pair with, and Tick freezes it once
+	// they hold (tookFreezable). Before, such a ledger waited for a second
+	// take, a whole wait after its own take's revision was first seen.
+	p.took, p.tookInc = rev, p.inc
+	if now-p.heard < wait || now >= l.leaseDeadline() {
 		return Output{}
 	}
 	return Output{Contributions: l.freeze(i, p.inc, now)}
+}
+
+// tookFreezable reports whether peer i's key was taken (WitnessTaken) while
+// we paired with the incarnation we still pair with, and that incarnation
+// has now been silent for WitnessReclaimAfter while this one holds its lease.
+func (l *Ledger) tookFreezable(i int, now time.Duration) bool {
+	p := &l.peers[i]
+	return l.witnessed() && p.took > 0 && p.tookInc == p.inc && p.mayFreeze &&
+		now-p.heard >= l.cfg.WitnessReclaimAfter() && now < l.leaseDeadline()
 }
 
 // takeable reports whether peer i may be frozen through the witness: a
