@@ -70,6 +70,12 @@ func (s *GRPCService) SetServing(ok bool) {
 // CheckLimit, the comma-separated indexes of the shed requests for CheckLimits.
 const ShedHeader = "apportion-shed"
 
+// CountInvalid implements InvalidCounter: a call refused before it was
+// checked is counted as invalid under grpc.
+func (s *GRPCService) CountInvalid() {
+	s.e.metrics.request("grpc", Response{}, ErrInvalidRequest)
+}
+
 // CheckLimit implements ratelimit.v1.RateLimiter.
 func (s *GRPCService) CheckLimit(ctx context.Context, in *ratelimitv1.CheckLimitRequest) (*ratelimitv1.CheckLimitResponse, error) {
 	resp, err := s.e.Check(ctx, fromProto(in))
@@ -89,6 +95,7 @@ func (s *GRPCService) CheckLimit(ctx context.Context, in *ratelimitv1.CheckLimit
 // index.
 func (s *GRPCService) CheckLimits(ctx context.Context, in *ratelimitv1.CheckLimitsRequest) (*ratelimitv1.CheckLimitsResponse, error) {
 	if len(in.GetRequests()) > MaxBatch {
+		s.CountInvalid()
 		return nil, status.Errorf(codes.InvalidArgument, "requests: %d requests, the maximum is %d", len(in.GetRequests()), MaxBatch)
 	}
 	reqs := make([]Request, len(in.GetRequests()))

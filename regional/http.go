@@ -76,12 +76,14 @@ func badRequest(w http.ResponseWriter, code int, field, msg string) {
 
 func (h *HTTPHandler) check(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
+		h.e.metrics.request("http", Response{}, ErrInvalidRequest)
 		w.Header().Set("Allow", http.MethodPost)
 		badRequest(w, http.StatusMethodNotAllowed, "", "use POST")
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
+		h.e.metrics.request("http", Response{}, ErrInvalidRequest)
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			badRequest(w, http.StatusRequestEntityTooLarge, "", fmt.Sprintf("body is larger than %d bytes", maxBody))

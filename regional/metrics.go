@@ -87,7 +87,7 @@ func NewMetrics(reg prometheus.Registerer, region string) *Metrics {
 		ruleUpdates: prometheus.NewCounter(prometheus.CounterOpts{Name: MetricRuleUpdates, ConstLabels: cl,
 			Help: "Rule sets applied."}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRequests, ConstLabels: cl,
-			Help: "CheckLimit calls by protocol (grpc, http, envoy: one per descriptor) and result (allowed, rejected, invalid, error)."},
+			Help: "CheckLimit calls by protocol (grpc, http, envoy: one per descriptor checked) and result (allowed, rejected, invalid, error); a call refused before any check (a request that does not decode or is too large, a bad HTTP method or body, no or too many Envoy descriptors, a batch over its maximum) counts once as invalid."},
 			[]string{"protocol", "result"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: MetricInFlight, ConstLabels: cl,
 			Help: "Checks being answered right now (a sign of saturation when it stays high)."}),

@@ -54,7 +54,8 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 	revision := gauge("apportion_rule_revision", "etcd revision of the rule set this process enforces.")
 	invalidNow := gauge("apportion_rule_invalid_documents",
 		"Rule documents stored in etcd now whose current version is invalid (skipped; the last good version stays); 0 once each is fixed or deleted.")
-	reg.MustRegister(invalid, invalidNow, reachable, revision)
+	adminRequests := newAdminCounter(o.region)
+	reg.MustRegister(invalid, invalidNow, reachable, revision, adminRequests)
 	wopts := []etcdstore.Option{etcdstore.WithPrefix(o.etcd.Prefix), etcdstore.WithRegistryPrefix(o.registry), etcdstore.WithLogger(log),
 		etcdstore.WithInvalidCounter(invalid), etcdstore.WithInvalidGauge(invalidNow), etcdstore.WithReachableGauge(reachable), etcdstore.WithRevisionGauge(revision)}
 	if o.etcdCache != "" {
@@ -72,7 +73,7 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 			cli.Close()
 			return nil, err
 		}
-		aopts := []admin.Option{admin.WithLogger(log), admin.WithStoreTimeout(o.adminTimeout)}
+		aopts := []admin.Option{admin.WithStoreTimeout(o.adminTimeout)}
 		switch {
 		case o.adminToken != "":
 			aopts = append(aopts, admin.WithToken(o.adminToken))
@@ -82,7 +83,10 @@ func newSource(o *options, log *slog.Logger, reg prometheus.Registerer) (*ruleSo
 			cli.Close()
 			return nil, errors.New("--admin-addr needs --admin-token (or APPORTION_ADMIN_TOKEN), or --admin-no-auth to serve it unauthenticated")
 		}
-		h, err := admin.New(st, aopts...)
+		withLog := func(l *slog.Logger) (http.Handler, error) {
+			return admin.New(st, append(aopts[:len(aopts):len(aopts)], admin.WithLogger(l))...)
+		}
+		h, err := newAdminAudit(withLog, log, adminRequests)
 		if err != nil {
 			cli.Close()
 			return nil, err

@@ -4,11 +4,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/apportion/apportion/internal/hashform"
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
-	"github.com/apportion/apportion/regional/envoy"
 	envoyrl "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/attribute"
@@ -37,7 +36,39 @@ const (
 	attrBatchAllow = "apportion.batch.allowed"
 	attrBatchRej   = "apportion.batch.rejected"
 	attrRegion     = "apportion.region"
+	attrDomain     = "apportion.envoy.domain"
+	attrDescs      = "apportion.envoy.descriptors"
 )
+
+// maxAttrBytes bounds a span attribute's value: a value a client chose (a
+// resource, a client key, an Envoy domain) is put in a span as the check
+// maps it, kept when it is valid UTF-8 of at most maxAttrBytes and not of
+// the hashed form, else "sha256:" and its hex SHA-256 (internal/hashform,
+// the rule the Envoy service applies to an over-long domain). gRPC takes
+// messages of up to 4 MB: unbounded, one call's attribute could hold
+// megabytes, kept in memory until exported (the batch queue holds 2048
+// spans) and making the batch it is in too large for the collector.
+const maxAttrBytes = 1024
+
+// spanLimits are a second line of defence for the span attributes the SDK
+// records, ours and otelgrpc's: no value longer than maxAttrBytes (the SDK
+// truncates it), at most 32 attributes, events and links per span.
+func spanLimits() sdktrace.SpanLimits {
+	return sdktrace.SpanLimits{
+		AttributeValueLengthLimit:   maxAttrBytes,
+		AttributeCountLimit:         32,
+		EventCountLimit:             32,
+		LinkCountLimit:              32,
+		AttributePerEventCountLimit: 32,
+		AttributePerLinkCountLimit:  32,
+	}
+}
+
+// clientValue is s, a value a client chose, as a span attribute: the
+// check's mapping of it (maxAttrBytes).
+func clientValue(k, s string) attribute.KeyValue {
+	return attribute.String(k, hashform.Fit(s, maxAttrBytes))
+}
 
 // tracingFlags configure OpenTelemetry tracing of the check calls. Off
 // unless --otlp-endpoint is set.
@@ -76,19 +107,42 @@ func (t *tracingFlags) start(ctx context.Context, region string) (*sdktrace.Trac
 	if err != nil {
 		return nil, fmt.Errorf("otlp exporter: %w", err)
 	}
-	res := resource.NewSchemaless(attribute.String("service.name", "ratelimitd"), attribute.String(attrRegion, region))
-	return sdktrace.NewTracerProvider(
-		sdktrace.WithBatcher(exp, sdktrace.WithBatchTimeout(time.Second)),
-		sdktrace.WithResource(res),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(t.ratio))),
-	), nil
+	return sdktrace.NewTracerProvider(append(t.providerOptions(region),
+		sdktrace.WithBatcher(exp, sdktrace.WithBatchTimeout(time.Second)))...), nil
 }
 
-// tracedMethod reports whether a gRPC method is traced: the check calls,
-// not health checks or reflection.
+// providerOptions are the tracer provider's options but its exporter: the
+// resource, the sampler (a caller's sampled traceparent is traced whatever
+// the ratio) and spanLimits.
+func (t *tracingFlags) providerOptions(region string) []sdktrace.TracerProviderOption {
+	res := resource.NewSchemaless(attribute.String("service.name", "ratelimitd"), attribute.String(attrRegion, region))
+	return []sdktrace.TracerProviderOption{
+		sdktrace.WithResource(res),
+		sdktrace.WithSpanLimits(spanLimits()),
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(t.ratio))),
+	}
+}
+
+// tracedMethods are the traced gRPC methods: the check calls (every method
+// of the two services), not health checks or reflection.
+var tracedMethods = func() map[string]bool {
+	m := map[string]bool{}
+	for _, sd := range []*grpc.ServiceDesc{&ratelimitv1.RateLimiter_ServiceDesc, &envoyrl.RateLimitService_ServiceDesc} {
+		for _, md := range sd.Methods {
+			m["/"+sd.ServiceName+"/"+md.MethodName] = true
+		}
+		for _, st := range sd.Streams {
+			m["/"+sd.ServiceName+"/"+st.StreamName] = true
+		}
+	}
+	return m
+}()
+
+// tracedMethod reports whether a gRPC method is traced: one of
+// tracedMethods exactly. The method name is the client's (the span's name
+// and rpc.method): an unknown method, whatever its length, is not traced.
 func tracedMethod(fullMethod string) bool {
-	return strings.HasPrefix(fullMethod, "/"+ratelimitv1.RateLimiter_ServiceDesc.ServiceName+"/") ||
-		strings.HasPrefix(fullMethod, "/"+envoy.ServiceName+"/")
+	return tracedMethods[fullMethod]
 }
 
 // tracingServerOptions trace the check calls with tp: a span per call
@@ -135,8 +189,8 @@ func decisionAttributes(clientKeys bool) grpc.UnaryServerInterceptor {
 				if out.GetOverallCode() == envoyrl.RateLimitResponse_OVER_LIMIT {
 					d = "rejected"
 				}
-				span.SetAttributes(attribute.String(attrDecision, d), attribute.String("apportion.envoy.domain", in.GetDomain()),
-					attribute.Int("apportion.envoy.descriptors", len(in.GetDescriptors())))
+				span.SetAttributes(attribute.String(attrDecision, d), clientValue(attrDomain, in.GetDomain()),
+					attribute.Int(attrDescs, len(in.GetDescriptors())))
 			}
 		}
 		return resp, err
@@ -148,9 +202,9 @@ func requestAttributes(in *ratelimitv1.CheckLimitRequest, clientKeys bool) []att
 	if cost == 0 {
 		cost = 1
 	}
-	kv := []attribute.KeyValue{attribute.String(attrResource, in.GetResource()), attribute.Int64(attrCost, cost)}
+	kv := []attribute.KeyValue{clientValue(attrResource, in.GetResource()), attribute.Int64(attrCost, cost)}
 	if clientKeys {
-		kv = append(kv, attribute.String(attrClientKey, in.GetClientKey()))
+		kv = append(kv, clientValue(attrClientKey, in.GetClientKey()))
 	}
 	return kv
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apportion/apportion/internal/hashform"
 	"github.com/apportion/apportion/internal/testutil"
 	ratelimitv1 "github.com/apportion/apportion/proto/ratelimit/v1"
 	"github.com/apportion/apportion/regional"
@@ -284,5 +285,73 @@ func TestTracingFlagsDefaultOff(t *testing.T) {
 	}
 	if _, err := parseFlags([]string{"--region", "r", "--rules", "x.yaml", "--trace-sample-ratio", "2"}, io.Discard); err == nil {
 		t.Error("--trace-sample-ratio 2 accepted")
+	}
+}
+
+// TestTracingBoundsClientValues: no span attribute or name holds more than
+// maxAttrBytes of what a client sent, even with --trace-sample-ratio 0 and
+// a caller's sampled traceparent (which is traced): an over-long Envoy
+// domain is in its hashed form, as the check maps it; a call of an
+// unknown method of a traced service (its name is the span's) is not
+// traced; and the provider's span limits truncate any other attribute.
+func TestTracingBoundsClientValues(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	fl := tracingFlags{ratio: 0}
+	tp := sdktrace.NewTracerProvider(append(fl.providerOptions("us-east"), sdktrace.WithSyncer(exp))...)
+	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+	conn := tracedEnforcer(t, append(tracingServerOptions(tp, true), grpc.MaxRecvMsgSize(8<<20))...)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent",
+		"00-0102030405060708090a0b0c0d0e0f10-0102030405060708-01")
+	huge := strings.Repeat("d", 1<<20)
+
+	if _, err := envoyrl.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &envoyrl.RateLimitRequest{Domain: huge,
+		Descriptors: []*commonv3.RateLimitDescriptor{{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "client_key", Value: huge}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the ShouldRateLimit span", func() bool { return len(exp.GetSpans()) >= 1 })
+	// An unknown method: Unimplemented, and no span.
+	err := conn.Invoke(ctx, "/"+ratelimitv1.RateLimiter_ServiceDesc.ServiceName+"/"+huge[:1<<16],
+		&ratelimitv1.CheckLimitRequest{ClientKey: "k", Resource: "POST /orders"}, &ratelimitv1.CheckLimitResponse{})
+	if err == nil {
+		t.Fatal("an unknown method answered")
+	}
+	// A CheckLimit whose span is traced after it (the spans end in order).
+	if _, err := ratelimitv1.NewRateLimiterClient(conn).CheckLimit(ctx, &ratelimitv1.CheckLimitRequest{ClientKey: "k", Resource: "POST /orders"}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the CheckLimit span", func() bool { return len(exp.GetSpans()) >= 2 })
+
+	spans := exp.GetSpans().Snapshots()
+	for _, s := range spans {
+		if len(s.Name()) > maxAttrBytes {
+			t.Errorf("a span named with %d bytes of the client's method name", len(s.Name()))
+		}
+		for _, kv := range s.Attributes() {
+			if n := len(kv.Value.Emit()); n > maxAttrBytes {
+				t.Errorf("span %.60s: attribute %s of %d bytes, want at most %d", s.Name(), kv.Key, n, maxAttrBytes)
+			}
+		}
+	}
+	if len(spans) != 2 {
+		t.Fatalf("%d spans, want ShouldRateLimit's and CheckLimit's (none for the unknown method)", len(spans))
+	}
+	if got, want := attrs(spans[0])[attrDomain].AsString(), hashform.Hash(huge); got != want {
+		t.Errorf("domain attribute %.80q, want the domain's hashed form %s", got, want)
+	}
+
+	// Any attribute: the span limits.
+	sampled := trace.ContextWithRemoteSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{1}, SpanID: trace.SpanID{2}, TraceFlags: trace.FlagsSampled}))
+	_, span := tp.Tracer("test").Start(sampled, "direct")
+	span.SetAttributes(attribute.String("long", huge))
+	for i := range 100 {
+		span.SetAttributes(attribute.Int("n"+strings.Repeat("x", i), i))
+	}
+	span.End()
+	spans = exp.GetSpans().Snapshots()
+	last := spans[len(spans)-1]
+	if a := attrs(last); len(a["long"].AsString()) != maxAttrBytes || len(last.Attributes()) > spanLimits().AttributeCountLimit {
+		t.Errorf("a span with %d attributes, one of %d bytes: want at most %d, of at most %d bytes",
+			len(last.Attributes()), len(a["long"].AsString()), spanLimits().AttributeCountLimit, maxAttrBytes)
 	}
 }

@@ -96,7 +96,9 @@
 // Invariant: every descriptor envoyproxy/ratelimit accepts is answered, on
 // its own, and within the enforcer's limits whatever its size (the call
 // fails only with no or too many descriptors, a hits_addend beyond any
-// cost, or no rule set loaded yet; FuzzShouldRateLimit checks it). A
+// cost, or no rule set loaded yet; FuzzShouldRateLimit checks it; the
+// first three, like a request that does not decode, count once as invalid
+// in apportion_requests_total). A
 // descriptor the enforcer would still refuse is answered alone, OK without
 // current_limit as one no rule matches, and counted as invalid in
 // apportion_requests_total; no other descriptor's answer changes. Descriptors are checked

@@ -113,6 +113,21 @@ func (s *service) trees() *trees {
 	return t
 }
 
+// refuse counts a refused call (InvalidArgument: no descriptor, too many,
+// a hits_addend beyond any cost, a request that does not decode or is over
+// the server's message size) once, as invalid in apportion_requests_total,
+// and returns err. A checked descriptor is counted by its check instead.
+func (s *service) refuse(err error) error {
+	s.CountInvalid()
+	return err
+}
+
+// CountInvalid implements regional.InvalidCounter: the call was refused
+// before it was answered.
+func (s *service) CountInvalid() {
+	s.e.CountRequest("envoy", regional.Response{}, regional.ErrInvalidRequest)
+}
+
 // ShouldRateLimit implements envoy.service.ratelimit.v3.RateLimitService.
 func (s *service) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	out, _, err := s.answer(ctx, in)
@@ -124,9 +139,9 @@ func (s *service) answer(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv
 	ds := in.GetDescriptors()
 	switch {
 	case len(ds) == 0:
-		return nil, nil, status.Error(codes.InvalidArgument, "descriptors: at least one descriptor is required")
+		return nil, nil, s.refuse(status.Error(codes.InvalidArgument, "descriptors: at least one descriptor is required"))
 	case len(ds) > MaxDescriptors:
-		return nil, nil, status.Errorf(codes.InvalidArgument, "descriptors: %d descriptors, the maximum is %d", len(ds), MaxDescriptors)
+		return nil, nil, s.refuse(status.Errorf(codes.InvalidArgument, "descriptors: %d descriptors, the maximum is %d", len(ds), MaxDescriptors))
 	}
 	if !s.e.Ready() {
 		return nil, nil, status.Error(codes.Unavailable, regional.ErrNoRules.Error())
@@ -135,7 +150,7 @@ func (s *service) answer(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv
 	checks := make([]check, len(ds))
 	for i, d := range ds {
 		if err := s.mapDescriptor(in, i, d, &checks[i]); err != nil {
-			return nil, nil, err
+			return nil, nil, s.refuse(err)
 		}
 		checks[i].node = t.resolve(in.GetDomain(), checks[i].path)
 	}

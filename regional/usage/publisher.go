@@ -90,8 +90,10 @@ func WithMetrics(reg prometheus.Registerer) PublisherOption {
 // not drain: deltas keep aggregating in the Recorder and go out once the
 // connection is back. That is bounded by the Recorder: one count per (rule,
 // key), at most its maxKeys keys, further keys' additions dropped and
-// counted in apportion_usage_dropped_keys_total. Each flush held back so is
-// counted in apportion_usage_flushes_held_total,
+// counted in apportion_usage_dropped_keys_total. Each flush held back so
+// that would have sent deltas (some were added since the previous flush) is
+// counted in apportion_usage_flushes_held_total (an interval without
+// additions is not, however many older deltas wait),
 // apportion_usage_nats_connected reads 0, and a warning names the servers
 // and why they do not connect, at once and then every 10s. A publish that
 // fails loses its deltas (they are counted in
@@ -158,7 +160,7 @@ func NewPublisher(nc *nats.Conn, rec *Recorder, region, enforcer string, opts ..
 		deltas: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_usage_deltas_total",
 			Help: "Usage deltas (one per rule and key per flush) published.", ConstLabels: labels}),
 		held: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_usage_flushes_held_total",
-			Help: "Usage flushes not sent because NATS was not connected; their deltas stay in the recorder (up to its maximum number of keys) and go out once it is.", ConstLabels: labels}),
+			Help: "Usage flushes not sent because NATS was not connected, counted when deltas were added since the previous flush (not at every tick of an outage); their deltas stay in the recorder (up to its maximum number of keys) and go out once it is.", ConstLabels: labels}),
 	}
 	if p.reg != nil {
 		dropped := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "apportion_usage_dropped_keys_total",
@@ -261,8 +263,11 @@ func (p *Publisher) run(ctx context.Context) {
 			if downSince.IsZero() {
 				downSince = now
 			}
+			// A held flush is one that would have sent deltas: counted
+			// when some were added since the previous flush (held or
+			// sent), not at every tick while older ones wait.
 			held := p.rec.held()
-			if held > 0 {
+			if p.rec.takeAdded() {
 				p.m.held.Inc()
 			}
 			// At most once per logEvery (the dial is not repeated more often).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -111,6 +112,7 @@ func TestPublisherNATSOutageIsVisible(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "client to notice", func() bool { return !nc.IsConnected() })
 	rec.Add("r", "during", 10, 0)
 	testutil.WaitFor(t, 10*time.Second, "held flushes to be counted", func() bool {
+		rec.Add("r", "during", 0, 1) // a held flush is one with new deltas
 		return counter(t, reg, "apportion_usage_flushes_held_total") >= 3
 	})
 	if got := gauge(t, reg, "apportion_usage_nats_connected"); got != 0 {
@@ -232,5 +234,51 @@ func TestPublisherErrorLineRegionOnce(t *testing.T) {
 	}
 	if l := jsonLines(t, &logs, "publish failed")[0]; l["region"] != "ap-south" || l["subject"] != Subject("ap-south") {
 		t.Errorf("publish error line %v", l)
+	}
+}
+
+// TestPublisherHeldFlushCountsNewDeltas: while NATS is not connected,
+// apportion_usage_flushes_held_total counts the flushes that would have
+// sent deltas (some were added since the previous one), not every tick of
+// the outage: nothing while the recorder is empty, one for deltas added
+// once however long they wait, one more for deltas added later.
+func TestPublisherHeldFlushCountsNewDeltas(t *testing.T) {
+	testutil.CheckGoroutines(t)
+	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", testutil.FreePort(t)),
+		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	rec := NewRecorder(0)
+	reg := prometheus.NewRegistry()
+	p, err := NewPublisher(nc, rec, "eu-west", "enf", WithInterval(5*time.Millisecond),
+		WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), WithMetrics(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Start()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		p.Close(ctx) // fails: the final flush cannot reach a server
+	}()
+	held := func() float64 { return counter(t, reg, "apportion_usage_flushes_held_total") }
+
+	time.Sleep(100 * time.Millisecond) // 20 intervals with nothing to send
+	if got := held(); got != 0 {
+		t.Fatalf("%v held flushes with nothing recorded, want 0", got)
+	}
+	rec.Add("r", "k", 1, 0)
+	testutil.WaitFor(t, 10*time.Second, "the held flush", func() bool { return held() >= 1 })
+	time.Sleep(100 * time.Millisecond) // 20 more intervals; the delta waits, nothing new
+	if got := held(); got != 1 {
+		t.Fatalf("%v held flushes for one addition, want 1", got)
+	}
+	rec.Add("r", "k", 1, 0)
+	testutil.WaitFor(t, 10*time.Second, "the second held flush", func() bool { return held() >= 2 })
+	time.Sleep(50 * time.Millisecond)
+	if got := held(); got != 2 {
+		t.Fatalf("%v held flushes for two additions apart, want 2", got)
 	}
 }

@@ -43,7 +43,10 @@ type shard struct {
 	idx  map[bucket]int32 // guarded by mu
 	keys []bucket         // guarded by mu; keys[i] is the bucket of c[i]
 	c    []counts         // guarded by mu
-	_    [64]byte         // keep neighbouring shards' mutexes off one cache line
+	// added is set by an Add that the shard holds, cleared by Drain and
+	// takeAdded; guarded by mu.
+	added bool
+	_     [64]byte // keep neighbouring shards' mutexes off one cache line
 }
 
 // NewRecorder returns a Recorder that holds at most maxKeys distinct
@@ -78,6 +81,7 @@ func (r *Recorder) Add(rule, key string, admitted, rejected int64) {
 		c := &s.c[i]
 		c.admitted += admitted
 		c.rejected += rejected
+		s.added = true
 		s.mu.Unlock()
 		return
 	}
@@ -90,6 +94,7 @@ func (r *Recorder) Add(rule, key string, admitted, rejected int64) {
 	s.idx[b] = int32(len(s.c))
 	s.keys = append(s.keys, b)
 	s.c = append(s.c, counts{admitted, rejected})
+	s.added = true
 	s.mu.Unlock()
 }
 
@@ -112,6 +117,7 @@ func (r *Recorder) Drain() []Delta {
 		clear(s.keys)
 		s.keys = s.keys[:0]
 		s.c = s.c[:0]
+		s.added = false
 		r.nkeys.Add(-int64(taken))
 		s.mu.Unlock()
 	}
@@ -129,6 +135,21 @@ func (r *Recorder) Drain() []Delta {
 
 // held returns how many distinct keys the Recorder holds until the next Drain.
 func (r *Recorder) held() int64 { return r.nkeys.Load() }
+
+// takeAdded reports whether anything was added (and held) since the
+// previous Drain or takeAdded: whether a flush now would send deltas that
+// no earlier flush would have. Meant for the flushing goroutine.
+func (r *Recorder) takeAdded() bool {
+	added := false
+	for i := range r.shards {
+		s := &r.shards[i]
+		s.mu.Lock()
+		added = added || s.added
+		s.added = false
+		s.mu.Unlock()
+	}
+	return added
+}
 
 // Dropped returns how many additions were dropped since the Recorder was
 // created because their bucket did not fit in maxKeys. A key that does not
