@@ -53,7 +53,9 @@
 //     record's Hold, which its writer renews (below, "Record TTLs"; with no
 //     Hold it is persistent). The only keys without a TTL are the markers:
 //     one per global rule (16384 slot copies per rule on a Cluster), each
-//     overwritten in place, so bounded by the rules, not the keys.
+//     overwritten in place, so bounded by the rules, not the keys; their
+//     writer deletes the marker of a rule it no longer coordinates
+//     (DeleteMarker, MarkerRules: marker_delete.go).
 //
 // Result semantics (all in ms from the evaluation time, exact):
 //

@@ -42,6 +42,16 @@ func (t *ackTrack) published(now time.Time, lease time.Duration) {
 	t.lastSent = now
 }
 
+// forget drops what t knows of peer (no rule lists it any more).
+func (t *ackTrack) forget(peer string) {
+	delete(t.at, peer)
+	for k := range t.last {
+		if k.peer == peer {
+			delete(t.last, k)
+		}
+	}
+}
+
 // heard records the acknowledgements of region in an accepted report
 // window m of peer.
 func (t *ackTrack) heard(now time.Time, peer, region string, m wire.Message) {

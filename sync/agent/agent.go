@@ -109,6 +109,7 @@ type Agent struct {
 	fencedAt  time.Time
 	snapshots int          // publishSnapshot calls
 	wit       witnessState // this region's witness key (witness.go)
+	mgc       markerGC     // markers of rules no longer coordinated (markers.go)
 }
 
 type usageCounts struct{ admitted, rejected int64 }

@@ -55,7 +55,11 @@
 //     Shard.ReportSubject) carrying the
 //     report of every ledger that has one (sync/wire; split by EncodeParts
 //     when larger than the connection's max payload; none is built before
-//     the connection was first made, while that is unknown); the agent
+//     the connection was first made, while that is unknown, and none is
+//     handed to NATS while it is not connected, where it would wait in the
+//     reconnect buffer and reach the peers stale: those count in
+//     apportion_sync_reports_unsent_total{reason="disconnected"}, not as
+//     sent nor as published for acks.go); the agent
 //     subscribes to "ratelimit.report.*" and feeds the other regions'
 //     reports to Ledger.Receive; on its own subject it only looks for another agent
 //     serving its region (own.go: a message it did not publish, signed with
@@ -86,6 +90,11 @@
 //     A peer heard whose reports acknowledge none of this agent's for two
 //     leases (it refuses or cannot read them) is flagged in
 //     apportion_sync_peer_unacknowledged{peer} and logged (acks.go).
+//     A peer no coordinated rule lists any more is forgotten, its per-peer
+//     series deleted (forgetUnlisted).
+//     The marker of a rule no longer coordinated is deleted once its ledger
+//     is dropped, and at start those of every rule not coordinated
+//     (Store.DeleteMarker, MarkerRules: markers.go).
 //   - Registry: Registry (EtcdRegistry: one JSON document per rule under
 //     /ratelimit/registry/<rule>, holding the rule's Spec and its
 //     ledger.RegistryState, changed only by a Txn comparing ModRevision, so

@@ -26,9 +26,18 @@ const (
 	ReasonOther       = driver.ReasonOther
 )
 
+// Reasons of apportion_sync_reports_unsent_total: report messages (parts)
+// built but not handed to NATS.
+const (
+	UnsentDisconnected = "disconnected" // NATS not connected (never yet, or reconnecting): not buffered to reach the peers stale
+	UnsentEncode       = "encode"       // the reports did not encode
+	UnsentError        = "error"        // NATS refused the publish
+)
+
 type metrics struct {
 	reports      *prometheus.CounterVec
 	bytes        *prometheus.CounterVec
+	unsent       *prometheus.CounterVec
 	rejected     *prometheus.CounterVec
 	peersSeen    prometheus.Gauge
 	peerLag      *prometheus.GaugeVec
@@ -53,9 +62,11 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 	cl := prometheus.Labels{"region": region}
 	m := &metrics{
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_reports_total",
-			Help: "Report messages sent and received (own messages are not counted as received).", ConstLabels: cl}, []string{"direction"}),
+			Help: "Report messages sent (handed to NATS while connected; apportion_sync_reports_unsent_total counts the others) and received (own messages are not counted as received).", ConstLabels: cl}, []string{"direction"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_report_bytes_total",
-			Help: "Bytes of report messages sent and received.", ConstLabels: cl}, []string{"direction"}),
+			Help: "Bytes of report messages sent (handed to NATS while connected) and received.", ConstLabels: cl}, []string{"direction"}),
+		unsent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_reports_unsent_total",
+			Help: "Report messages not sent, by reason: disconnected (NATS not connected, never yet or reconnecting: a message would wait in the reconnect buffer and reach the peers stale, so it is dropped; not counted as sent), encode (the reports did not encode), error (NATS refused the publish). The ledger tolerates the loss.", ConstLabels: cl}, []string{"reason"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_reports_rejected_total",
 			Help: "Rule reports dropped without effect, by reason.", ConstLabels: cl}, []string{"reason"}),
 		peersSeen: prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_sync_peers_seen",
@@ -93,6 +104,9 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 			Help: "Marker leases that ran out before a renewal was confirmed, without a fence: every key of the rule in this region enforced its floor meanwhile. By cause: late (the agent's loop came to the renewal after the lease had run out: too slow), store (the renewal's writes began in time but Redis failed or answered after it), deadline (the ledger let the lease run out: its peers' acknowledgements stopped, a partition or heavy loss).", ConstLabels: cl}, []string{"cause"}),
 		margin: newMinWindow(marginWindow),
 	}
+	for _, r := range []string{UnsentDisconnected, UnsentEncode, UnsentError} {
+		m.unsent.WithLabelValues(r)
+	}
 	for _, c := range lapseCauses {
 		m.markerLapses.WithLabelValues(c)
 	}
@@ -113,7 +127,7 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 		m.bytes.WithLabelValues(d)
 	}
 	if reg != nil {
-		reg.MustRegister(m.reports, m.bytes, m.rejected, m.peersSeen, m.peerLag, m.unacked, m.storeResets, m.coordinated, m.closures, m.gifts, m.fenced,
+		reg.MustRegister(m.reports, m.bytes, m.unsent, m.rejected, m.peersSeen, m.peerLag, m.unacked, m.storeResets, m.coordinated, m.closures, m.gifts, m.fenced,
 			m.reclaims, m.tickDuration, m.usageDropped, m.storeErrors, m.witness, m.witnessTakes, m.otherAgent, m.markerLapses, newShareCollector(a, region),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apportion_sync_marker_margin_seconds",
 				Help: "Smallest lease left at a marker renewal over the last 15-30 s, any rule: the held lease's end minus the renewal's answer, on the agent's clock (a lower bound: it understates by at most the two writes' round trips). Negative: the marker lapsed. NaN: no renewal.", ConstLabels: cl},

@@ -44,27 +44,43 @@ func (p ports) Publish(m wire.Message) {
 		// message published now would wait in the reconnect buffer and
 		// reach the peers stale. The report is lost, which the ledger
 		// tolerates (its next reports carry what it said).
+		a.m.unsent.WithLabelValues(UnsentDisconnected).Inc()
 		a.logs.Log(slog.LevelWarn, "publish-unconnected", "report not sent: NATS has not connected yet (its max payload is unknown)",
 			"servers", RedactURLs(a.nc.Servers()), "status", a.nc.Status().String())
 		return
 	}
 	parts, err := wire.EncodeParts(m, int(mp)-wire.Overhead)
 	if err != nil {
+		a.m.unsent.WithLabelValues(UnsentEncode).Inc()
 		a.logs.Log(slog.LevelError, "encode", "cannot encode reports", logKeyErr, err)
 		return
 	}
-	// Every byte of this tick's reports counts towards the inbox's budget:
-	// a report of more than driver.SendWindow keys comes as one Publish
-	// per part, and the peers' inboxes must hold all of one.
+	// Every byte of this tick's reports counts towards the inbox's budget
+	// (an estimate of the peers' reports, so also while they are not
+	// sent): a report of more than driver.SendWindow keys comes as one
+	// Publish per part, and the peers' inboxes must hold all of one.
 	var total int64
 	defer func() { a.published += total }()
 	for part := range parts {
 		if a.cfg.Signer != nil {
 			part = a.cfg.Signer.Seal(part)
 		}
-		a.sent.add(part) // its echo is not another agent's (own.go)
 		total += int64(len(part))
+		if !a.nc.IsConnected() {
+			// Disconnected (reconnecting, or closed): nats.go would take
+			// the part into its reconnect buffer, answer nil, and send it
+			// on reconnect, stale. It is not sent, not counted as sent, and
+			// not taken as published by the acknowledgement check (acks.go);
+			// the ledger tolerates the loss (its next reports carry what
+			// it said).
+			a.m.unsent.WithLabelValues(UnsentDisconnected).Inc()
+			a.logs.Log(slog.LevelWarn, "publish-disconnected", "report not sent: NATS is not connected (it would reach the peers stale from the reconnect buffer)",
+				"servers", RedactURLs(a.nc.Servers()), "status", a.nc.Status().String())
+			continue
+		}
+		a.sent.add(part) // its echo is not another agent's (own.go)
 		if err := a.nc.Publish(a.cfg.Shard.ReportSubject(a.cfg.Region), part); err != nil {
+			a.m.unsent.WithLabelValues(UnsentError).Inc()
 			a.logs.Log(slog.LevelWarn, "publish", "report publish failed (the ledger tolerates loss)", logKeyErr, err)
 			continue
 		}

@@ -111,6 +111,7 @@ func (a *Agent) setRules(rs []rules.Rule) {
 			delete(a.rules, id)
 			a.drv.Remove(id)
 			a.setRegistryLimit(id, 0)
+			a.dropMarker(id) // the ledger is gone: no write of its follows (markers.go)
 		}
 	}
 	for id, r := range want {
@@ -119,6 +120,7 @@ func (a *Agent) setRules(rs []rules.Rule) {
 		if added {
 			st = &ruleState{Rule: a.drv.Add(id)}
 			a.rules[id] = st
+			a.keepMarker(id)
 		} else if st.Led != nil && !a.specOf(r).equal(st.spec) {
 			a.logs.Log(slog.LevelWarn, "spec/"+id, "rule's regions, weights or min_share changed; coordination keeps the spec it started with (use a new rule id to change it)", logKeyRule, id)
 		}
@@ -215,8 +217,8 @@ func (a *Agent) setRegistryLimit(rule string, tokens int64) {
 
 // maybeStart asks the registry for a new incarnation of st's rule.
 func (a *Agent) maybeStart(ctx context.Context, st *ruleState) {
-	if st.Led != nil || st.starting || a.runID == "" || time.Now().Before(st.retryAt) {
-		return
+	if st.Led != nil || st.starting || a.runID == "" || time.Now().Before(st.retryAt) || a.deletingMarker(st.ID) {
+		return // a delete of the rule's old marker: started when it is done (markers.go)
 	}
 	st.starting = true
 	id, spec, sent := st.ID, a.specOf(st.rule), a.now()

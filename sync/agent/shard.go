@@ -221,6 +221,30 @@ func (st shardStore) WriteMarker(ctx context.Context, group string, m redisstore
 	return st.s.ledgerVersion(v), err
 }
 
+// DeleteMarker deletes the marker copies of group's rule in the shard's
+// slots (the store's WithMarkerSlots).
+func (st shardStore) DeleteMarker(ctx context.Context, group string) error {
+	md, ok := st.Store.(markerDeleter)
+	if !ok {
+		return errNoMarkerDelete
+	}
+	return md.DeleteMarker(ctx, ruleOf(group))
+}
+
+// MarkerRules lists the rules with a marker copy in the shard's slots, as
+// the shard's group ids.
+func (st shardStore) MarkerRules(ctx context.Context) ([]string, error) {
+	md, ok := st.Store.(markerDeleter)
+	if !ok {
+		return nil, errNoMarkerDelete
+	}
+	rs, err := md.MarkerRules(ctx)
+	for i, r := range rs {
+		rs[i] = st.s.Group(r)
+	}
+	return rs, err
+}
+
 func (st shardStore) records(recs []redisstore.ShareRecord) ([]redisstore.ShareRecord, error) {
 	out := make([]redisstore.ShareRecord, len(recs))
 	for i, r := range recs {

@@ -206,6 +206,7 @@ func (a *Agent) publishSnapshot() {
 	} else {
 		a.m.fenced.Set(0)
 	}
+	a.forgetUnlisted()
 	a.checkAcks(time.Now())
 	seen := 0
 	for p, t := range a.peers {
@@ -216,4 +217,36 @@ func (a *Agent) publishSnapshot() {
 		}
 	}
 	a.m.peersSeen.Set(float64(seen))
+}
+
+// forgetUnlisted forgets every peer heard that no rule coordinated here
+// lists any more (in its rule or in its ledger's spec): a region taken out
+// of every rule. Its per-peer series (apportion_sync_peer_lag_seconds,
+// apportion_sync_peer_unacknowledged) are deleted, where they stayed, the
+// lag growing, until the agent restarted, and ApportionSyncPeerLag and
+// ApportionSyncPeersMissing fired for a region no rule has. A rule that
+// lists it again brings it back with its next accepted report.
+func (a *Agent) forgetUnlisted() {
+	if len(a.peers) == 0 {
+		return
+	}
+	listed := map[string]bool{}
+	for _, st := range a.rules {
+		for n := range st.rule.Regions {
+			listed[n] = true
+		}
+		for _, r := range st.spec.Regions {
+			listed[r.Name] = true
+		}
+	}
+	for p := range a.peers {
+		if listed[p] {
+			continue
+		}
+		delete(a.peers, p)
+		a.m.peerLag.DeleteLabelValues(p)
+		a.m.unacked.DeleteLabelValues(p)
+		a.acks.forget(p)
+		a.log.Info("no rule coordinated here lists this peer region any more: its series are removed", logKeyPeer, p)
+	}
 }

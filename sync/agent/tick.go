@@ -70,6 +70,7 @@ func (a *Agent) tick(ctx context.Context) {
 	a.refreshHeld(ctx)
 	a.renewWitness(ctx)
 	a.pollRegistry(ctx)
+	a.collectMarkers(ctx)
 	a.publishSnapshot()
 	a.m.tickDuration.Observe(time.Since(t0).Seconds())
 }
