@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -23,7 +22,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -139,19 +137,7 @@ func TestHTTPRefusesStringsThatAreNotUTF8(t *testing.T) {
 // the server keeps serving.
 func TestMalformedProtobufIsInvalidArgument(t *testing.T) {
 	enf, _ := miniEnforcer(t)
-	gs, svc := NewGRPCServer(enf)
-	svc.SetServing(true)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(l)
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := serveGRPC(t, enf)
 	truncated := protowire.AppendTag(nil, 1, protowire.BytesType) // a length that never comes
 	badTag := []byte{0x00}                                        // field number 0
 	var inBatch []byte                                            // a batch whose second request is cut short

@@ -2,7 +2,6 @@ package regional
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -40,19 +38,7 @@ func TestRefusedCallsCountedInvalid(t *testing.T) {
 	if err := enf.SetRules([]rules.Rule{r}); err != nil {
 		t.Fatal(err)
 	}
-	gs, svc := NewGRPCServer(enf)
-	svc.SetServing(true)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(l)
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := serveGRPC(t, enf)
 	srv := httptest.NewServer(NewHTTPHandler(enf, nil, nil))
 	t.Cleanup(srv.Close)
 

@@ -101,19 +101,7 @@ func newEnvOn(t testing.TB, r *testutil.Redis, rs []rules.Rule, mutate func(*Con
 	if err := enf.SetRules(rs); err != nil {
 		t.Fatal(err)
 	}
-	gs, svc := NewGRPCServer(enf)
-	svc.SetServing(true)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(l)
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := serveGRPC(t, enf)
 	return &env{redis: r, rc: rc, store: st, enf: enf, client: ratelimitv1.NewRateLimiterClient(conn), conn: conn, registry: reg}
 }
 
@@ -598,4 +586,24 @@ func TestGlobalShareBelowCostIsNotNever(t *testing.T) {
 	if r := e.check(t, "a", "GET /", 5); !r.Allowed {
 		t.Fatalf("cost 5 within the share: %+v", r)
 	}
+}
+
+// serveGRPC serves enf's gRPC services (NewGRPCServer, serving) on a free
+// loopback port until the test ends, and returns a client connection to it.
+func serveGRPC(t testing.TB, enf *Enforcer) *grpc.ClientConn {
+	t.Helper()
+	gs, svc := NewGRPCServer(enf)
+	svc.SetServing(true)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(l)
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
