@@ -110,6 +110,10 @@ type Agent struct {
 	snapshots int          // publishSnapshot calls
 	wit       witnessState // this region's witness key (witness.go)
 	mgc       markerGC     // markers of rules no longer coordinated (markers.go)
+	// listChanged: a rule set or a ledger's start since the last
+	// forgetUnlisted (snapshot.go); a peer is heard only through a
+	// ledger of a rule that lists it, so nothing else can unlist one.
+	listChanged bool
 }
 
 type usageCounts struct{ admitted, rejected int64 }

@@ -138,6 +138,7 @@ func (a *Agent) setRules(rs []rules.Rule) {
 	}
 	a.everRules = true
 	a.ready.Store(a.everRules && a.runID != "")
+	a.listChanged = true
 	a.publishSnapshot()
 }
 
@@ -269,6 +270,7 @@ func (a *Agent) started(ctx context.Context, st *ruleState, start ledger.Start, 
 	st.spec, st.backoff, st.again = spec, 0, false
 	st.newLedger()
 	a.log.Info("ledger started", logKeyRule, st.ID, logKeyInc, start.Inc)
+	a.listChanged = true
 	a.publishSnapshot()
 }
 

@@ -206,7 +206,10 @@ func (a *Agent) publishSnapshot() {
 	} else {
 		a.m.fenced.Set(0)
 	}
-	a.forgetUnlisted()
+	if a.listChanged { // the rules' region lists change only with setRules and a ledger's start
+		a.listChanged = false
+		a.forgetUnlisted()
+	}
 	a.checkAcks(time.Now())
 	seen := 0
 	for p, t := range a.peers {
