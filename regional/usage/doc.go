@@ -7,8 +7,12 @@
 // on the wall clock (NextFlush: every enforcer at the same instants, which
 // the sync agent ticks between), encodes the deltas in a
 // compact binary Batch and publishes it on Subject(region), a region-local
-// NATS subject. The agent receives batches with Subscribe and folds them into
-// its demand estimates.
+// NATS subject; with no deltas, an empty batch (no groups), so that the
+// agent hears every enforcer at every flush and can tell a flush that is
+// late (a stalled NATS server) from one with no usage (sync/agent waits
+// for late usage before its demand estimates read the interval). The
+// agent receives batches with Subscribe and folds them into its demand
+// estimates.
 //
 // Invariants:
 //   - Never blocks the request path. Add takes one short, sharded mutex and

@@ -152,7 +152,7 @@ func NewPublisher(nc *nats.Conn, rec *Recorder, region, enforcer string, opts ..
 	labels := prometheus.Labels{"region": region}
 	p.m = metrics{
 		flushes: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_usage_flushes_total",
-			Help: "Usage batches published to the region's agent.", ConstLabels: labels}),
+			Help: "Usage batches published to the region's agent (an empty one at a flush without usage: the agent hears every enforcer at every flush).", ConstLabels: labels}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_usage_bytes_total",
 			Help: "Bytes of usage batches published.", ConstLabels: labels}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_usage_publish_errors_total",
@@ -253,7 +253,7 @@ func (p *Publisher) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			p.finalErr = p.flush()
+			p.finalErr = p.flush(true)
 			return
 		case <-t.C:
 		}
@@ -289,7 +289,7 @@ func (p *Publisher) run(ctx context.Context) {
 				"down_for", time.Since(downSince).Round(time.Millisecond).String())
 			downSince = time.Time{}
 		}
-		if err := p.flush(); err != nil {
+		if err := p.flush(false); err != nil {
 			wait = min(wait*2, max(maxBackoff, p.interval))
 			p.log.Log(slog.LevelWarn, "usage-publish", "usage: publish failed, deltas lost",
 				"subject", p.subject, "err", err, "retry_in", wait.String())
@@ -302,10 +302,13 @@ func (p *Publisher) run(ctx context.Context) {
 }
 
 // flush drains the Recorder and publishes its deltas, split to fit the
-// server's max payload. Called only from run.
-func (p *Publisher) flush() error {
+// server's max payload; with none, an empty batch: the agent hears every
+// enforcer at every flush, and one it does not hear is late, not idle
+// (sync/agent, lateusage.go). The final flush (final: Close) sends
+// nothing when it has nothing. Called only from run.
+func (p *Publisher) flush(final bool) error {
 	deltas := p.rec.Drain()
-	if len(deltas) == 0 {
+	if final && len(deltas) == 0 {
 		return nil
 	}
 	maxSize := int(p.nc.MaxPayload())

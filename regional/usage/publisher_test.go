@@ -148,6 +148,13 @@ func TestPublisherDeliversAll(t *testing.T) {
 	if adm, rej := s.total(); adm != wantAdm || rej != wantRej {
 		t.Fatalf("after Close: got %d/%d, want %d/%d", adm, rej, wantAdm, wantRej)
 	}
+	// The empty batches published at flushes without deltas (the agent's
+	// sign that none is late) may still be on their way.
+	testutil.WaitFor(t, 10*time.Second, "every batch published to arrive", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return float64(len(s.batches)) == counter(t, reg, "apportion_usage_flushes_total")
+	})
 
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -78,6 +78,9 @@ type Agent struct {
 	usageMu sync.Mutex
 	usage   usageSet          // guarded by usageMu
 	groups  map[string]string // rule -> group id (groupOf), guarded by usageMu
+	// enforcers: enforcer id -> when a batch of it was last received,
+	// guarded by usageMu (lateusage.go).
+	enforcers map[string]time.Time
 
 	rulesCh chan []rules.Rule // latest rule set, capacity 1
 	inbox   *inbox            // peers' reports for the loop (inbox.go)
@@ -109,7 +112,10 @@ type Agent struct {
 	fencedAt  time.Time
 	snapshots int          // publishSnapshot calls
 	wit       witnessState // this region's witness key (witness.go)
-	mgc       markerGC     // markers of rules no longer coordinated (markers.go)
+	// waitingSince is when the demand estimates began waiting for late
+	// usage (zero: not waiting; lateusage.go).
+	waitingSince time.Time
+	mgc          markerGC // markers of rules no longer coordinated (markers.go)
 	// listChanged: a rule set or a ledger's start since the last
 	// forgetUnlisted (snapshot.go); a peer is heard only through a
 	// ledger of a rule that lists it, so nothing else can unlist one.

@@ -69,6 +69,12 @@ type Config struct {
 	MaxUsageKeys int
 	// HotKeys bounds the keys apportion_sync_share_units exports (default 20).
 	HotKeys int
+	// UsageGrace is how long the demand estimates wait for an enforcer's
+	// late usage (default 2s; 0: they never wait). An enforcer heard at
+	// every flush that misses one makes the estimates wait, at most this
+	// long, instead of reading the interval as traffic that stopped; one
+	// not heard for this long counts as gone (lateusage.go).
+	UsageGrace time.Duration
 	// HalfLife is the half-life of the demand estimate (an EWMA, default
 	// 250ms, the same per second at any Interval): shorter follows demand
 	// shifts faster, longer is steadier under noisy traffic (see
@@ -145,6 +151,12 @@ type Config struct {
 // DefaultRecordHold is the default Config.RecordHold.
 const DefaultRecordHold = time.Hour
 
+// DefaultUsageGrace is the default Config.UsageGrace: covers the stalls
+// of a NATS server that a region outlives without fencing (the lease, 3 s
+// by default, ends those), and makes the estimates follow a region whose
+// only enforcer stopped this much later.
+const DefaultUsageGrace = 2 * time.Second
+
 // DefaultConfig returns the defaults documented on Config (Region unset).
 func DefaultConfig() Config {
 	lc := ledger.DefaultConfig()
@@ -160,6 +172,7 @@ func DefaultConfig() Config {
 		RegistryPoll: 500 * time.Millisecond,
 		EtcdTimeout:  5 * time.Second,
 		MaxUsageKeys: usage.DefaultMaxKeys,
+		UsageGrace:   DefaultUsageGrace,
 		HotKeys:      20,
 		HalfLife:     lc.HalfLife,
 		Heartbeat:    lc.HeartbeatEvery,
@@ -201,6 +214,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: RecordHold must be in [0, 365d]", ErrConfig)
 	case c.MaxUsageKeys <= 0 || c.HotKeys < 0:
 		return fmt.Errorf("%w: MaxUsageKeys must be positive, HotKeys not negative", ErrConfig)
+	case c.UsageGrace < 0 || c.UsageGrace > time.Minute:
+		return fmt.Errorf("%w: UsageGrace must be in [0, 1m]", ErrConfig)
 	}
 	if err := c.LedgerConfig().Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)

@@ -46,7 +46,12 @@
 //     The alignment needs the region's hosts' wall clocks within a few tens
 //     of ms of each other (NTP does it); hosts whose clocks are further
 //     apart are as unaligned as free-running timers were, nothing worse:
-//     safety never depends on it.
+//     safety never depends on it. Every enforcer sends a batch at every
+//     flush, empty without usage, so one that misses a flush is late, not
+//     idle: the tick then leaves the demand estimates as they are
+//     (driver.UsageLate) until its usage arrives, at most UsageGrace
+//     (lateusage.go: a stalled NATS server no longer reads as traffic
+//     that stopped).
 //   - Refusals: the store refuses a window record below what the key has
 //     used of its window and answers the fewest units it can take; the
 //     agent's store port returns it with the confirmations (driver.Applied)

@@ -50,6 +50,8 @@ type metrics struct {
 	reclaims     prometheus.Counter
 	tickDuration prometheus.Histogram
 	usageDropped prometheus.Counter
+	enforcers    prometheus.Gauge
+	lateTicks    prometheus.Counter
 	storeErrors  prometheus.Counter
 	witness      *prometheus.CounterVec
 	witnessTakes prometheus.Counter
@@ -92,6 +94,10 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}}),
 		usageDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_usage_dropped_total",
 			Help: "Usage deltas dropped (buffer full, undecodable, or a rule or key not valid UTF-8).", ConstLabels: cl}),
+		enforcers: prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_sync_usage_enforcers",
+			Help: "Enforcers whose usage batches (empty ones too: one every flush) this agent received within --usage-grace.", ConstLabels: cl}),
+		lateTicks: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_usage_late_ticks_total",
+			Help: "Ticks whose demand estimates waited for late usage: an enforcer heard every flush missed one (a stalled NATS server, a slow link, an enforcer gone), for at most --usage-grace.", ConstLabels: cl}),
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_store_errors_total",
 			Help: "Failed Redis calls (writes and run id reads).", ConstLabels: cl}),
 		witness: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_witness_renewals_total",
@@ -128,7 +134,7 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reports, m.bytes, m.unsent, m.rejected, m.peersSeen, m.peerLag, m.unacked, m.storeResets, m.coordinated, m.closures, m.gifts, m.fenced,
-			m.reclaims, m.tickDuration, m.usageDropped, m.storeErrors, m.witness, m.witnessTakes, m.otherAgent, m.markerLapses, newShareCollector(a, region),
+			m.reclaims, m.tickDuration, m.usageDropped, m.enforcers, m.lateTicks, m.storeErrors, m.witness, m.witnessTakes, m.otherAgent, m.markerLapses, newShareCollector(a, region),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apportion_sync_marker_margin_seconds",
 				Help: "Smallest lease left at a marker renewal over the last 15-30 s, any rule: the held lease's end minus the renewal's answer, on the agent's clock (a lower bound: it understates by at most the two writes' round trips). Negative: the marker lapsed. NaN: no renewal.", ConstLabels: cl},
 				func() float64 { return m.margin.value(time.Now()) }))

@@ -31,6 +31,7 @@ import (
 func (a *Agent) onUsage(b usage.Batch) {
 	invalid := 0
 	a.usageMu.Lock()
+	a.heardEnforcer(b.Enforcer, time.Now())
 	sh := a.cfg.Shard
 	for _, d := range b.Deltas {
 		if !utf8.ValidString(d.Key) || !utf8.ValidString(d.Rule) {

@@ -46,6 +46,9 @@ func (a *Agent) tick(ctx context.Context) {
 	pending := a.usage
 	a.usage = pending.next()
 	a.usageMu.Unlock()
+	if a.usageLate(t0) {
+		a.drv.UsageLate() // lateusage.go
+	}
 	// Straight from the interval's maps: no slice of every key.
 	a.drv.TickFrom(func(yield func(driver.Usage) bool) {
 		for rule, ks := range pending.rules {

@@ -50,6 +50,7 @@ type options struct {
 	halfLife       time.Duration
 	recordHold     time.Duration
 	maxUsageKeys   int
+	usageGrace     time.Duration
 	wireVersion    int
 	heartbeat      time.Duration
 	witnessLease   time.Duration
@@ -81,6 +82,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.halfLife, "demand-half-life", def.HalfLife, "half-life of the demand estimate: shorter follows shifts faster, longer is steadier under noisy traffic")
 	fs.DurationVar(&o.recordHold, "record-hold", def.RecordHold, "TTL of a held share record in Redis, written again every half of it (never below 4 x (lease + interval + 100ms); 0: the default): the records of an agent gone for good expire after it")
 	fs.IntVar(&o.maxUsageKeys, "max-usage-keys", def.MaxUsageKeys, "distinct keys of usage buffered between two sync intervals; the usage of further keys is dropped (apportion_sync_usage_dropped_total) and their demand goes unseen: raise it above the keys of global rules in use per interval (about 80 B of heap each while buffered)")
+	fs.DurationVar(&o.usageGrace, "usage-grace", def.UsageGrace, "how long the demand estimates wait for an enforcer's late usage (a stalled NATS server: every enforcer sends a batch at every flush, empty or not) before they read the interval without it; an enforcer unheard this long counts as gone; 0: never wait")
 	fs.DurationVar(&o.heartbeat, "heartbeat", def.Heartbeat, "a report goes out at least this often when nothing changed (capped by the lease: 685ms at 3s); 0: a report every interval")
 	fs.DurationVar(&o.witnessLease, "witness-lease", def.WitnessLease, "two-region rules: a region cut off from its peer and from etcd keeps its share this long after its last renewal of its witness key in etcd, then its floor; a peer silent that long (x (1+rho)/(1-rho), + margin) is reclaimed; 0: no witness (a lost region's share of a two-region rule stays unused until it returns); at least --lease")
 	fs.Float64Var(&o.demandBand, "demand-band", def.DemandBand, "a key's demand counts as changed only when it moved past this fraction of the value last reported (a move past a tenth of it is still reported within 3s); 0: every move")
@@ -245,7 +247,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cfg.Region, cfg.Interval, cfg.Lease, cfg.Rho, cfg.Logger = o.region, o.interval, o.lease, o.rho, log
 	cfg.HalfLife, cfg.RecordHold, cfg.MaxUsageKeys, cfg.WireVersion = o.halfLife, o.recordHold, o.maxUsageKeys, o.wireVersion
 	cfg.Heartbeat, cfg.DemandBand, cfg.WitnessLease = o.heartbeat, o.demandBand, o.witnessLease
-	cfg.GiftBand, cfg.GiftWait = o.giftBand, o.giftWait
+	cfg.GiftBand, cfg.GiftWait, cfg.UsageGrace = o.giftBand, o.giftWait, o.usageGrace
 	cfg.RulePrefix = o.etcd.Prefix
 	cfg.InsecureUnsigned = true // the keys are checked next, once the rest is valid
 	if err := cfg.Validate(); err != nil {
@@ -429,7 +431,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 // configFlags names the flags of the agent's Config fields that the flags
 // set, for flagNames.
-var configFlags = regexp.MustCompile(`\b(Region|Lease|Interval|WitnessLease|HeartbeatEvery|DemandBand|HalfLife|GiftBand|GiftWait|RecordHold|MaxUsageKeys|Rho|WireVersion)\b`)
+var configFlags = regexp.MustCompile(`\b(Region|Lease|Interval|WitnessLease|HeartbeatEvery|DemandBand|HalfLife|GiftBand|GiftWait|RecordHold|MaxUsageKeys|UsageGrace|Rho|WireVersion)\b`)
 
 // flagNames is a Config's validation error told in the flags that set the
 // fields it names ("Lease must exceed Interval+StoreTimeout" is
@@ -438,7 +440,7 @@ func flagNames(err error) error {
 	flags := map[string]string{"Region": "--region", "Lease": "--lease", "Interval": "--interval", "WitnessLease": "--witness-lease",
 		"HeartbeatEvery": "--heartbeat", "DemandBand": "--demand-band", "HalfLife": "--demand-half-life",
 		"GiftBand": "--gift-band", "GiftWait": "--gift-wait", "RecordHold": "--record-hold",
-		"MaxUsageKeys": "--max-usage-keys", "Rho": "--clock-rate-bound", "WireVersion": "--wire-version"}
+		"MaxUsageKeys": "--max-usage-keys", "UsageGrace": "--usage-grace", "Rho": "--clock-rate-bound", "WireVersion": "--wire-version"}
 	msg := configFlags.ReplaceAllStringFunc(err.Error(), func(f string) string { return flags[f] })
 	if msg == err.Error() {
 		return err

@@ -33,7 +33,8 @@
 //
 // Tick (TickFrom: the usage as a sequence) feeds the enforcers' usage of
 // the interval (every key with usage: a key is coordinated from its first
-// usage), ticks every ledger in rule order
+// usage), ticks every ledger in rule order (after UsageLate, each told
+// that the interval's usage is incomplete: the demand estimates wait)
 // and asks Ports.Start for an incarnation of every rule without a ledger.
 //
 // A Driver is not safe for concurrent use: it belongs to one goroutine (the
@@ -179,6 +180,8 @@ type Driver struct {
 	sendWindow int
 	// w is what the port told of the witness keys (witness.go).
 	w witnessState
+	// usageLate is set by UsageLate for the next Tick.
+	usageLate bool
 }
 
 // New returns a driver for region with no rules.
@@ -255,6 +258,13 @@ func (d *Driver) Lists() wire.Lists {
 // Usage of a rule without a ledger is dropped.
 func (d *Driver) Tick(usage []Usage) { d.TickFrom(slices.Values(usage)) }
 
+// UsageLate tells every ledger that some of the usage of the interval the
+// next Tick ends is late (ledger.UsageLate: the demand estimates wait for
+// it, and the usage fed meanwhile is kept). The agent calls it while an
+// enforcer it hears every flush has not been heard for more than a flush
+// (sync/agent, Config.UsageGrace).
+func (d *Driver) UsageLate() { d.usageLate = true }
+
 // TickFrom is Tick with the usage as a sequence, fed to the ledgers in its
 // order: a caller holding the interval's usage in maps of its own (the
 // agent) passes them without building a slice of every key.
@@ -276,11 +286,16 @@ func (d *Driver) TickFrom(usage iter.Seq[Usage]) {
 			r.Led.Usage(now, u.Key, u.Rate, u.Admitted, u.Rejected)
 		}
 	}
+	late := d.usageLate
+	d.usageLate = false
 	for _, id := range d.IDs() {
 		r := d.rules[id]
 		if r.Led == nil {
 			d.p.Start(r)
 			continue
+		}
+		if late {
+			r.Led.UsageLate()
 		}
 		d.collect(r, r.Led.Tick(now))
 	}

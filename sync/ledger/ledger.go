@@ -268,11 +268,15 @@ type Ledger struct {
 	sorted []*key
 	added  []*key
 
-	started  time.Duration
-	lastTick time.Duration
-	ticks    int
-	fenced   bool
-	told     bool // a peer froze this incarnation
+	started time.Duration
+	// lastTick is when the demand estimates last observed an interval's
+	// usage (Tick, unless UsageLate held it back); usageLate is set by
+	// UsageLate for the next Tick.
+	lastTick  time.Duration
+	usageLate bool
+	ticks     int
+	fenced    bool
+	told      bool // a peer froze this incarnation
 
 	wseq     uint64
 	runID    string

@@ -77,12 +77,17 @@ func (l *Ledger) Tick(now time.Duration) Output {
 			out.Contributions = append(out.Contributions, l.freeze(i, p.inc, now)...)
 		}
 	}
-	// Demand.
+	// Demand: the usage since the last observation, unless some of it is
+	// late (UsageLate).
+	late := l.usageLate
+	l.usageLate = false
 	dt := (now - l.lastTick).Seconds()
 	if l.ticks == 0 || dt <= 0 {
 		dt = l.cfg.Interval.Seconds()
 	}
-	l.lastTick = now
+	if !late {
+		l.lastTick = now
+	}
 	l.ticks++
 	// DemandBand holds back moves of a key's demand within the band; once
 	// every DemandRefresh the band is a tenth of it, so that a demand that
@@ -94,6 +99,9 @@ func (l *Ledger) Tick(now time.Duration) Output {
 	}
 	l.mergeKeys()
 	for _, k := range l.sorted {
+		if late {
+			break // the usage waits in k.used
+		}
 		if gone(k) {
 			continue
 		}
@@ -341,6 +349,21 @@ func (l *Ledger) reportDue(now time.Duration, changed bool) bool {
 // that moment. For the ledger it is as if the owed reports had been lost
 // and the one built carried them all.
 func (l *Ledger) DeferReports() { l.deferReports = true }
+
+// UsageLate tells the ledger that some of the usage of the interval its
+// next Tick ends has not arrived yet (an enforcer's flush is late: a
+// stalled NATS server delivers nothing for a while, then all at once).
+// That Tick then leaves the demand estimates as they are and keeps the
+// usage fed so far; the first Tick without UsageLate folds everything fed
+// since the last observation into them as one interval of that length
+// (observe weighs an interval by its length). Without it, an interval
+// whose usage is late reads as traffic that stopped: the estimates decay
+// (half of them in HalfLife) and the region gives its shares away, to
+// take them back once the usage arrives. The caller bounds how long it
+// holds the estimates (sync/agent: Config.UsageGrace); everything else a
+// Tick does (allocation from the estimates held, reports, reclaims) goes
+// on.
+func (l *Ledger) UsageLate() { l.usageLate = true }
 
 // OwedReport builds the report a Tick deferred (DeferReports), if no
 // report was built since; nil if none is owed (or none can be sent yet:
