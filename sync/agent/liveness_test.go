@@ -52,22 +52,31 @@ func TestRestartLiveness(t *testing.T) {
 	}
 }
 
-func restartLiveness(t *testing.T, n int, rate int64, down time.Duration, store bool) {
-	var names []string
+// liveStack starts n regions named a, b, ... over memStores (the tweaks
+// applied to every agent's configuration, after the peers' keys), puts a
+// global token bucket of rate per second (burst the same) over all of them
+// with equal weights, and waits for every region's incarnation. keys sets
+// the peers' keys, for an agent started again.
+func liveStack(t *testing.T, n int, rate int64, tweak ...func(*Config)) (s *stack, names []string, rule rules.Rule, keys func(*Config)) {
 	for i := range n {
 		names = append(names, string(rune('a'+i)))
 	}
-	keys := func(c *Config) { c.PeerKeys = testPeerKeys(t, names...) }
-	s := memStack(t, names, keys)
-	rule := rules.Rule{ID: testRule, Match: map[string]string{"resource": "POST /orders"}, Key: []string{"client_key"},
+	keys = func(c *Config) { c.PeerKeys = testPeerKeys(t, names...) }
+	s = memStack(t, names, append([]func(*Config){keys}, tweak...)...)
+	rule = rules.Rule{ID: testRule, Match: map[string]string{"resource": "POST /orders"}, Key: []string{"client_key"},
 		Algorithm: rules.TokenBucket, Capacity: rate, RefillPerSecond: float64(rate), Scope: rules.Global,
 		Regions: map[string]float64{}}
 	for _, nm := range names {
 		rule.Regions[nm] = 1
 	}
 	s.putRule(t, rule)
-	a := s.regions["a"]
 	s.waitIncarnations(t)
+	return s, names, rule, keys
+}
+
+func restartLiveness(t *testing.T, n int, rate int64, down time.Duration, store bool) {
+	s, names, rule, keys := liveStack(t, n, rate)
+	a := s.regions["a"]
 	spec := a.agent.specOf(rule)
 	U := spec.ledgerConfig(ledger.DefaultConfig()).Units
 	s.probe = memProbe{s: s, floors: floorsOf(spec)}
@@ -168,21 +177,8 @@ func TestFencedGaugeLastsUntilAPeerIsHeard(t *testing.T) {
 }
 
 func fencedGauge(t *testing.T, n int, rate int64) {
-	var names []string
-	for i := range n {
-		names = append(names, string(rune('a'+i)))
-	}
-	keys := func(c *Config) { c.PeerKeys = testPeerKeys(t, names...) }
-	s := memStack(t, names, keys)
-	rule := rules.Rule{ID: testRule, Match: map[string]string{"resource": "POST /orders"}, Key: []string{"client_key"},
-		Algorithm: rules.TokenBucket, Capacity: rate, RefillPerSecond: float64(rate), Scope: rules.Global,
-		Regions: map[string]float64{}}
-	for _, nm := range names {
-		rule.Regions[nm] = 1
-	}
-	s.putRule(t, rule)
+	s, names, _, keys := liveStack(t, n, rate)
 	a := s.regions["a"]
-	s.waitIncarnations(t)
 	fenced := func() float64 {
 		var m dto.Metric
 		if err := a.agent.m.fenced.Write(&m); err != nil {

@@ -118,8 +118,11 @@ func TestPartitionCutsAndHeals(t *testing.T) {
 		t.Fatal(err)
 	}
 	passes(0, "healed")
+	// Both ends of each link: a's view of its connections can be complete
+	// before c lists its inbound one from a (the flake: "c: no inbound
+	// gateway connection from a" in checkGatewayRoutes).
 	testutil.WaitFor(t, 15*time.Second, "a's gateways back", func() bool {
-		return linked(t, s.nats[0], "b") && linked(t, s.nats[0], "c")
+		return linked(t, s.nats[0], "b") && linked(t, s.nats[0], "c") && linked(t, s.nats[1], "a") && linked(t, s.nats[2], "a")
 	})
 	for len(got) > 0 {
 		sawCut = sawCut || <-got == "cut"
