@@ -56,6 +56,7 @@ type metrics struct {
 	witness      *prometheus.CounterVec
 	witnessTakes prometheus.Counter
 	otherAgent   prometheus.Counter
+	superseded   prometheus.Counter
 	markerLapses *prometheus.CounterVec
 	margin       *minWindow // apportion_sync_marker_margin_seconds (lapse.go)
 }
@@ -106,6 +107,8 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 			Help: "Witness keys of silent peer regions this agent took (their shares of two-region rules reclaimed).", ConstLabels: cl}),
 		otherAgent: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_other_agent_reports_total",
 			Help: "Reports on this region's own subject, signed with its key, of a newer incarnation than this agent runs: another agent appears to serve the region (run one per region and shard, the others with --standby).", ConstLabels: cl}),
+		superseded: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_incarnations_superseded_total",
+			Help: "Incarnations fenced because the region's store held a marker of the rule they never wrote (a newer incarnation's, or one of the same number): another agent serves the region, or the reclaim registry in etcd went back (etcd data lost, or restored from an older snapshot).", ConstLabels: cl}),
 		markerLapses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_marker_lapses_total",
 			Help: "Marker leases that ran out before a renewal was confirmed, without a fence: every key of the rule in this region enforced its floor meanwhile. By cause: late (the agent's loop came to the renewal after the lease had run out: too slow), store (the renewal's writes began in time but Redis failed or answered after it), deadline (the ledger let the lease run out: its peers' acknowledgements stopped, a partition or heavy loss).", ConstLabels: cl}, []string{"cause"}),
 		margin: newMinWindow(marginWindow),
@@ -134,7 +137,7 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reports, m.bytes, m.unsent, m.rejected, m.peersSeen, m.peerLag, m.unacked, m.storeResets, m.coordinated, m.closures, m.gifts, m.fenced,
-			m.reclaims, m.tickDuration, m.usageDropped, m.enforcers, m.lateTicks, m.storeErrors, m.witness, m.witnessTakes, m.otherAgent, m.markerLapses, newShareCollector(a, region),
+			m.reclaims, m.tickDuration, m.usageDropped, m.enforcers, m.lateTicks, m.storeErrors, m.witness, m.witnessTakes, m.otherAgent, m.superseded, m.markerLapses, newShareCollector(a, region),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apportion_sync_marker_margin_seconds",
 				Help: "Smallest lease left at a marker renewal over the last 15-30 s, any rule: the held lease's end minus the renewal's answer, on the agent's clock (a lower bound: it understates by at most the two writes' round trips). Negative: the marker lapsed. NaN: no renewal.", ConstLabels: cl},
 				func() float64 { return m.margin.value(time.Now()) }))

@@ -135,6 +135,12 @@ func (p ports) Start(r *driver.Rule) {
 // Fenced starts a new incarnation of a fenced rule.
 func (p ports) Fenced(r *driver.Rule, inc ledger.Incarnation) {
 	a := p.a
+	if v := r.Superseded; v != (ledger.Version{}) {
+		a.m.superseded.Inc()
+		a.logs.Log(slog.LevelError, "superseded/"+r.ID, "the region's store holds a marker of this rule that this agent's incarnation never wrote, so its keys held their floors; fenced, starting a newer incarnation",
+			logKeyRule, r.ID, logKeyInc, inc.Inc, "store_marker_inc", v.Inc, "store_marker_seq", v.Seq,
+			"hint", "either another sync agent of this region runs a newer incarnation (apportion_sync_other_agent_reports_total; run one per region and shard, the others with --standby), or the reclaim registry in etcd is older than this region's Redis: etcd lost its data or was restored from an older snapshot. Then shares that regions held before are stranded until every global rule is put again under a new id: docs/operations.md#etcd-lost-or-restored")
+	}
 	a.log.Warn("ledger fenced; starting a new incarnation", logKeyRule, r.ID, logKeyInc, inc.Inc)
 	a.fencedAt = time.Now()
 	if st := a.state(r); st != nil {

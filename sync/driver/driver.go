@@ -119,7 +119,8 @@ type Ports interface {
 	// run id to start with) and ignores calls while one is in flight.
 	Start(r *Rule)
 	// Fenced tells that r's ledger (incarnation inc) was fenced and
-	// dropped; the port usually calls Start.
+	// dropped (by the store's marker r.Superseded, when that is set); the
+	// port usually calls Start.
 	Fenced(r *Rule, inc ledger.Incarnation)
 	// Rejected tells that peer's report of rule was dropped, with a Reason.
 	Rejected(reason, peer, rule string, err error)
@@ -138,6 +139,10 @@ type Rule struct {
 	// Led is the rule's ledger; nil while an incarnation is being started
 	// (or after fencing).
 	Led *ledger.Ledger
+	// Superseded is the store's marker that fenced the last ledger, when
+	// it was one that ledger never wrote (ledger.Output.Superseded), for
+	// Ports.Fenced; zero otherwise.
+	Superseded ledger.Version
 
 	// regions is Led's region list as the wire names it (nil without Led).
 	regions *wire.Regions
@@ -454,7 +459,7 @@ func (d *Driver) collect(r *Rule, out ledger.Output) {
 	}
 	if out.Fenced {
 		inc := r.Led.Incarnation()
-		r.Led = nil
+		r.Led, r.Superseded = nil, out.Superseded
 		d.p.Fenced(r, inc)
 	}
 }

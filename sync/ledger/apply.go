@@ -11,6 +11,9 @@ func (l *Ledger) ShareApplied(now time.Duration, name string, v Version) Output 
 	if l.markerLost(name, v) {
 		return l.lostMarker(now)
 	}
+	if l.foreign(name, v) {
+		return l.supersededBy(v)
+	}
 	if l.fenced || v.Inc != l.inc {
 		return Output{Fenced: l.fenced}
 	}
@@ -44,6 +47,9 @@ func (l *Ledger) SharesApplied(now time.Duration, cs []Confirmation) Output {
 				out.Report = l.reportNow(now)
 			}
 			return out
+		}
+		if l.foreign(c.Key, c.Version) {
+			return l.supersededBy(c.Version)
 		}
 		if c.Version.Inc != l.inc {
 			continue
@@ -134,6 +140,30 @@ func (l *Ledger) confirm(name string, v Version) bool {
 // any marker of the incarnation, so no answer of a healthy store is zero;
 // an answer of a store that restarted is zero too, and the agent's run id
 // check resets the ledger for it as well.
+// foreign reports whether v, the store's answer for the marker, is a
+// marker this incarnation never wrote: a higher incarnation's, or its own
+// number with a sequence past every write it made. The store keeps the
+// marker of the highest incarnation (a Create of a lower one is refused,
+// answered with the marker held), so this incarnation can never write its
+// own, and its region enforces floors for the rule as long as it runs:
+// it must end. Either another agent of the region runs a newer
+// incarnation, or the reclaim registry that numbered this one is older
+// than the store (etcd lost its data, or was restored from an older
+// snapshot) and handed out a number the region had used: the explorer's
+// case, a region at its floor for good with nothing logged (the
+// confirmations were ignored as another incarnation's; one with the same
+// number even counted as this one's marker being confirmed).
+func (l *Ledger) foreign(name string, v Version) bool {
+	return name == MarkerKey && !l.fenced && (v.Inc > l.inc || v.Inc == l.inc && v.Seq > l.wseq)
+}
+
+// supersededBy fences the incarnation for a foreign marker v (foreign).
+func (l *Ledger) supersededBy(v Version) Output {
+	out := l.fence()
+	out.Superseded = v
+	return out
+}
+
 func (l *Ledger) markerLost(name string, v Version) bool {
 	return name == MarkerKey && v == (Version{}) && l.markerOK && !l.fenced
 }

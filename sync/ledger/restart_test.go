@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 )
 
@@ -65,5 +66,62 @@ func TestRestartNewIncarnation(t *testing.T) {
 	}
 	if _, err := c.l[1].Receive(c.now, *oldRep); !errors.Is(err, ErrFrozenIncarnation) {
 		t.Fatalf("report of the old incarnation: err %v", err)
+	}
+}
+
+// TestForeignMarkerSupersedes: the store answers a marker write with a
+// marker this incarnation never wrote (a higher incarnation's, or its own
+// number with a sequence past its writes: the registry that numbered it
+// went back, or another agent runs the region). The store refuses every
+// marker of this incarnation from then on, so it fences, naming the
+// marker (Output.Superseded); before, the answer was ignored as another
+// incarnation's (or, with the same number, taken as its own marker
+// confirmed), and the region held its floor for as long as it ran. Its
+// own answers, and older ones, change nothing.
+func TestForeignMarkerSupersedes(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		v       func(create Version) Version
+		foreign bool
+	}{
+		{"its own", func(c Version) Version { return c }, false},
+		{"an older incarnation's", func(c Version) Version { return Version{c.Inc - 1, 1 << 40} }, false},
+		{"a newer incarnation's", func(c Version) Version { return Version{c.Inc + 1, 1} }, true},
+		{"its number, a sequence it never wrote", func(c Version) Version { return Version{c.Inc, c.Seq + 1000} }, true},
+	} {
+		for _, batch := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/batch=%v", tc.name, batch), func(t *testing.T) {
+				cfg := DefaultConfig()
+				l, err := New(cfg, "a", []RegionSpec{{"a", 1}, {"b", 1}}, Start{Inc: 2, RunID: "r"}, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var create Version
+				for _, w := range l.Tick(cfg.Interval).Writes {
+					if w.Create() {
+						create = w.Version
+					}
+				}
+				if create == (Version{}) {
+					t.Fatal("no marker create")
+				}
+				v := tc.v(create)
+				var out Output
+				if batch {
+					out = l.SharesApplied(cfg.Interval, []Confirmation{{Key: MarkerKey, Version: v}})
+				} else {
+					out = l.ShareApplied(cfg.Interval, MarkerKey, v)
+				}
+				if tc.foreign {
+					if !out.Fenced || out.Superseded != v || !l.Fenced() {
+						t.Fatalf("store answer %v to a write of %v: fenced %v, superseded %v; want fenced by it", v, create, out.Fenced, out.Superseded)
+					}
+					return
+				}
+				if out.Fenced || l.Fenced() || out.Superseded != (Version{}) {
+					t.Fatalf("store answer %v to a write of %v fenced the ledger", v, create)
+				}
+			})
+		}
 	}
 }

@@ -71,6 +71,11 @@ type Output struct {
 	// Fenced: this incarnation is over (its store lease is lapsing or lapsed).
 	// The agent must start a new incarnation; the ledger ignores further input.
 	Fenced bool
+	// Superseded, with Fenced, is the store's marker that ended this
+	// incarnation: one it never wrote (Ledger.ShareApplied): a newer
+	// incarnation of this region's, or another life with this one's
+	// number. Zero when it fenced for another reason.
+	Superseded Version
 	// Close, when not zero, asks the agent to record Registry.Close(Close):
 	// this incarnation's marker is confirmed, so every earlier incarnation of
 	// its region is at its floor for good. Repeated until a Record with
