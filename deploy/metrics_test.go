@@ -45,9 +45,10 @@ var update = flag.Bool("update", false, "rewrite the generated metrics table in 
 // at start: they have no series until their first peer or key, and the
 // reason is written in the table.
 var dynamicSeries = map[string]string{
-	"apportion_sync_peer_lag_seconds":    "one series per peer region, from its first report until no rule coordinated here lists it",
-	"apportion_sync_peer_unacknowledged": "one series per peer region, from its first report until no rule coordinated here lists it",
-	"apportion_sync_share_units":         "the hottest coordinated keys, computed at scrape time; none while no key is coordinated",
+	"apportion_sync_peer_lag_seconds":     "one series per peer region, from its first report until no rule coordinated here lists it",
+	"apportion_sync_peer_unacknowledged":  "one series per peer region, from its first report until no rule coordinated here lists it",
+	"apportion_sync_peer_ack_age_seconds": "one series per peer region, from its first report until no rule coordinated here lists it",
+	"apportion_sync_share_units":          "the hottest coordinated keys, computed at scrape time; none while no key is coordinated",
 }
 
 // Label values that are names of things rather than a fixed set.

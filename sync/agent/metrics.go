@@ -42,6 +42,7 @@ type metrics struct {
 	peersSeen    prometheus.Gauge
 	peerLag      *prometheus.GaugeVec
 	unacked      *prometheus.GaugeVec
+	ackAge       *prometheus.GaugeVec
 	storeResets  *prometheus.CounterVec
 	coordinated  prometheus.Gauge
 	closures     *prometheus.GaugeVec
@@ -76,6 +77,8 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 			Help: "Peer regions heard from within the lease.", ConstLabels: cl}),
 		peerLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "apportion_sync_peer_lag_seconds",
 			Help: "Seconds since the last accepted report of each peer region.", ConstLabels: cl}, []string{"peer"}),
+		ackAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "apportion_sync_peer_ack_age_seconds",
+			Help: "Age of the oldest report of this agent that the peer (heard within the lease) has not acknowledged yet, over every rule; 0 if none. Under a second on a healthy link; growing by the second means a backlog on the way to the peer (a link slower than the reports: the gifts in it are in flight) or a peer that cannot read the reports.", ConstLabels: cl}, []string{"peer"}),
 		unacked: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "apportion_sync_peer_unacknowledged",
 			Help: "1 for a peer region heard within the lease whose reports have acknowledged none of this agent's for two leases while it published: the peer does not receive or cannot read them (its --report-peer-keys lacks this region's key or has another, it reads only an older report format: --wire-version 2, or the link is cut one way); no share moves between the two meanwhile.", ConstLabels: cl}, []string{"peer"}),
 		storeResets: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apportion_sync_store_resets_total",
@@ -136,7 +139,7 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 		m.bytes.WithLabelValues(d)
 	}
 	if reg != nil {
-		reg.MustRegister(m.reports, m.bytes, m.unsent, m.rejected, m.peersSeen, m.peerLag, m.unacked, m.storeResets, m.coordinated, m.closures, m.gifts, m.fenced,
+		reg.MustRegister(m.reports, m.bytes, m.unsent, m.rejected, m.peersSeen, m.peerLag, m.unacked, m.ackAge, m.storeResets, m.coordinated, m.closures, m.gifts, m.fenced,
 			m.reclaims, m.tickDuration, m.usageDropped, m.enforcers, m.lateTicks, m.storeErrors, m.witness, m.witnessTakes, m.otherAgent, m.superseded, m.markerLapses, newShareCollector(a, region),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apportion_sync_marker_margin_seconds",
 				Help: "Smallest lease left at a marker renewal over the last 15-30 s, any rule: the held lease's end minus the renewal's answer, on the agent's clock (a lower bound: it understates by at most the two writes' round trips). Negative: the marker lapsed. NaN: no renewal.", ConstLabels: cl},

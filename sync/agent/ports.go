@@ -60,7 +60,16 @@ func (p ports) Publish(m wire.Message) {
 	// sent): a report of more than driver.SendWindow keys comes as one
 	// Publish per part, and the peers' inboxes must hold all of one.
 	var total int64
-	defer func() { a.published += total }()
+	sentAny := false
+	defer func() {
+		a.published += total
+		if sentAny {
+			now := time.Now()
+			for _, rr := range m.Rules {
+				a.acks.sentReport(now, rr.Rule, rr.Report.Inc, rr.Report.Seq)
+			}
+		}
+	}()
 	for part := range parts {
 		if a.cfg.Signer != nil {
 			part = a.cfg.Signer.Seal(part)
@@ -85,6 +94,7 @@ func (p ports) Publish(m wire.Message) {
 			continue
 		}
 		a.acks.published(time.Now(), a.cfg.Lease)
+		sentAny = true
 		a.m.reports.WithLabelValues("sent").Inc()
 		a.m.bytes.WithLabelValues("sent").Add(float64(len(part)))
 	}

@@ -249,6 +249,7 @@ func (a *Agent) forgetUnlisted() {
 		delete(a.peers, p)
 		a.m.peerLag.DeleteLabelValues(p)
 		a.m.unacked.DeleteLabelValues(p)
+		a.m.ackAge.DeleteLabelValues(p)
 		a.acks.forget(p)
 		a.log.Info("no rule coordinated here lists this peer region any more: its series are removed", logKeyPeer, p)
 	}
