@@ -382,7 +382,7 @@ func (r *EtcdRegistry) update(ctx context.Context, rule string, spec *Spec, fn f
 				continue // the document changed since, and its revision is gone
 			}
 			if err != nil {
-				return fmt.Errorf("rule %q: %w", rule, err)
+				return fmt.Errorf("rule %q: registry document %s (unreadable: put the rule again under a new id, docs/operations.md#etcd-lost-or-restored): %w", rule, key, err)
 			}
 			for _, c := range p.refs() {
 				had[c.Hash] = true

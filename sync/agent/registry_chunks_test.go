@@ -590,3 +590,28 @@ func BenchmarkRegistry1MKeys(b *testing.B) {
 		b.ReportMetric(float64(nc), "chunks")
 	}
 }
+
+// TestRegistryDocumentUnreadable: a registry document that does not decode
+// (truncated, edited by hand) fails the rule's starts with an error naming
+// its etcd key and the recovery, not only the rule (an explorer: `rule
+// "g": agent: registry: document: unexpected end of JSON input`).
+func TestRegistryDocumentUnreadable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	ctx := context.Background()
+	ec := testutil.StartEtcd(t).Client(t)
+	reg := NewEtcdRegistry(ec, "", ledger.DefaultConfig())
+	startLives(t, ctx, reg, "r", twoRegions)
+	g, err := ec.Get(ctx, reg.Key("r"))
+	if err != nil || len(g.Kvs) == 0 {
+		t.Fatalf("the document: %v", err)
+	}
+	if _, err := ec.Put(ctx, reg.Key("r"), string(g.Kvs[0].Value[:len(g.Kvs[0].Value)/2])); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = reg.Start(ctx, "r", twoRegions, "a")
+	if err == nil || !strings.Contains(err.Error(), reg.Key("r")) || !strings.Contains(err.Error(), "new id") {
+		t.Fatalf("start over a truncated document: %v, want an error naming %s and the recovery", err, reg.Key("r"))
+	}
+}
