@@ -356,13 +356,20 @@ func (w *Watcher) lost(err error, announce bool) {
 
 // snapshot loads every document under the prefix and delivers the resulting
 // set. It returns the revision read at.
+//
+// Each etcd request has its own requestTimeout (the Get here; prefetch,
+// lifeHistories and the registry reads bound theirs): with one deadline
+// for the whole load, an etcd 1.3 s away each way never fitted the Get
+// and the registry read in 5 s, and a restarted agent never loaded its
+// rules while the latency lasted (an explorer: 35 s at its floor).
 func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.Rule)) (int64, error) {
-	rctx, cancel := context.WithTimeout(ctx, w.cfg.requestTimeout)
-	defer cancel()
-	resp, err := w.c.Get(rctx, w.cfg.prefix, clientv3.WithPrefix())
+	gctx, cancel := context.WithTimeout(ctx, w.cfg.requestTimeout)
+	resp, err := w.c.Get(gctx, w.cfg.prefix, clientv3.WithPrefix())
+	cancel()
 	if err != nil {
 		return 0, err
 	}
+	rctx := ctx // each request below bounds itself
 	if !st.historyGone && st.delivered {
 		if why := w.historyChange(resp.Header, w.Revision()); why != "" {
 			w.historyWarn(why)

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 func fastWatcher(t testing.TB, c *clientv3.Client, opts ...Option) *Watcher {
@@ -378,4 +380,37 @@ func TestWatcherCoalescesRapidChanges(t *testing.T) {
 		t.Fatalf("%d rule sets for one change, want 1", col.count()-n)
 	}
 	t.Logf("a change alone delivered %v after its write", time.Since(t0).Round(time.Millisecond))
+}
+
+// TestWatcherLoadsOverASlowLink: every request to etcd takes 60% of the
+// request timeout (an etcd far away). The first load reads the rules and
+// then the global rules' registry documents: two requests, each within
+// its timeout, together not. With one deadline for the whole load, the
+// watcher never loaded (an explorer: a sync agent restarted with etcd
+// 1.3 s away each way sat at its floor for the 35 s the latency lasted);
+// each request now has its own.
+func TestWatcherLoadsOverASlowLink(t *testing.T) {
+	s, _, e := newStore(t)
+	ctx := context.Background()
+	g := rules.Rule{ID: "g", Algorithm: rules.TokenBucket, Capacity: 5, RefillPerSecond: 5, Scope: rules.Global,
+		Regions: map[string]float64{"a": 1, "b": 1}, MinShare: 0.1}
+	if _, err := s.Put(ctx, g, Unconditional); err != nil {
+		t.Fatal(err)
+	}
+	const timeout, delay = 500 * time.Millisecond, 300 * time.Millisecond
+	slow, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { slow.Close() })
+	col := runWatcher(t, fastWatcher(t, slow, WithRequestTimeout(timeout)))
+	waitSet(t, col, []rules.Rule{normalized(g)}, "the first load over the slow link")
 }
