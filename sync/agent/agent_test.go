@@ -832,7 +832,17 @@ func TestAgentsWithRedisCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
+	s, stores, _ := clusterStack(t)
+	s.probe = redisProbe{s: s, stores: stores, floors: floorsOf(s.regions["a"].agent.specOf(globalRule()))}
+	runScenario(t, s)
+}
+
+// clusterStack is regions a, b and c with a's store on a Redis Cluster of
+// 3 masters and b's and c's on standalone Redis; it returns the stack,
+// each region's store and its Redis client.
+func clusterStack(t *testing.T) (*stack, map[string]*redisstore.Store, map[string]redis.UniversalClient) {
 	stores := map[string]*redisstore.Store{}
+	clients := map[string]redis.UniversalClient{}
 	// A Cluster renews a marker by writing its 16384 slot copies: on this
 	// 2-core machine under a full test run that takes up to a few seconds,
 	// longer than the 1 s lease of the other tests (docs/operations.md:
@@ -846,10 +856,10 @@ func TestAgentsWithRedisCluster(t *testing.T) {
 			r := testutil.StartRedis(t)
 			rc = redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
 		}
+		clients[n] = rc
 		return storeOn(t, rc, stores, n), nil
 	}, func(c *Config) { c.Lease = 5 * time.Second })
-	s.probe = redisProbe{s: s, stores: stores, floors: floorsOf(s.regions["a"].agent.specOf(globalRule()))}
-	runScenario(t, s)
+	return s, stores, clients
 }
 
 // storeOn returns a Store on rc as region n's (in stores), both closed when

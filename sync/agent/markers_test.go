@@ -104,20 +104,7 @@ func TestDeletedRuleMarkersCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
-	stores := map[string]*redisstore.Store{}
-	clients := map[string]redis.UniversalClient{}
-	s := newStackOf(t, []string{"a", "b", "c"}, func(n string) (Store, *memStore) {
-		var rc redis.UniversalClient
-		if n == "a" {
-			c := testutil.StartCluster(t, 3, false)
-			rc = redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRetries: -1})
-		} else {
-			r := testutil.StartRedis(t)
-			rc = redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
-		}
-		clients[n] = rc
-		return storeOn(t, rc, stores, n), nil
-	}, func(c *Config) { c.Lease = 5 * time.Second })
+	s, stores, clients := clusterStack(t)
 	s.putRule(t, globalRule())
 	s.waitIncarnations(t)
 	deletedRuleMarkers(t, s, clients, stores)
