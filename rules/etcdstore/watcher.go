@@ -369,7 +369,6 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 	if err != nil {
 		return 0, err
 	}
-	rctx := ctx // each request below bounds itself
 	if !st.historyGone && st.delivered {
 		if why := w.historyChange(resp.Header, w.Revision()); why != "" {
 			w.historyWarn(why)
@@ -390,7 +389,7 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 	// trips rather than one per rule (validate reads them from here).
 	reg := newRegistryReader(w.c, &w.cfg)
 	global, _ := globalIDs(w.cfg.prefix, resp.Kvs)
-	if err := reg.prefetch(rctx, global); err != nil {
+	if err := reg.prefetch(ctx, global); err != nil {
 		return 0, err // try the snapshot again; the last set stays
 	}
 	// The histories of the lives the state does not know, where they
@@ -406,7 +405,7 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 			need = append(need, kv)
 		}
 	}
-	hist, failed := lifeHistories(rctx, w.c, w.cfg.requestTimeout, need)
+	hist, failed := lifeHistories(ctx, w.c, w.cfg.requestTimeout, need)
 	for key, err := range failed {
 		// Judged on its own below, as if it had no history: one rule's
 		// history (a long one, a compaction racing it) never holds up
@@ -424,12 +423,12 @@ func (w *Watcher) snapshot(ctx context.Context, st *state, update func([]rules.R
 		}
 		var v lifeView
 		if h, ok := hist[string(kv.Key)]; ok {
-			if v, err = judge(rctx, reg, id, h); err != nil {
+			if v, err = judge(ctx, reg, id, h); err != nil {
 				return 0, err // try the snapshot again; the last set stays
 			}
 			l.base, l.known = v.base, true
 		} else {
-			r, err := validate(rctx, reg, id, kv.Value)
+			r, err := validate(ctx, reg, id, kv.Value)
 			if errors.Is(err, errRegistryRead) {
 				return 0, err // try the snapshot again; the last set stays
 			}
