@@ -386,7 +386,7 @@ func (a *lagent) failStart() {
 }
 
 // Fenced implements driver.Ports: the agent starts a new incarnation at once.
-func (a *lagent) Fenced(r *driver.Rule, _ ledger.Incarnation) { a.Start(r) }
+func (a *lagent) Fenced(r *driver.Rule, _ ledger.Incarnation, _ ledger.Version) { a.Start(r) }
 
 // Contribute implements driver.Ports.
 func (a *lagent) Contribute(r *driver.Rule, cs []ledger.Contribution) {

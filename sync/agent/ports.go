@@ -143,9 +143,9 @@ func (p ports) Start(r *driver.Rule) {
 }
 
 // Fenced starts a new incarnation of a fenced rule.
-func (p ports) Fenced(r *driver.Rule, inc ledger.Incarnation) {
+func (p ports) Fenced(r *driver.Rule, inc ledger.Incarnation, v ledger.Version) {
 	a := p.a
-	if v := r.Superseded; v != (ledger.Version{}) {
+	if v != (ledger.Version{}) {
 		a.m.superseded.Inc()
 		a.logs.Log(slog.LevelError, "superseded/"+r.ID, "the region's store holds a marker of this rule that this agent's incarnation never wrote, so its keys held their floors; fenced, starting a newer incarnation",
 			logKeyRule, r.ID, logKeyInc, inc.Inc, "store_marker_inc", v.Inc, "store_marker_seq", v.Seq,

@@ -119,9 +119,10 @@ type Ports interface {
 	// run id to start with) and ignores calls while one is in flight.
 	Start(r *Rule)
 	// Fenced tells that r's ledger (incarnation inc) was fenced and
-	// dropped (by the store's marker r.Superseded, when that is set); the
+	// dropped; by is the store's marker that ended it when it was one the
+	// ledger never wrote (ledger.Output.Superseded), zero otherwise. The
 	// port usually calls Start.
-	Fenced(r *Rule, inc ledger.Incarnation)
+	Fenced(r *Rule, inc ledger.Incarnation, by ledger.Version)
 	// Rejected tells that peer's report of rule was dropped, with a Reason.
 	Rejected(reason, peer, rule string, err error)
 	// Reclaimed tells that a completed reclaim record names r's incarnation
@@ -139,10 +140,6 @@ type Rule struct {
 	// Led is the rule's ledger; nil while an incarnation is being started
 	// (or after fencing).
 	Led *ledger.Ledger
-	// Superseded is the store's marker that fenced the last ledger, when
-	// it was one that ledger never wrote (ledger.Output.Superseded), for
-	// Ports.Fenced; zero otherwise.
-	Superseded ledger.Version
 
 	// regions is Led's region list as the wire names it (nil without Led).
 	regions *wire.Regions
@@ -459,8 +456,8 @@ func (d *Driver) collect(r *Rule, out ledger.Output) {
 	}
 	if out.Fenced {
 		inc := r.Led.Incarnation()
-		r.Led, r.Superseded = nil, out.Superseded
-		d.p.Fenced(r, inc)
+		r.Led = nil
+		d.p.Fenced(r, inc, out.Superseded)
 	}
 }
 

@@ -71,9 +71,11 @@ func (f *fakePorts) Contribute(r *Rule, cs []ledger.Contribution) {
 	f.contribs++
 	f.contribRules = append(f.contribRules, r.ID)
 }
-func (f *fakePorts) Close(r *Rule, by ledger.Incarnation)   {}
-func (f *fakePorts) Start(r *Rule)                          { f.starts = append(f.starts, r.ID) }
-func (f *fakePorts) Fenced(r *Rule, inc ledger.Incarnation) { f.fenced = append(f.fenced, inc) }
+func (f *fakePorts) Close(r *Rule, by ledger.Incarnation) {}
+func (f *fakePorts) Start(r *Rule)                        { f.starts = append(f.starts, r.ID) }
+func (f *fakePorts) Fenced(r *Rule, inc ledger.Incarnation, _ ledger.Version) {
+	f.fenced = append(f.fenced, inc)
+}
 func (f *fakePorts) Rejected(reason, peer, rule string, err error) {
 	f.rejected = append(f.rejected, reason)
 }
