@@ -98,8 +98,11 @@ func newLedger(t *testing.T, self string, reg *ledger.Registry, cfg ledger.Confi
 	return led
 }
 
-func setup(t *testing.T, sync bool) (*Driver, *fakePorts, *Rule, *ledger.Ledger) {
+func setup(t *testing.T, sync bool, adjust ...func(*ledger.Config)) (*Driver, *fakePorts, *Rule, *ledger.Ledger) {
 	cfg := ledger.DefaultConfig()
+	for _, f := range adjust {
+		f(&cfg)
+	}
 	specs := []ledger.RegionSpec{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}
 	reg, err := ledger.NewRegistry(cfg, specs)
 	if err != nil {

@@ -134,9 +134,11 @@ func TestReceiveByWindows(t *testing.T) {
 // TestPublishParts: an owed report of more than SendWindow keys leaves a
 // part of SendWindow keys at a time, each part a message of its own with
 // the report's sequence number, the keys in name order across the parts;
-// a smaller one leaves in one message.
+// a smaller one leaves in one message. (Without pacing: with it, a
+// ledger whose peer has acknowledged nothing yet sends PaceKeys keys at
+// first, ledger/pace.go.)
 func TestPublishParts(t *testing.T) {
-	d, p, _, _ := setup(t, true)
+	d, p, _, _ := setup(t, true, func(c *ledger.Config) { c.PaceKeys = 0 })
 	keys := SendWindow + SendWindow/4
 	p.msgs = nil
 	p.now = 100 * time.Millisecond

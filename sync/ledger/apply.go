@@ -69,6 +69,9 @@ func (l *Ledger) SharesApplied(now time.Duration, cs []Confirmation) Output {
 // that no report is held built while more of the store's answers are
 // awaited.
 func (l *Ledger) reportNow(now time.Duration) *Report {
+	if l.paceRoom(now) == 0 {
+		return nil // the keys stay due (pace.go)
+	}
 	if l.deferReports {
 		l.repOwed = true
 		return nil

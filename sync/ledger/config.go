@@ -77,6 +77,17 @@ type Config struct {
 	// FullEvery makes every FullEvery-th report of Tick carry all active
 	// keys, which repairs lost reports within FullEvery reports (default 8).
 	FullEvery int
+	// PaceKeys paces the reports to the peers' acknowledgements
+	// (pace.go): each peer has a window of our key reports that may be in
+	// flight (sent in reports it has not acknowledged yet), PaceKeys at
+	// first, doubling while it acknowledges within a second and halved
+	// (never below PaceKeys) when it acknowledges later; a report carries
+	// only the keys that fit in every window, the others stay due and the
+	// next report starts where it stopped. A link slower than the reports
+	// then holds about a second of them, not a backlog that grows for as
+	// long as the link is slow with every gift in it in flight. Default
+	// 1024; 0: no pacing.
+	PaceKeys int
 	// HeartbeatEvery is how often Tick reports when nothing worth sending
 	// changed: a report goes out at a Tick only if a key changed (a
 	// counter, a position, its activity, retirement, or its demand past
@@ -333,6 +344,7 @@ func DefaultConfig() Config {
 		StoreTimeout:    100 * time.Millisecond,
 		RetryWrite:      time.Second,
 		FullEvery:       8,
+		PaceKeys:        1024,
 		HeartbeatEvery:  time.Second,
 		DemandBand:      0.25,
 		DemandRefresh:   3 * time.Second,
@@ -370,6 +382,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: RetryWrite must be positive", ErrConfig)
 	case c.FullEvery <= 0:
 		return fmt.Errorf("%w: FullEvery must be positive", ErrConfig)
+	case c.PaceKeys < 0:
+		return fmt.Errorf("%w: PaceKeys %d must not be negative", ErrConfig, c.PaceKeys)
 	case c.HeartbeatEvery < 0:
 		return fmt.Errorf("%w: HeartbeatEvery %v must not be negative", ErrConfig, c.HeartbeatEvery)
 	case !(c.DemandBand >= 0 && c.DemandBand < 1):

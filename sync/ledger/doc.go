@@ -128,7 +128,11 @@
 //     carries every key changed since the last one). OwedReportParts
 //     builds it a part of keys at a time, each part with the header and
 //     the sequence number: a report split into parts, as the wire splits
-//     one into messages.
+//     one into messages. Reports are paced to the peers'
+//     acknowledgements (pace.go, Config.PaceKeys): a report carries only
+//     the keys that fit in every peer's window of keys in flight, the
+//     rest stay due for the next, which starts where it stopped; for the
+//     proof the keys left out are a part lost.
 //     ShareApplied
 //     returns an immediate report when it makes gifts durable, and Receive
 //     returns the raise write at once, so a gift takes about one RTT plus

@@ -57,6 +57,10 @@ type Stats struct {
 	// those last written (below the base for a key without a record):
 	// gifts, for the agent's metric.
 	Lowered uint64
+	// Paced counts the reports that left due keys to later reports
+	// because a peer had not acknowledged enough of the earlier ones
+	// (Config.PaceKeys).
+	Paced uint64
 	// MarkerLost counts the renewals of a confirmed marker the store
 	// answered with no marker under its same run id (its data flushed,
 	// the marker deleted or evicted), each followed by a store reset.
@@ -228,6 +232,12 @@ type peer struct {
 	pending   map[uint64]Contribution // contributions not yet seen in the registry
 	wanted    map[uint64]bool         // incarnations the registry needs our contribution for
 	heardOf   []heard                 // per region index: its newest report this peer acknowledged (Ledger.consistent)
+	// Pacing (pace.go): the key reports we had sent up to our newest
+	// report the peer acknowledged, its window of key reports in flight
+	// (0: none) and when it was last halved.
+	ackedKeys int64
+	window    int64
+	halved    time.Duration
 	// The peer's witness key (witness.go): its revision (0: none seen)
 	// and when we first saw it at that revision.
 	wRev  int64
@@ -287,8 +297,14 @@ type Ledger struct {
 	reset    bool // reasserting after StoreReset
 	wasReset bool // StoreReset came at least once (no Create of this incarnation is a boot)
 
-	rseq     uint64
-	sent     map[uint64]time.Duration
+	rseq uint64
+	sent map[uint64]sentReport
+	// Pacing (pace.go): the key reports sent so far, and the key the
+	// next report starts from after one was cut ("": the first).
+	keysSent int64
+	paceFrom string
+	cut      bool          // the last report left due keys out
+	ackOwed  int           // the most keys of a peer's report heard since our last report (pace.go)
 	lastSent time.Duration // when the last report went out (HeartbeatEvery)
 	// refreshAt is when the demands last counted as changed at any move
 	// past Hysteresis, band or not (DemandBand's refresh, once per
@@ -334,7 +350,7 @@ func New(cfg Config, self string, regions []RegionSpec, st Start, now time.Durat
 		return nil, fmt.Errorf("%w: incarnation must be positive", ErrConfig)
 	}
 	l := &Ledger{cfg: cfg, self: -1, inc: st.Inc, keys: map[string]*key{}, started: now,
-		lastTick: now, runID: st.RunID, sent: map[uint64]time.Duration{}}
+		lastTick: now, runID: st.RunID, sent: map[uint64]sentReport{}}
 	for i := range l.fullAt {
 		l.fullAt[i] = math.MinInt64
 	}
@@ -361,7 +377,7 @@ func New(cfg Config, self string, regions []RegionSpec, st Start, now time.Durat
 	l.markerUnits = l.base
 	l.peers = make([]peer, len(regions))
 	for i := range l.peers {
-		l.peers[i] = peer{name: l.names[i], inc: 1, heard: now, mayFreeze: true,
+		l.peers[i] = peer{name: l.names[i], inc: 1, heard: now, mayFreeze: true, window: int64(cfg.PaceKeys),
 			pending: map[uint64]Contribution{}, wanted: map[uint64]bool{}, heardOf: make([]heard, len(regions))}
 	}
 	for i := range l.names {

@@ -72,6 +72,7 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 		l.resync = true
 	}
 	p.seen, p.mayFreeze, p.heard = true, true, now
+	l.ackOwed = max(l.ackOwed, len(r.Keys))
 	p.took = 0 // a take counts only for the silence it ended (WitnessTaken)
 	if newer {
 		p.lastSeq, p.base = r.Seq, r.Base
@@ -88,11 +89,11 @@ func (l *Ledger) Receive(now time.Duration, r Report) (Output, error) {
 		}
 		if a.Frozen {
 			l.told = true
-		} else if t, ok := l.sent[a.Seq]; ok && t > p.ackedSend {
-			if t-p.ackedSend > gap {
+		} else if t, ok := l.sent[a.Seq]; ok && t.at > p.ackedSend {
+			if t.at-p.ackedSend > gap {
 				l.resync = true // it acknowledged none of ours for a while: a cut one way
 			}
-			p.ackedSend = t
+			l.ackedReport(p, t, now)
 		}
 	}
 	if l.told {

@@ -35,6 +35,7 @@ type simOpts struct {
 	witness    time.Duration         // with two regions: a witness of this lease (witness_test.go), whose etcd chaos cuts regions off from
 	lateStart  map[int]time.Duration // regions whose first incarnation starts this late
 	slowStart  map[int]time.Duration // regions whose first Start answer reaches their agent this late (Start.Sent)
+	link       float64               // every link carries this many key reports a second, in order (0: no limit; pace_test.go)
 }
 
 type event struct {
@@ -134,7 +135,8 @@ type sim struct {
 	regSize               int    // largest registry state seen, JSON bytes
 	alive                 []bool // churn: keys with demand (nil: every key)
 	held                  heldStats
-	wit                   *witnessModel // the witness keys in etcd (witness_test.go), or nil
+	wit                   *witnessModel    // the witness keys in etcd (witness_test.go), or nil
+	linkFree              map[[2]int]int64 // with simOpts.link: when each link is done with what it carries
 }
 
 func (s *sim) logf(format string, args ...any) {
@@ -447,7 +449,17 @@ func (s *sim) send(from, to *region, rep Report) {
 		copies = 2
 	}
 	for c := 0; c < copies; c++ {
-		s.at(s.netDelay(), func() {
+		d := s.netDelay()
+		if s.o.link > 0 { // a report (its header counted as a key) waits for those before it
+			if s.linkFree == nil {
+				s.linkFree = map[[2]int]int64{}
+			}
+			l := [2]int{from.idx, to.idx}
+			done := max(s.now, s.linkFree[l]) + int64(float64(1+len(rep.Keys))/s.o.link*float64(time.Second))
+			s.linkFree[l] = done
+			d += done - s.now
+		}
+		s.at(d, func() {
 			if to.led == nil {
 				return
 			}
@@ -1005,6 +1017,17 @@ func randomized(t *testing.T, seeds, regions int) {
 		o := randomOpts(seed)
 		if regions >= 2 {
 			o.regions = regions
+		}
+		// LEDGER_PACE=1 paces every report to one key in flight per peer
+		// (Config.PaceKeys): a hunt with pacing at work (pace.go).
+		if n, err := strconv.Atoi(os.Getenv("LEDGER_PACE")); err == nil {
+			inner := o.config
+			o.config = func(c *Config) {
+				if inner != nil {
+					inner(c)
+				}
+				c.PaceKeys = n
+			}
 		}
 		res := runSim(t, seed, o)
 		steps += res.steps

@@ -136,14 +136,18 @@ func (l *Ledger) Tick(now time.Duration) Output {
 	if w, ok := l.marker(now); ok {
 		out.Writes = append(out.Writes, w)
 	}
-	if l.reportDue(now, changed || l.resync) {
+	// A change makes a report only if some key fits; a peer's report
+	// heard may make one, with the acknowledgements (pace.go). The
+	// heartbeat goes out either way.
+	room := l.paceRoom(now)
+	if l.reportDue(now, (changed || l.resync) && room > 0 || l.ackDue(room)) {
 		l.treports++
 		full := l.treports%l.cfg.FullEvery == 0 || l.resync
 		if l.deferReports {
 			l.repOwed, l.owedFull, l.owedResync = true, l.owedFull || full, l.owedResync || l.resync
 		} else {
 			out.Report = l.report(now, full)
-			l.resync = l.resync && out.Report == nil
+			l.resync = l.resync && (out.Report == nil || l.cut)
 		}
 	}
 	// Resend contributions the registry has not shown us yet.
@@ -409,18 +413,21 @@ func (l *Ledger) reportParts(now time.Duration, full bool, maxKeys int, yield fu
 		return
 	}
 	// A report built while a Tick's is owed is that report too.
+	resyncing := false
 	if l.repOwed {
 		full = full || l.owedFull
 		if l.owedResync {
-			l.resync = false
+			l.resync, resyncing = false, true
 		}
 		l.repOwed, l.owedFull, l.owedResync = false, false, false
 	}
+	room := l.paceRoom(now)
+	l.ackOwed = 0
 	l.rseq++
 	l.lastSent = now
-	l.sent[l.rseq] = now
+	l.sent[l.rseq] = sentReport{now, l.keysSent}
 	for s, t := range l.sent {
-		if now-t > l.cfg.Lease {
+		if now-t.at > sentKept*l.cfg.Lease {
 			delete(l.sent, s)
 		}
 	}
@@ -447,12 +454,29 @@ func (l *Ledger) reportParts(now time.Duration, full bool, maxKeys int, yield fu
 	due := func(k *key) bool {
 		return !gone(k) && (k.dirty || full && (k.active || !l.idleDone(k)))
 	}
-	n := 0
-	for _, k := range l.sorted {
+	// Pacing (pace.go): at most room keys, from the first due key at or
+	// after paceFrom on, wrapping round; those taken from the start (low)
+	// come first in name order, then those from paceFrom on (high), so
+	// the report stays in name order.
+	from := 0
+	if l.paceFrom != "" {
+		from = sort.Search(len(l.sorted), func(i int) bool { return l.sorted[i].name >= l.paceFrom })
+	}
+	nLow, nHigh := 0, 0
+	for i, k := range l.sorted {
 		if due(k) {
-			n++
+			if i < from {
+				nLow++
+			} else {
+				nHigh++
+			}
 		}
 	}
+	takeHigh := min(nHigh, room)
+	takeLow := min(nLow, room-takeHigh)
+	n := takeLow + takeHigh
+	cut := n < nLow+nHigh
+	var cursorLow, cursorHigh string
 	// Closures do not depend on the keys: computed before them, every
 	// part carries them.
 	r.Closes = l.closures(r.Seq)
@@ -466,13 +490,31 @@ func (l *Ledger) reportParts(now time.Duration, full bool, maxKeys int, yield fu
 	}
 	var arena []Counter
 	r.Keys = make([]KeyReport, 0, part)
-	for _, k := range l.sorted {
+	for i, k := range l.sorted {
 		if !due(k) {
 			continue
+		}
+		if i < from {
+			if takeLow == 0 {
+				if cursorLow == "" {
+					cursorLow = k.name
+				}
+				continue
+			}
+			takeLow--
+		} else {
+			if takeHigh == 0 {
+				if cursorHigh == "" {
+					cursorHigh = k.name
+				}
+				continue
+			}
+			takeHigh--
 		}
 		// A whole part, and k is due: more to come (without parts, part is
 		// every due key, so this never holds).
 		if len(r.Keys) == part {
+			l.sent[l.rseq] = sentReport{now, l.keysSent}
 			if !yield(r, true) {
 				return
 			}
@@ -491,11 +533,25 @@ func (l *Ledger) reportParts(now time.Duration, full bool, maxKeys int, yield fu
 		kr.Gave, arena = l.counters(k, arena, true)
 		kr.Applied, arena = l.counters(k, arena, false)
 		r.Keys = append(r.Keys, kr)
+		l.keysSent++
 	}
-	if full { // after the keys: this report counts for idleDone from now on
+	l.cut = cut
+	switch {
+	case cut: // the rest next time, from the first left out (pace.go)
+		l.stats.Paced++
+		l.paceFrom = cursorHigh
+		if l.paceFrom == "" {
+			l.paceFrom = cursorLow
+		}
+		l.resync = l.resync || resyncing
+	case full: // after the keys: this report counts for idleDone from now on
 		copy(l.fullAt[:], l.fullAt[1:])
 		l.fullAt[len(l.fullAt)-1] = now
+		fallthrough
+	default:
+		l.paceFrom = ""
 	}
+	l.sent[l.rseq] = sentReport{now, l.keysSent}
 	yield(r, false)
 }
 

@@ -535,7 +535,7 @@ func snapshot(l *Ledger) ledgerSnap {
 			s.peers[i].pending[k] = v
 		}
 	}
-	s.sent = map[uint64]time.Duration{}
+	s.sent = map[uint64]sentReport{}
 	for k, v := range l.sent {
 		s.sent[k] = v
 	}
