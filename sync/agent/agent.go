@@ -157,6 +157,7 @@ type ruleState struct {
 	retryAt  time.Time
 	backoff  time.Duration
 	lowered  uint64      // the ledger's Stats().Lowered already counted (gift metric)
+	paced    uint64      // the ledger's Stats().Paced already counted
 	lost     uint64      // the ledger's Stats().MarkerLost already counted
 	holds    recordHolds // records to write again (refresh.go)
 	marker   markerTrack // the marker's lease as last written (lapse.go)
@@ -167,7 +168,7 @@ type ruleState struct {
 // counts its lowered writes from 0, and its records are looked at for
 // refresh at the next tick.
 func (st *ruleState) newLedger() {
-	st.lowered, st.lost = 0, 0
+	st.lowered, st.lost, st.paced = 0, 0, 0
 	st.holds.next = 0
 }
 

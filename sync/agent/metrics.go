@@ -47,6 +47,7 @@ type metrics struct {
 	coordinated  prometheus.Gauge
 	closures     *prometheus.GaugeVec
 	gifts        prometheus.Counter
+	paced        prometheus.Counter
 	fenced       prometheus.Gauge
 	reclaims     prometheus.Counter
 	tickDuration prometheus.Histogram
@@ -89,6 +90,8 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 			Help: "Closures of peers' key retirements held until acknowledged: carried in the reports, or waiting for room in them (a quarter of the NATS max payload at most).", ConstLabels: cl}, []string{"state"}),
 		gifts: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_gifts_total",
 			Help: "Share writes that lowered a coordinated key's units (gifts to other regions).", ConstLabels: cl}),
+		paced: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_reports_paced_total",
+			Help: "Reports that left keys due to later reports because a peer had not acknowledged enough of the earlier ones: a link slower than the reports (the keys left out wait here instead of in the link, which then carries about a second of reports).", ConstLabels: cl}),
 		fenced: prometheus.NewGauge(prometheus.GaugeOpts{Name: "apportion_sync_fenced",
 			Help: "1 from a ledger's fence (its lease ran out with no peer's report) until a peer's report is accepted again: the region holds its floor.", ConstLabels: cl}),
 		reclaims: prometheus.NewCounter(prometheus.CounterOpts{Name: "apportion_sync_reclaims_total",
@@ -139,7 +142,7 @@ func newMetrics(region string, reg prometheus.Registerer, a *Agent) *metrics {
 		m.bytes.WithLabelValues(d)
 	}
 	if reg != nil {
-		reg.MustRegister(m.reports, m.bytes, m.unsent, m.rejected, m.peersSeen, m.peerLag, m.unacked, m.ackAge, m.storeResets, m.coordinated, m.closures, m.gifts, m.fenced,
+		reg.MustRegister(m.reports, m.bytes, m.unsent, m.rejected, m.peersSeen, m.peerLag, m.unacked, m.ackAge, m.storeResets, m.coordinated, m.closures, m.gifts, m.paced, m.fenced,
 			m.reclaims, m.tickDuration, m.usageDropped, m.enforcers, m.lateTicks, m.storeErrors, m.witness, m.witnessTakes, m.otherAgent, m.superseded, m.markerLapses, newShareCollector(a, region),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apportion_sync_marker_margin_seconds",
 				Help: "Smallest lease left at a marker renewal over the last 15-30 s, any rule: the held lease's end minus the renewal's answer, on the agent's clock (a lower bound: it understates by at most the two writes' round trips). Negative: the marker lapsed. NaN: no renewal.", ConstLabels: cl},

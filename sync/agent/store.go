@@ -39,6 +39,10 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 				a.m.gifts.Add(float64(n - st.lowered))
 				st.lowered = n
 			}
+			if n := stats.Paced; n > st.paced {
+				a.m.paced.Add(float64(n - st.paced))
+				st.paced = n
+			}
 			// A renewal answered with no marker under the store's run id:
 			// its data was flushed, or the marker deleted or evicted. The
 			// ledger re-asserts every share and creates the marker anew;
