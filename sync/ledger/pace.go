@@ -73,14 +73,15 @@ type sentReport struct {
 }
 
 // paceTarget is the acknowledgement age above which a window is halved:
-// a second, at most half the lease. On a healthy link a report is
+// a second, or the heartbeat and two intervals if longer (a slower sync
+// interval), at most half the lease. On a healthy link a report is
 // acknowledged within the round trip and the peer's next Tick, or, by a
 // peer with nothing to report, in its heartbeat (685 ms at the defaults):
 // a peer acknowledges a report of paceAckKeys keys or more at its next
 // Tick (ackDue), so that the reports large enough to fill a window are
 // never acknowledged by the heartbeat alone.
 func (l *Ledger) paceTarget() time.Duration {
-	return min(time.Second, l.cfg.Lease/2)
+	return min(max(time.Second, l.cfg.heartbeat()+2*l.cfg.Interval), l.cfg.Lease/2)
 }
 
 // paceAckKeys is the fewest keys of a peer's report that make our next
