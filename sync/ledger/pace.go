@@ -31,11 +31,14 @@ import (
 //     than that, once a round trip. Behind a link slower than the
 //     reports about a second of them then waits in it, however long it
 //     stays slow, where the backlog grew without end.
-//   - Every peer heard within the lease, or not heard yet, paces us (so
-//     the first reports do not flood a slow link before a peer has
-//     answered). A peer that hears nothing of us (a link cut one way, a
-//     report key it lacks) then holds back our keys to every peer until
-//     it freezes us, or we fence: the pair could not move shares anyway.
+//   - Every peer heard within the lease paces us, and so does one not
+//     heard yet for the first lease of the ledger (so the first reports
+//     do not flood a slow link before a peer has answered); a peer we
+//     froze does not (a region lost must not hold back the survivors),
+//     nor one silent for a lease (it may hold them back for that lease).
+//     A peer that is heard but hears nothing of us (a link cut one way,
+//     a report key it lacks) holds back our keys to every peer until it
+//     freezes us, or we fence: the pair could not move shares anyway.
 //   - A report carries at most the smallest room left in the windows
 //     (none when a window is full: the report has its header only, the
 //     acknowledgements and closures that leases and retirements need). The
@@ -125,7 +128,7 @@ func (l *Ledger) paceRoom(now time.Duration) int {
 	room := math.MaxInt
 	for i := range l.peers {
 		p := &l.peers[i]
-		if i == l.self || p.window == 0 || p.seen && now-p.heard > l.cfg.Lease {
+		if i == l.self || p.window == 0 || now-p.heard > l.cfg.Lease || !p.seen && p.frozenInc > 0 {
 			continue
 		}
 		left := p.window - (l.keysSent - p.ackedKeys)

@@ -244,3 +244,43 @@ func TestPaceWindow(t *testing.T) {
 		t.Fatalf("window %d after ten late rounds, want PaceKeys 10", p.window)
 	}
 }
+
+// TestPacingPeers: which peers' windows bound a report. A peer heard
+// within the lease does; one never heard does for the first lease of the
+// ledger only; one silent for a lease, and one we froze (a region lost),
+// do not, whatever their windows hold: otherwise a lost region's full
+// window would hold back every survivor's keys for good.
+func TestPacingPeers(t *testing.T) {
+	c := newCluster(t, 3)
+	l := c.l[0]
+	now := c.now
+	l.keysSent = 1000
+	for i := range l.peers {
+		l.peers[i].window, l.peers[i].ackedKeys = 100, 1000
+	}
+	p := &l.peers[2]
+	p.ackedKeys = 950 // 50 of its 100 in flight: room 50
+	set := func(seen bool, heard time.Duration, frozen uint64) {
+		p.seen, p.heard, p.frozenInc = seen, heard, frozen
+	}
+	cases := []struct {
+		name   string
+		seen   bool
+		heard  time.Duration
+		frozen uint64
+		room   int
+	}{
+		{"heard within the lease", true, now - l.cfg.Lease/2, 0, 50},
+		{"silent for a lease", true, now - l.cfg.Lease - 1, 0, 100},
+		{"never heard, within a lease of the start", false, now - l.cfg.Lease/2, 0, 50},
+		{"never heard, a lease after the start", false, now - l.cfg.Lease - 1, 0, 100},
+		{"frozen (its successor not heard)", false, now, 1, 100},
+	}
+	for _, tc := range cases {
+		set(tc.seen, tc.heard, tc.frozen)
+		l.peers[1].seen, l.peers[1].heard = true, now
+		if got := l.paceRoom(now); got != tc.room {
+			t.Errorf("%s: room %d, want %d", tc.name, got, tc.room)
+		}
+	}
+}
