@@ -8,6 +8,7 @@ import (
 	"github.com/apportion/apportion/regional/redisstore"
 	"github.com/apportion/apportion/sync/driver"
 	"github.com/apportion/apportion/sync/ledger"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // writeChunk bounds the share records of one store call. A call holds, until
@@ -35,14 +36,8 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 		// per-key state here, which would grow with the keys ever seen).
 		if st.Led != nil {
 			stats := st.Led.Stats()
-			if n := stats.Lowered; n > st.lowered {
-				a.m.gifts.Add(float64(n - st.lowered))
-				st.lowered = n
-			}
-			if n := stats.Paced; n > st.paced {
-				a.m.paced.Add(float64(n - st.paced))
-				st.paced = n
-			}
+			addNew(a.m.gifts, stats.Lowered, &st.lowered)
+			addNew(a.m.paced, stats.Paced, &st.paced)
 			// A renewal answered with no marker under the store's run id:
 			// its data was flushed, or the marker deleted or evicted. The
 			// ledger re-asserts every share and creates the marker anew;
@@ -125,4 +120,13 @@ func (a *Agent) applyWrites(ctx context.Context, writes map[*driver.Rule][]ledge
 	}
 	wg.Wait()
 	return out
+}
+
+// addNew adds to c what the ledger's count n has grown since *counted
+// (a ledger's Stats count from 0 for its incarnation: ruleState.newLedger).
+func addNew(c prometheus.Counter, n uint64, counted *uint64) {
+	if n > *counted {
+		c.Add(float64(n - *counted))
+		*counted = n
+	}
 }

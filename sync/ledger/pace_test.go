@@ -21,13 +21,16 @@ type slowLinkRun struct {
 // reports a second, in order (a report's header counting as one), all
 // demand in region 0 for warm, then in region 1, and waits up to wait for
 // every key's shares to reach the targets.
-func shiftOverSlowLinks(t *testing.T, n, keys int, link float64, paceKeys int, warm, wait time.Duration) slowLinkRun {
+func shiftOverSlowLinks(t *testing.T, n, keys int, link float64, paceKeys int, warm, wait time.Duration, adjust ...func(*Config)) slowLinkRun {
 	t.Helper()
 	s := newSim(t, 1, simOpts{regions: n, keys: keys, noRestart: true, link: link,
 		config: func(c *Config) {
 			c.HalfLife = 0
 			c.Lease = 3 * time.Second // the default: an acknowledgement waits behind the reports in flight each way
 			c.PaceKeys = paceKeys
+			for _, f := range adjust {
+				f(c)
+			}
 		}})
 	s.heal()
 	var out slowLinkRun
@@ -73,7 +76,9 @@ func shiftOverSlowLinks(t *testing.T, n, keys int, link float64, paceKeys int, w
 // nothing fences, and after the demand of every key moves from region 0 to
 // region 1 the shares reach the targets within slowLinkBound, at 2, 3 and
 // 10 regions (measured on 7 December 2026: 9.7 s, 7.5 s and 13.1 s; one
-// key report of every key takes the link 2 s). Without pacing (the
+// key report of every key takes the link 2 s), and so they do when every
+// key's limit is one token moved whole (a limit of 1/s, burst 1: 9.6 s at
+// 2 regions, 10.7 s at 10); the other keys' limits are 10 to 1,000/s. Without pacing (the
 // control) the backlog grows for as long as the link is slow (57 s of it
 // at the end), and the shares have not reached the targets within twice
 // the bound.
@@ -85,9 +90,22 @@ func TestSlowLinkPaced(t *testing.T) {
 		slowLinkBound = 25 * time.Second
 		backlogBound  = 5 * time.Second
 	)
-	for _, n := range []int{2, 3, 10} {
-		t.Run(fmt.Sprintf("regions=%d", n), func(t *testing.T) {
-			r := shiftOverSlowLinks(t, n, keys, link, 64, warm, 2*slowLinkBound)
+	// oneToken: every key's limit is a single token (Quantum: a limit of
+	// 1/s with a burst of 1), moved whole between regions.
+	oneToken := func(c *Config) { c.Quantum, c.DemandTokens = c.Units, DefaultConfig().DemandTokens }
+	type slowCase struct {
+		n      int
+		tokens bool
+	}
+	for _, tc := range []slowCase{{2, false}, {3, false}, {10, false}, {2, true}, {10, true}} {
+		name := fmt.Sprintf("regions=%d", tc.n)
+		var adjust []func(*Config)
+		if tc.tokens {
+			name += "/one-token"
+			adjust = append(adjust, oneToken)
+		}
+		t.Run(name, func(t *testing.T) {
+			r := shiftOverSlowLinks(t, tc.n, keys, link, 64, warm, 2*slowLinkBound, adjust...)
 			t.Logf("paced: targets %v after the shift, largest backlog %v, %d fences, %d reports cut short", r.took, r.backlog.Round(time.Millisecond), r.fences, r.paced)
 			if r.took < 0 || r.took > slowLinkBound {
 				t.Errorf("shares reached the targets %v after the shift (-1: not within %v), want within %v", r.took, 2*slowLinkBound, slowLinkBound)

@@ -425,7 +425,6 @@ func (l *Ledger) reportParts(now time.Duration, full bool, maxKeys int, yield fu
 	l.ackOwed = 0
 	l.rseq++
 	l.lastSent = now
-	l.sent[l.rseq] = sentReport{now, l.keysSent}
 	for s, t := range l.sent {
 		if now-t.at > sentKept*l.cfg.Lease {
 			delete(l.sent, s)
@@ -514,7 +513,7 @@ func (l *Ledger) reportParts(now time.Duration, full bool, maxKeys int, yield fu
 		// A whole part, and k is due: more to come (without parts, part is
 		// every due key, so this never holds).
 		if len(r.Keys) == part {
-			l.sent[l.rseq] = sentReport{now, l.keysSent}
+			l.sent[l.rseq] = sentReport{now, l.keysSent} // the keys sent so far: a caller may stop here
 			if !yield(r, true) {
 				return
 			}
